@@ -1,0 +1,15 @@
+// Each subcommand of `sparsemla` registers itself on the CLI11 app; main() runs the chosen one.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace sparsemla::app {
+
+using Runner = std::function<int()>;
+
+// Adds the subcommand and returns the function that runs it once arguments are parsed.
+Runner add_inspect(CLI::App& app);
+Runner add_devices(CLI::App& app);
+
+}  // namespace sparsemla::app
