@@ -202,7 +202,8 @@ class Parser {
           fail("{}: key '{}': array of {} {} elements at offset {} runs past the end of the file ({} bytes left)",
                path(), key, n, value_type_name(ValueType(et)), at, c_.remaining());
         std::vector<Value> items;
-        items.reserve(n);
+        // n is bounded by the bytes left, but a Value is larger than its encoding: grow as read.
+        items.reserve(std::min<uint64_t>(n, 65536));
         for (uint64_t i = 0; i < n; ++i) items.push_back(value(ValueType(et), key, depth + 1));
         return Value::array(ValueType(et), std::move(items));
       }
