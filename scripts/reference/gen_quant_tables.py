@@ -8,11 +8,14 @@ from a hand copy.
 
 Usage:
     GGUF_PY=/path/to/gguf-py /usr/bin/python3 scripts/reference/gen_quant_tables.py \
-        [--out src/gguf/quant_tables.cpp] [--source "llama.cpp gguf-py @ <commit>"] [--check]
+        [--out src/gguf/quant_tables.cpp] [--source "llama.cpp gguf-py @ <commit>"] [--check] \
+        [--ggml-common /path/to/ggml/src/ggml-common.h]
 
 GGUF_PY (or --gguf-py) is the directory that contains the `gguf` package. --source is a
 free-form description of where that gguf-py came from; it is written into the file header.
 --check compares instead of writing and exits with status 1 when the file is out of date.
+--ggml-common additionally cross-checks every table against the C tables of a ggml checkout
+(read only, nothing of it is written out) and fails if any value differs.
 numpy is required (on Debian, /usr/bin/python3 has it).
 """
 from __future__ import annotations
@@ -61,6 +64,45 @@ def format_flat(values: list[int], per_line: int, hexa: bool = False) -> str:
     return "\n".join("  " + line for line in lines)
 
 
+def cross_check_ggml(quants, header: Path) -> None:
+    """Compares gguf-py's tables with the GGML_TABLE_BEGIN tables of ggml-common.h."""
+    import re  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+
+    text = header.read_text()
+
+    def table(name: str) -> np.ndarray:
+        m = re.search(r"GGML_TABLE_BEGIN\((\w+), " + name + r", \w+\)(.*?)GGML_TABLE_END", text, re.S)
+        if not m:
+            sys.exit(f"error: no table {name} in {header}")
+        ctype, body = m.group(1), m.group(2)
+        values = [int(v, 0) for v in re.findall(r"-?0x[0-9a-fA-F]+|-?\d+", body)]
+        dtype = {"uint64_t": "<u8", "uint32_t": "<u4", "uint8_t": "u1", "int8_t": "i1"}[ctype]
+        return np.array(values, dtype=dtype).view(np.uint8 if ctype != "int8_t" else np.int8)
+
+    # ggml packs a grid row into one integer, first element in the lowest byte.
+    pairs = [(quants.IQ2_XXS, "iq2xxs_grid"), (quants.IQ2_XS, "iq2xs_grid"), (quants.IQ2_S, "iq2s_grid"),
+             (quants.IQ3_XXS, "iq3xxs_grid"), (quants.IQ3_S, "iq3s_grid"), (quants.IQ1_S, "iq1s_grid")]
+    failed = []
+    for cls, name in pairs:
+        ours = np.array(decoded_grid(cls, "int8_t" if name == "iq1s_grid" else "uint8_t")).reshape(-1)
+        theirs = table(name)
+        if name == "iq1s_grid":
+            theirs = theirs.view(np.int8)
+        if not np.array_equal(ours, theirs.astype(np.int64)):
+            failed.append(name)
+    if not np.array_equal(np.frombuffer(quants.IQ2_XXS.ksigns, np.uint8), table("ksigns_iq2xs")):
+        failed.append("ksigns_iq2xs")
+    if list(quants.IQ4_NL.kvalues) != table("kvalues_iq4nl").tolist():
+        failed.append("kvalues_iq4nl")
+    if list(quants.MXFP4.kvalues) != table("kvalues_fp4").tolist():
+        failed.append("kvalues_fp4")
+    if failed:
+        sys.exit(f"error: gguf-py and {header} disagree on: {', '.join(failed)}")
+    print(f"gguf-py tables agree with {header}")
+
+
 def generate(quants, source: str) -> str:
     import numpy as np  # noqa: PLC0415
 
@@ -98,7 +140,8 @@ def generate(quants, source: str) -> str:
     ]
     for name, cls, dtype, shape in grids:
         if tuple(cls.grid_shape) != shape:
-            sys.exit(f"error: gguf-py {cls.__name__}.grid_shape is {cls.grid_shape}, quant_tables.h expects {shape}")
+            sys.exit(f"error: gguf-py {cls.__name__}.grid_shape is {cls.grid_shape}, "
+                     f"quant_tables.h expects {shape}")
         rows = decoded_grid(cls, dtype)
         out += [f"const {dtype} {name}[{shape[0]}][{shape[1]}] = {{", format_rows(rows), "};", ""]
     out += [f"const float kIq1Delta = {float(quants.IQ1_S.delta)!r}f;", ""]
@@ -116,9 +159,13 @@ def main() -> int:
     ap.add_argument("--source", default=os.environ.get("GGUF_PY_SOURCE", "gguf-py (revision not recorded)"),
                     help="where the gguf-py copy came from, for the file header (default: $GGUF_PY_SOURCE)")
     ap.add_argument("--check", action="store_true", help="fail if --out differs from the generated text")
+    ap.add_argument("--ggml-common", type=Path,
+                    help="ggml-common.h of a ggml checkout to cross-check against")
     args = ap.parse_args()
 
     _, quants = import_gguf(args.gguf_py)
+    if args.ggml_common:
+        cross_check_ggml(quants, args.ggml_common)
     text = generate(quants, args.source)
     out = Path(args.out)
     if args.check:

@@ -115,12 +115,14 @@ def check_type_sizes(gguf) -> dict[str, tuple[int, str, int, int]]:
             errors.append(f"{enum_name}: sparsemla name {name!r} does not match")
         theirs = tuple(gguf.GGML_QUANT_SIZES[qtype])
         if GGUF_PY_SIZE_ERRATA.get(enum_name) == (theirs, (block, size)):
-            print(f"note: {enum_name}: gguf-py says {theirs}, ggml (and sparsemla) {(block, size)}; known gguf-py error")
+            print(f"note: {enum_name}: gguf-py says {theirs}, ggml (and sparsemla) {(block, size)}; "
+                  "known gguf-py error")
             continue
         if (block, size) != theirs:
             errors.append(f"{enum_name}: (block, bytes) = {(block, size)} in sparsemla, {theirs} in gguf-py")
     if errors:
-        sys.exit("error: src/gguf/ggml_types.cpp disagrees with gguf-py's GGML_QUANT_SIZES:\n  " + "\n  ".join(errors))
+        sys.exit("error: src/gguf/ggml_types.cpp disagrees with gguf-py's GGML_QUANT_SIZES:\n  "
+                 + "\n  ".join(errors))
     extra = sorted(t.name for t in gguf.GGMLQuantizationType if t.name not in ours)
     if extra:
         print(f"note: gguf-py types sparsemla does not know: {', '.join(extra)}")
