@@ -11,5 +11,7 @@ using Runner = std::function<int()>;
 // Adds the subcommand and returns the function that runs it once arguments are parsed.
 Runner add_inspect(CLI::App& app);
 Runner add_devices(CLI::App& app);
+Runner add_logits(CLI::App& app);
+Runner add_run(CLI::App& app);
 
 }  // namespace sparsemla::app

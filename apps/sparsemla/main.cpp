@@ -17,6 +17,8 @@ int main(int argc, char** argv) {
   };
   add(sparsemla::app::add_inspect);
   add(sparsemla::app::add_devices);
+  add(sparsemla::app::add_logits);
+  add(sparsemla::app::add_run);
 
   CLI11_PARSE(app, argc, argv);
   try {

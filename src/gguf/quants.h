@@ -12,7 +12,8 @@ namespace sparsemla::gguf {
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
 
 // Quantizes `n` floats into `dst` for F32, F16, BF16 and Q8_0 (the writer's formats), with
-// ggml's rounding; Error for other types.
+// ggml's rounding; Error for other types, and for Q8_0 input holding NaN or inf (ggml leaves
+// that undefined).
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n);
 
 }  // namespace sparsemla::gguf

@@ -1,0 +1,152 @@
+// `sparsemla logits` and `sparsemla run`: the CPU engine on token ids.
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "kv/paged_cache.h"
+#include "model/model.h"
+#include "util/error.h"
+
+namespace sparsemla::app {
+namespace {
+
+struct ModelArgs {
+  std::string model;
+  std::string attention = "sparse";
+  int threads = 0;
+};
+
+void add_model_options(CLI::App* cmd, ModelArgs& a) {
+  cmd->add_option("--model,-m", a.model, "GGUF model (any part of a split model)")->required();
+  cmd->add_option("--attention", a.attention, "sparse (the model's DSA top-k, default) or dense (every position)")
+      ->check(CLI::IsMember({"sparse", "dense"}));
+  cmd->add_option("--threads,-t", a.threads, "CPU threads (default: all)");
+}
+
+std::unique_ptr<model::Model> load(const ModelArgs& a) {
+  model::ModelOptions o;
+  o.attention = a.attention == "dense" ? model::AttentionMode::Dense : model::AttentionMode::Sparse;
+  o.threads = a.threads;
+  return model::Model::load(a.model, o);
+}
+
+std::vector<int32_t> read_i32_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot open", path);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.size() % 4 != 0) fail("{}: {} bytes is not a whole number of int32 token ids", path, bytes.size());
+  std::vector<int32_t> ids(bytes.size() / 4);
+  std::memcpy(ids.data(), bytes.data(), bytes.size());
+  return ids;
+}
+
+// "1 2 3", "1,2,3" or "[1, 2, 3]"
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::string s = text;
+  for (char& c : s)
+    if (c == ',' || c == '[' || c == ']') c = ' ';
+  std::istringstream in(s);
+  std::vector<int32_t> ids;
+  std::string tok;
+  while (in >> tok) {
+    char* end = nullptr;
+    const long v = std::strtol(tok.c_str(), &end, 10);
+    if (*end != '\0' || v < 0 || v > INT32_MAX) fail("--tokens: '{}' is not a token id", tok);
+    ids.push_back(int32_t(v));
+  }
+  if (ids.empty()) fail("--tokens: no token ids given");
+  return ids;
+}
+
+// A cache with room for `n_tokens` positions of one sequence.
+kv::PagedCache make_cache(const model::Model& m, int64_t n_tokens) {
+  const int32_t bs = 16;
+  return kv::PagedCache(m.cache_shape(int32_t((n_tokens + bs - 1) / bs), bs));
+}
+
+int run_logits(const ModelArgs& a, const std::string& tokens_path, const std::string& out_path) {
+  const std::vector<int32_t> ids = read_i32_file(tokens_path);
+  if (ids.empty()) fail("{}: no token ids", tokens_path);
+  auto m = load(a);
+  kv::PagedCache cache = make_cache(*m, int64_t(ids.size()));
+  std::vector<int32_t> table;
+  if (!cache.reserve(table, int64_t(ids.size()))) fail("KV cache too small");
+  model::SeqInput in{ids, 0, &table, true};
+  std::vector<float> logits;
+  m->forward({in}, cache, logits);
+  std::ofstream out(out_path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size() * sizeof(float)));
+  if (!out) fail("{}: write failed", out_path);
+  std::fprintf(stderr, "wrote %s: [%zu, %u] float32 logits\n", out_path.c_str(), ids.size(), m->hparams().n_vocab);
+  return 0;
+}
+
+int32_t argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return int32_t(best);
+}
+
+int run_generate(const ModelArgs& a, const std::string& tokens, int max_tokens, float temperature, bool json) {
+  if (temperature != 0.0f) fail("--temperature: only greedy decoding (0) is available in this command yet");
+  if (max_tokens < 0) fail("--max-tokens must be >= 0, got {}", max_tokens);
+  const std::vector<int32_t> prompt = parse_ids(tokens);
+  auto m = load(a);
+  const int64_t total = int64_t(prompt.size()) + max_tokens;
+  kv::PagedCache cache = make_cache(*m, total);
+  std::vector<int32_t> table;
+  if (!cache.reserve(table, total)) fail("KV cache too small");
+  std::vector<int32_t> out;
+  std::vector<float> logits;
+  // Prefill once, then one token per step through the cache.
+  model::SeqInput in{prompt, 0, &table, false};
+  for (int i = 0; i < max_tokens; ++i) {
+    logits.clear();
+    m->forward({in}, cache, logits);
+    const int32_t next = argmax(logits.data(), m->hparams().n_vocab);
+    out.push_back(next);
+    in = model::SeqInput{{next}, in.pos0 + int64_t(in.tokens.size()), &table, false};
+  }
+  std::string s;
+  for (size_t i = 0; i < out.size(); ++i) s += (i ? ", " : "") + std::to_string(out[i]);
+  if (json) std::printf("{\"tokens\": [%s]}\n", s.c_str());
+  else std::printf("%s\n", s.c_str());
+  return 0;
+}
+
+}  // namespace
+
+Runner add_logits(CLI::App& app) {
+  auto a = std::make_shared<ModelArgs>();
+  auto tokens = std::make_shared<std::string>();
+  auto output = std::make_shared<std::string>();
+  CLI::App* cmd = app.add_subcommand("logits", "Run int32 token ids as one prompt and write float32 logits [n_tokens, vocab]");
+  add_model_options(cmd, *a);
+  cmd->add_option("--tokens", *tokens, "file of little-endian int32 token ids")->required();
+  cmd->add_option("--output,-o", *output, "file to write the logits to")->required();
+  return [=] { return run_logits(*a, *tokens, *output); };
+}
+
+Runner add_run(CLI::App& app) {
+  auto a = std::make_shared<ModelArgs>();
+  auto tokens = std::make_shared<std::string>();
+  auto max_tokens = std::make_shared<int>(16);
+  auto temperature = std::make_shared<float>(0.0f);
+  auto json = std::make_shared<bool>(false);
+  CLI::App* cmd = app.add_subcommand("run", "Generate from a prompt: prefill once, then decode token by token");
+  add_model_options(cmd, *a);
+  cmd->add_option("--tokens", *tokens, "prompt token ids: \"1 2 3\"")->required();
+  cmd->add_option("--max-tokens,-n", *max_tokens, "tokens to generate");
+  cmd->add_option("--temperature", *temperature, "0: greedy");
+  cmd->add_flag("--json", *json, "print {\"tokens\": [...]}");
+  return [=] { return run_generate(*a, *tokens, *max_tokens, *temperature, *json); };
+}
+
+}  // namespace sparsemla::app
