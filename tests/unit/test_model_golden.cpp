@@ -71,13 +71,13 @@ struct Runner {
   kv::PagedCache cache;
 };
 
-class Fixture : public ::testing::TestWithParam<std::string> {
+class FixtureModel : public ::testing::TestWithParam<std::string> {
  protected:
   std::string dir() const { return test::fixture_path(GetParam()); }
   std::string model() const { return dir() + "/model-f32.gguf"; }
 };
 
-TEST_P(Fixture, SparseLogitsMatchTransformers) {
+TEST_P(FixtureModel, SparseLogitsMatchTransformers) {
   Runner r(model());
   const int64_t V = r.m->hparams().n_vocab;
   for (const char* seq : {"seq0", "seq1"}) {
@@ -88,7 +88,7 @@ TEST_P(Fixture, SparseLogitsMatchTransformers) {
   }
 }
 
-TEST_P(Fixture, GreedyGenerationThroughTheCacheMatchesTransformers) {
+TEST_P(FixtureModel, GreedyGenerationThroughTheCacheMatchesTransformers) {
   std::ifstream file(dir() + "/greedy.json");
   const auto j = nlohmann::json::parse(file);
   const std::vector<int32_t> prompt = j["prompt"], want = j["greedy"];
@@ -107,7 +107,7 @@ TEST_P(Fixture, GreedyGenerationThroughTheCacheMatchesTransformers) {
 }
 
 // Prefill in chunks of 7 equals the whole prompt at once (and so the reference).
-TEST_P(Fixture, ChunkedPrefillMatchesTransformers) {
+TEST_P(FixtureModel, ChunkedPrefillMatchesTransformers) {
   Runner r(model());
   const int64_t V = r.m->hparams().n_vocab;
   const auto ids = read_tokens(dir() + "/seq1.tokens");
@@ -122,7 +122,7 @@ TEST_P(Fixture, ChunkedPrefillMatchesTransformers) {
 }
 
 // Several sequences in one forward, at different stages, give each sequence's own results.
-TEST_P(Fixture, BatchedForwardEqualsEachSequenceAlone) {
+TEST_P(FixtureModel, BatchedForwardEqualsEachSequenceAlone) {
   Runner r(model());
   const int64_t V = r.m->hparams().n_vocab;
   const auto a = read_tokens(dir() + "/seq0.tokens");
@@ -159,7 +159,7 @@ TEST_P(Fixture, BatchedForwardEqualsEachSequenceAlone) {
 
 // Where every earlier position fits in top-k (pos + 1 <= top_k), sparse and dense attention are
 // the same computation, so dense mode must match the reference there.
-TEST_P(Fixture, DenseModeMatchesTheReferenceWhereTopKCoversThePrompt) {
+TEST_P(FixtureModel, DenseModeMatchesTheReferenceWhereTopKCoversThePrompt) {
   Runner r(model(), AttentionMode::Dense);
   const int64_t V = r.m->hparams().n_vocab;
   const int64_t k = r.m->hparams().idx_top_k;
@@ -174,7 +174,7 @@ TEST_P(Fixture, DenseModeMatchesTheReferenceWhereTopKCoversThePrompt) {
   EXPECT_GT(diff, 1e-2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Fixture, ::testing::Values("glm_pub", "dsv32_pub"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureModel, ::testing::Values("glm_pub", "dsv32_pub"));
 
 // A file with the legacy fused attn_kv_b ({kv_lora, n_head*(nope+v)}: per head nope k-rows then
 // v v-rows) instead of attn_k_b / attn_v_b computes the same logits.

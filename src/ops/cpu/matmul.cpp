@@ -6,6 +6,7 @@
 #include "gguf/quants.h"
 #include "gguf/reader.h"
 #include "util/error.h"
+#include "util/half.h"
 
 namespace sparsemla::ops {
 
@@ -30,6 +31,26 @@ Weight Weight::rows(int64_t first, int64_t count) const {
 
 namespace {
 
+// Dot products with 8 independent partial sums: the compiler keeps them in one vector register
+// (strict IEEE order forbids it to reassociate a single running sum).
+inline float dot(const float* a, const float* b, int64_t n) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += a[i + l] * b[i + l];
+  float s = 0.0f;
+  for (; i < n; ++i) s += a[i] * b[i];
+  for (int l = 0; l < 8; ++l) s += lanes[l];
+  return s;
+}
+
+inline float dot_q8(const int8_t* q, const float* x) {  // 32 values
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int i = 0; i < 32; i += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += float(q[i + l]) * x[i + l];
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
 // Tokens are processed in groups so that each dequantized block is reused across a group while
 // it is in L1, and each group's activations stay in cache across the rows of a thread's range.
 constexpr int64_t kTokenGroup = 8;
@@ -42,9 +63,24 @@ void matmul_rows(const Weight& w, const float* x, int64_t n_tokens, float* y, in
     for (int64_t r = r0; r < r1; ++r) {
       const float* wr = reinterpret_cast<const float*>(w.row(r));
       for (int64_t t = 0; t < n_tokens; ++t) {
+        y[t * w.n_rows + r] = dot(wr, x + t * w.n_cols, w.n_cols);
+      }
+    }
+    return;
+  }
+  if (w.type == gguf::GgmlType::Q8_0 && n_tokens < kTokenGroup / 2) {
+    // Decode fast path of the most common weight type: d * sum(q_i * x_i) per block of 32, with no
+    // temporary. Larger batches amortize one dequantized block over a group of tokens instead.
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* wr = w.row(r);
+      for (int64_t t = 0; t < n_tokens; ++t) {
         const float* xt = x + t * w.n_cols;
         float acc = 0.0f;
-        for (int64_t c = 0; c < w.n_cols; ++c) acc += wr[c] * xt[c];
+        for (int64_t b = 0; b < n_blocks; ++b) {
+          const uint8_t* blk = wr + b * 34;  // fp16 d, int8 q[32]
+          const float d = fp16_to_f32(uint16_t(blk[0] | (blk[1] << 8)));
+          acc += d * dot_q8(reinterpret_cast<const int8_t*>(blk + 2), xt + b * 32);
+        }
         y[t * w.n_rows + r] = acc;
       }
     }
@@ -60,10 +96,7 @@ void matmul_rows(const Weight& w, const float* x, int64_t n_tokens, float* y, in
       for (int64_t b = 0; b < n_blocks; ++b) {
         gguf::dequantize_row(w.type, wr + b * tr.type_size, block.data(), bs);
         for (int64_t t = 0; t < nt; ++t) {
-          const float* xt = x + (t0 + t) * w.n_cols + b * bs;
-          float s = 0.0f;
-          for (int64_t i = 0; i < bs; ++i) s += block[i] * xt[i];
-          acc[t] += s;
+          acc[t] += dot(block.data(), x + (t0 + t) * w.n_cols + b * bs, bs);
         }
       }
       for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * w.n_rows + r] = acc[t];

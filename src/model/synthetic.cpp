@@ -1,0 +1,138 @@
+#include "model/synthetic.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <random>
+
+#include "gguf/writer.h"
+#include "util/error.h"
+
+namespace sparsemla::model {
+
+SyntheticSpec SyntheticSpec::glm5_width(uint32_t layers) {
+  SyntheticSpec s;
+  s.n_layer = layers;
+  s.n_leading_dense = 1;
+  s.n_vocab = 154880;
+  s.n_embd = 6144;
+  s.n_ff = 12288;
+  s.n_head = 64;
+  s.q_lora = 2048;
+  s.kv_lora = 512;
+  s.qk_nope = 192;
+  s.qk_rope = 64;
+  s.v_head = 256;
+  s.n_expert = 256;
+  s.n_expert_used = 8;
+  s.n_expert_shared = 1;
+  s.n_ff_exp = 2048;
+  s.idx_heads = 32;
+  s.idx_dim = 128;
+  s.idx_top_k = 2048;
+  s.n_ctx = 202752;
+  return s;
+}
+
+SyntheticSpec SyntheticSpec::glm5_small() { return SyntheticSpec{}; }
+
+void write_synthetic_model(const SyntheticSpec& s, const std::string& path) {
+  if (s.arch == Arch::DeepSeek2) fail("synthetic models: only the DSA archs (glm-dsa, deepseek32) are generated");
+  const std::string a = arch_name(s.arch);
+  gguf::Writer w;
+  auto key = [&](const std::string& k) { return a + "." + k; };
+  w.set("general.architecture", gguf::Value::string(a));
+  w.set("general.name", gguf::Value::string(fmt::format("synthetic {} {} layers", a, s.n_layer)));
+  w.set(key("block_count"), gguf::Value::u32(s.n_layer + s.n_nextn));
+  w.set(key("nextn_predict_layers"), gguf::Value::u32(s.n_nextn));
+  w.set(key("context_length"), gguf::Value::u32(s.n_ctx));
+  w.set(key("embedding_length"), gguf::Value::u32(s.n_embd));
+  w.set(key("feed_forward_length"), gguf::Value::u32(s.n_ff));
+  w.set(key("attention.head_count"), gguf::Value::u32(s.n_head));
+  w.set(key("attention.head_count_kv"), gguf::Value::u32(1));
+  w.set(key("rope.freq_base"), gguf::Value::f32(s.rope_theta));
+  w.set(key("attention.layer_norm_rms_epsilon"), gguf::Value::f32(1e-5f));
+  w.set(key("expert_count"), gguf::Value::u32(s.n_expert));
+  w.set(key("expert_used_count"), gguf::Value::u32(s.n_expert_used));
+  w.set(key("expert_group_count"), gguf::Value::u32(s.n_expert_groups));
+  w.set(key("expert_group_used_count"), gguf::Value::u32(s.n_group_used));
+  w.set(key("expert_gating_func"), gguf::Value::u32(2));
+  w.set(key("attention.key_length"), gguf::Value::u32(s.kv_lora + s.qk_rope));
+  w.set(key("attention.value_length"), gguf::Value::u32(s.kv_lora));
+  w.set(key("leading_dense_block_count"), gguf::Value::u32(s.n_leading_dense));
+  w.set(key("vocab_size"), gguf::Value::u32(s.n_vocab));
+  w.set(key("attention.q_lora_rank"), gguf::Value::u32(s.q_lora));
+  w.set(key("attention.kv_lora_rank"), gguf::Value::u32(s.kv_lora));
+  w.set(key("attention.key_length_mla"), gguf::Value::u32(s.qk_nope + s.qk_rope));
+  w.set(key("attention.value_length_mla"), gguf::Value::u32(s.v_head));
+  w.set(key("expert_feed_forward_length"), gguf::Value::u32(s.n_ff_exp));
+  w.set(key("expert_shared_count"), gguf::Value::u32(s.n_expert_shared));
+  w.set(key("expert_weights_scale"), gguf::Value::f32(2.5f));
+  w.set(key("expert_weights_norm"), gguf::Value::boolean(true));
+  w.set(key("rope.dimension_count"), gguf::Value::u32(s.qk_rope));
+  w.set(key("attention.indexer.head_count"), gguf::Value::u32(s.idx_heads));
+  w.set(key("attention.indexer.key_length"), gguf::Value::u32(s.idx_dim));
+  w.set(key("attention.indexer.top_k"), gguf::Value::u32(s.idx_top_k));
+
+  std::mt19937 rng(s.seed);
+  auto tensor = [&](const std::string& name, std::vector<int64_t> ne, gguf::GgmlType type, float sd, float mean = 0) {
+    int64_t n = 1;
+    for (int64_t d : ne) n *= d;
+    std::normal_distribution<float> nd(mean, sd);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = nd(rng);
+    w.add_tensor(name, type, ne, v);
+  };
+  const auto M = s.matrix_type;
+  const auto F32 = gguf::GgmlType::F32;
+  auto mat = [&](const std::string& name, int64_t in, std::vector<int64_t> ne) {
+    tensor(name, std::move(ne), M, 1.0f / std::sqrt(float(in)));
+  };
+  auto norm = [&](const std::string& name, int64_t n) { tensor(name, {n}, F32, 0.05f, 1.0f); };
+  const int64_t H = s.n_embd, V = s.n_vocab;
+  mat("token_embd.weight", 1, {H, V});
+  norm("output_norm.weight", H);
+  mat("output.weight", H, {H, V});
+  for (uint32_t il = 0; il < s.n_layer + s.n_nextn; ++il) {
+    auto n = [il](const char* t) { return fmt::format("blk.{}.{}", il, t); };
+    norm(n("attn_norm.weight"), H);
+    norm(n("ffn_norm.weight"), H);
+    mat(n("attn_q_a.weight"), H, {H, s.q_lora});
+    norm(n("attn_q_a_norm.weight"), s.q_lora);
+    mat(n("attn_q_b.weight"), s.q_lora, {s.q_lora, int64_t(s.n_head) * (s.qk_nope + s.qk_rope)});
+    mat(n("attn_kv_a_mqa.weight"), H, {H, s.kv_lora + s.qk_rope});
+    norm(n("attn_kv_a_norm.weight"), s.kv_lora);
+    mat(n("attn_k_b.weight"), s.qk_nope, {s.qk_nope, s.kv_lora, s.n_head});
+    mat(n("attn_v_b.weight"), s.kv_lora, {s.kv_lora, s.v_head, s.n_head});
+    mat(n("attn_output.weight"), int64_t(s.n_head) * s.v_head, {int64_t(s.n_head) * s.v_head, H});
+    mat(n("indexer.attn_q_b.weight"), s.q_lora, {s.q_lora, int64_t(s.idx_heads) * s.idx_dim});
+    mat(n("indexer.attn_k.weight"), H, {H, s.idx_dim});
+    tensor(n("indexer.proj.weight"), {H, s.idx_heads}, F32, 1.0f / std::sqrt(float(H)));
+    norm(n("indexer.k_norm.weight"), s.idx_dim);
+    tensor(n("indexer.k_norm.bias"), {s.idx_dim}, F32, 0.02f);
+    if (il < s.n_leading_dense) {
+      mat(n("ffn_gate.weight"), H, {H, s.n_ff});
+      mat(n("ffn_up.weight"), H, {H, s.n_ff});
+      mat(n("ffn_down.weight"), s.n_ff, {s.n_ff, H});
+    } else {
+      tensor(n("ffn_gate_inp.weight"), {H, s.n_expert}, F32, 1.0f / std::sqrt(float(H)));
+      tensor(n("exp_probs_b.bias"), {s.n_expert}, F32, 0.01f);
+      mat(n("ffn_gate_exps.weight"), H, {H, s.n_ff_exp, s.n_expert});
+      mat(n("ffn_up_exps.weight"), H, {H, s.n_ff_exp, s.n_expert});
+      mat(n("ffn_down_exps.weight"), s.n_ff_exp, {s.n_ff_exp, H, s.n_expert});
+      const int64_t Fs = int64_t(s.n_ff_exp) * s.n_expert_shared;
+      mat(n("ffn_gate_shexp.weight"), H, {H, Fs});
+      mat(n("ffn_up_shexp.weight"), H, {H, Fs});
+      mat(n("ffn_down_shexp.weight"), Fs, {Fs, H});
+    }
+    if (il >= s.n_layer) {
+      mat(n("nextn.eh_proj.weight"), 2 * H, {2 * H, H});
+      norm(n("nextn.enorm.weight"), H);
+      norm(n("nextn.hnorm.weight"), H);
+      norm(n("nextn.shared_head_norm.weight"), H);
+    }
+  }
+  w.write(path);
+}
+
+}  // namespace sparsemla::model
