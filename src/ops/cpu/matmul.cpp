@@ -45,10 +45,9 @@ inline float dot(const float* a, const float* b, int64_t n) {
 }
 
 inline float dot_q8(const int8_t* q, const float* x) {  // 32 values
-  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int i = 0; i < 32; i += 8)
-    for (int l = 0; l < 8; ++l) lanes[l] += float(q[i + l]) * x[i + l];
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  float qf[32];
+  for (int i = 0; i < 32; ++i) qf[i] = float(q[i]);  // a vectorizable widening, separate from the sums
+  return dot(qf, x, 32);
 }
 
 // Tokens are processed in groups so that each dequantized block is reused across a group while
