@@ -11,7 +11,12 @@ using Runner = std::function<int()>;
 // Adds the subcommand and returns the function that runs it once arguments are parsed.
 Runner add_inspect(CLI::App& app);
 Runner add_devices(CLI::App& app);
+Runner add_tokenize(CLI::App& app);
+Runner add_detokenize(CLI::App& app);
 Runner add_logits(CLI::App& app);
 Runner add_run(CLI::App& app);
+Runner add_bench(CLI::App& app);
+Runner add_make_model(CLI::App& app);
+Runner add_write_gguf(CLI::App& app);
 
 }  // namespace sparsemla::app

@@ -17,8 +17,13 @@ int main(int argc, char** argv) {
   };
   add(sparsemla::app::add_inspect);
   add(sparsemla::app::add_devices);
+  add(sparsemla::app::add_tokenize);
+  add(sparsemla::app::add_detokenize);
   add(sparsemla::app::add_logits);
   add(sparsemla::app::add_run);
+  add(sparsemla::app::add_bench);
+  add(sparsemla::app::add_make_model);
+  add(sparsemla::app::add_write_gguf);
 
   CLI11_PARSE(app, argc, argv);
   try {
