@@ -77,7 +77,9 @@ def make_config(arch, d):
                                                  "original_max_position_embeddings": 32, "beta_fast": 32,
                                                  "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
                                 **common)
+    # float64 needs the plain implementations: SDPA kernels and grouped_mm refuse doubles.
     cfg._attn_implementation = "eager"
+    cfg._experts_implementation = "eager"
     return cfg
 
 
@@ -88,6 +90,8 @@ def make_model(arch, cfg, seed):
         from transformers import DeepseekV32ForCausalLM as M
     torch.manual_seed(seed)
     model = M(cfg).double().eval()
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
     g = torch.Generator().manual_seed(seed)
     # Weights of unit-scale activations (the default init makes logits nearly uniform).
     for name, p in model.named_parameters():

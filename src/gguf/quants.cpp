@@ -632,23 +632,315 @@ void dequantize_block(const BlockIQ4_XS& b, float* y) {
 }
 
 // ---- quantization ----
+// The fitted formats (Q4_0, Q4_K, Q5_K, Q6_K) follow ggml's reference quantizers
+// (quantize_row_*_ref in ggml-quants.c, no importance matrix): the same scale searches, rounding
+// (ties to even) and float operation order. Built without FMA contraction, as this file is, the
+// bytes equaled those of ggml's code built the same way on every block tried; ggml is usually
+// built with contraction, which moves some roundings, so byte equality is not promised. The
+// layouts are ggml's, so ggml, gguf-py and dequantize_row read the same values.
 
 void quantize_block(const float* x, PlainF32* b) { b->bits = f32_to_bits(*x); }
 void quantize_block(const float* x, PlainF16* b) { b->bits = f32_to_fp16(*x); }
 void quantize_block(const float* x, PlainBF16* b) { b->bits = f32_to_bf16(*x); }
 
-// ggml's quantize_row_q8_0_ref: d = amax / 127, q = round-half-away(x * (1 / d)), d stored as
-// fp16. ggml leaves NaN/inf inputs undefined (the float-to-int8 conversion overflows); here they
-// are an error. The rounded value is within ±127 whenever 1/d is finite; a subnormal d (amax
-// below about 4e-37) makes 1/d infinite, and those quants are stored as 0, which is what ggml's
-// conversion yields on x86.
-void quantize_block(const float* x, BlockQ8_0* b) {
-  float amax = 0.0f;
-  for (int j = 0; j < 32; ++j) {
+// ggml leaves NaN/inf inputs undefined (its scale becomes NaN and the float-to-int conversions
+// overflow); here they are an error naming the type.
+void require_finite(const float* x, int n, const char* type) {
+  for (int j = 0; j < n; ++j)
     if (!std::isfinite(x[j]))
-      fail("quantize_row: q8_0 cannot encode {}: its block scale would be undefined", x[j]);
-    amax = std::max(amax, std::fabs(x[j]));
+      fail("quantize_row: {} cannot encode {}: its block scale would be undefined", type, x[j]);
+}
+
+// A block scale as fp16. Finite input can still give a scale beyond fp16's range (about 65504),
+// which ggml stores as inf and which would decode to inf/NaN; the fitted formats refuse it.
+uint16_t checked_fp16_scale(float s, const char* type) {
+  const uint16_t h = f32_to_fp16(s);
+  if (!std::isfinite(fp16_to_f32(h)))
+    fail("quantize_row: {} block scale {} does not fit in fp16: input values are too large for {}", type, s,
+         type);
+  return h;
+}
+
+// ggml's nearest_int (round to nearest, ties to even, the default rounding mode) followed by its
+// clamp to [lo, hi]. Clamping first gives the same result and keeps out-of-range values and NaN
+// (NaN goes to lo) away from an undefined float-to-int conversion.
+int nearest_int_in(float v, int lo, int hi) {
+  if (!(v > static_cast<float>(lo))) return lo;
+  if (v >= static_cast<float>(hi)) return hi;
+  return static_cast<int>(std::nearbyint(v));
+}
+
+// ggml's make_qkx2_quants (with use_mad = false): fits x[i] ≈ scale * L[i] - *min_out with
+// L[i] in [0, nmax] and *min_out >= 0, minimising sum w[i] * err^2. The first guess spans
+// [min(x, 0), max(x)]; then nstep + 1 trial inverse scales (nmax + rmin + rdelta * k) / range
+// each fix the L, solve the weighted least-squares scale and min for them, and are kept when
+// their error is lower. Returns the scale (0 for a constant non-positive block, where
+// *min_out alone carries the value).
+float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L, float* min_out, float rmin,
+                    float rdelta, int nstep) {
+  float min = x[0], max = x[0];
+  float sum_w = w[0];
+  float sum_x = sum_w * x[0];
+  for (int i = 1; i < n; ++i) {
+    min = std::min(min, x[i]);
+    max = std::max(max, x[i]);
+    sum_w += w[i];
+    sum_x += w[i] * x[i];
   }
+  if (min > 0.0f) min = 0.0f;
+  if (max == min) {
+    std::fill(L, L + n, uint8_t{0});
+    *min_out = -min;
+    return 0.0f;
+  }
+  float iscale = static_cast<float>(nmax) / (max - min);
+  float scale = 1.0f / iscale;
+  float best_error = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    L[i] = static_cast<uint8_t>(nearest_int_in(iscale * (x[i] - min), 0, nmax));
+    const float diff = scale * static_cast<float>(L[i]) + min - x[i];
+    best_error += w[i] * (diff * diff);
+  }
+  uint8_t trial[32];  // n <= 32
+  for (int step = 0; step <= nstep; ++step) {
+    iscale = (rmin + rdelta * static_cast<float>(step) + static_cast<float>(nmax)) / (max - min);
+    float sum_l = 0.0f, sum_l2 = 0.0f, sum_xl = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      const int l = nearest_int_in(iscale * (x[i] - min), 0, nmax);
+      trial[i] = static_cast<uint8_t>(l);
+      const float fl = static_cast<float>(l);
+      sum_l += w[i] * fl;
+      sum_l2 += w[i] * fl * fl;
+      sum_xl += w[i] * fl * x[i];
+    }
+    const float det = sum_w * sum_l2 - sum_l * sum_l;
+    if (!(det > 0.0f)) continue;
+    float this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+    float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+    if (this_min > 0.0f) {  // the offset may only shift values down: refit the scale alone
+      this_min = 0.0f;
+      this_scale = sum_xl / sum_l2;
+    }
+    float error = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      const float diff = this_scale * static_cast<float>(trial[i]) + this_min - x[i];
+      error += w[i] * (diff * diff);
+    }
+    if (error < best_error) {
+      std::copy(trial, trial + n, L);
+      best_error = error;
+      scale = this_scale;
+      min = this_min;
+    }
+  }
+  *min_out = -min;
+  return scale;
+}
+
+// ggml's make_qx_quants with rmse_type 1 and no importance weights: fits x[i] ≈ scale * L[i]
+// with L[i] in [-nmax, nmax - 1] (stored as L[i] + nmax), minimising sum x[i]^2 * err^2. The
+// largest-magnitude element maps to -nmax (so the scale's sign is opposite to it); 18 nearby
+// inverse scales -(nmax + 0.1 k) / max are tried, each with its least-squares scale, and the best
+// is kept. Returns 0 with all L[i] = 0 for a block below ggml's GROUP_MAX_EPS.
+float fit_symmetric_scale(int n, int nmax, const float* x, uint8_t* L) {
+  float max = 0.0f, amax = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float ax = std::fabs(x[i]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[i];
+    }
+  }
+  if (amax < 1e-15f) {
+    std::fill(L, L + n, uint8_t{0});
+    return 0.0f;
+  }
+  auto fit = [&](float iscale, float* sum_lx, float* sum_l2, bool store) {
+    *sum_lx = 0.0f;
+    *sum_l2 = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      const int l = nearest_int_in(iscale * x[i], -nmax, nmax - 1);
+      if (store) L[i] = static_cast<uint8_t>(l + nmax);
+      const float w = x[i] * x[i];
+      const float fl = static_cast<float>(l);
+      *sum_lx += w * x[i] * fl;
+      *sum_l2 += w * fl * fl;
+    }
+  };
+  float sum_lx, sum_l2;
+  fit(-static_cast<float>(nmax) / max, &sum_lx, &sum_l2, true);
+  float scale = sum_l2 != 0.0f ? sum_lx / sum_l2 : 0.0f;
+  float best = scale * sum_lx;
+  for (int k = -9; k <= 9; ++k) {
+    if (k == 0) continue;
+    const float iscale = -(static_cast<float>(nmax) + 0.1f * static_cast<float>(k)) / max;
+    fit(iscale, &sum_lx, &sum_l2, false);
+    // sum_lx^2 / sum_l2 is the weighted energy the fitted scale captures: more is less error.
+    if (sum_l2 > 0.0f && sum_lx * sum_lx > best * sum_l2) {
+      fit(iscale, &sum_lx, &sum_l2, true);
+      scale = sum_lx / sum_l2;
+      best = scale * sum_lx;
+    }
+  }
+  return scale;
+}
+
+// ggml's quantize_row_q4_0_ref: d = -max / 8 where max is the element of largest magnitude (so
+// it maps to q = 0 exactly); q = min(15, trunc(x / d + 8.5)), i.e. x / d rounded half up, the
+// far end clipped to +7.
+void quantize_block(const float* x, BlockQ4_0* b) {
+  require_finite(x, 32, "q4_0");
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 32; ++j) {
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  const float d = max / -8.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  b->d = checked_fp16_scale(d, "q4_0");
+  // x * id + 8.5 lies in [0.5, 16.5] (up to rounding), where floor is ggml's truncation. When d
+  // is so small that 1 / d overflows, x * id is ±inf (or NaN for 0): the clamp keeps those codes
+  // in range, and the block decodes to 0 anyway since d rounds to fp16 zero.
+  auto code = [&](float v) { return nearest_int_in(std::floor(v * id + 8.5f), 0, 15); };
+  for (int j = 0; j < 16; ++j) b->qs[j] = static_cast<uint8_t>(code(x[j]) | (code(x[j + 16]) << 4));
+}
+
+// Inverse of k4_scale_min on zeroed bytes: stores 6-bit scale sc and min m of group i.
+void k4_set_scale_min(uint8_t* s, int i, int sc, int m) {
+  if (i < 4) {
+    s[i] |= static_cast<uint8_t>(sc);
+    s[i + 4] |= static_cast<uint8_t>(m);
+  } else {
+    s[i + 4] |= static_cast<uint8_t>((sc & 0x0F) | ((m & 0x0F) << 4));
+    s[i - 4] |= static_cast<uint8_t>((sc >> 4) << 6);
+    s[i] |= static_cast<uint8_t>((m >> 4) << 6);
+  }
+}
+
+// Shared by Q4_K and Q5_K (ggml's quantize_row_q{4,5}_K_ref): each group of 32 is fitted with
+// fit_scale_min (weights rms(group) + |x|); the eight scales and eight mins are then coded as
+// 6-bit multiples of d = max scale / 63 and dmin = max min / 63 (fp16), and every element is
+// re-rounded against its group's coded scale and min. Fills scales[12], d, dmin and L[256]
+// (values in [0, nmax]).
+void quantize_k4_groups(const float* x, int nmax, float rmin, int nstep, const char* type, uint8_t* scales,
+                        uint16_t* d_out, uint16_t* dmin_out, uint8_t* L) {
+  require_finite(x, kQK, type);
+  float group_scale[8], group_min[8];
+  float max_scale = 0.0f, max_min = 0.0f;
+  for (int g = 0; g < 8; ++g) {
+    const float* xg = x + 32 * g;
+    float sum_x2 = 0.0f;
+    for (int l = 0; l < 32; ++l) sum_x2 += xg[l] * xg[l];
+    const float av_x = std::sqrt(sum_x2 / 32.0f);
+    float weights[32];
+    for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xg[l]);
+    group_scale[g] = fit_scale_min(32, nmax, xg, weights, L + 32 * g, &group_min[g], rmin, 0.1f, nstep);
+    max_scale = std::max(max_scale, group_scale[g]);
+    max_min = std::max(max_min, group_min[g]);
+  }
+  const float inv_scale = max_scale > 0.0f ? 63.0f / max_scale : 0.0f;
+  const float inv_min = max_min > 0.0f ? 63.0f / max_min : 0.0f;
+  std::memset(scales, 0, 12);
+  for (int g = 0; g < 8; ++g)
+    k4_set_scale_min(scales, g, nearest_int_in(inv_scale * group_scale[g], 0, 63),
+                     nearest_int_in(inv_min * group_min[g], 0, 63));
+  *d_out = checked_fp16_scale(max_scale / 63.0f, type);
+  *dmin_out = checked_fp16_scale(max_min / 63.0f, type);
+
+  const float d = fp16_to_f32(*d_out);
+  const float dmin = fp16_to_f32(*dmin_out);
+  for (int g = 0; g < 8; ++g) {
+    int sc, m;
+    k4_scale_min(scales, g, &sc, &m);
+    const float dl = d * static_cast<float>(sc);
+    if (dl == 0.0f) continue;  // keep the fitted L; they decode to -dmin * m regardless
+    const float ml = dmin * static_cast<float>(m);
+    for (int l = 0; l < 32; ++l)
+      L[32 * g + l] = static_cast<uint8_t>(nearest_int_in((x[32 * g + l] + ml) / dl, 0, nmax));
+  }
+}
+
+// ggml's quantize_row_q4_K_ref: 4-bit values; trial inverse scales (15 - 1 + 0.1 k) / range,
+// k = 0..20.
+void quantize_block(const float* x, BlockQ4_K* b) {
+  uint8_t L[kQK];
+  quantize_k4_groups(x, 15, -1.0f, 20, "q4_K", b->scales, &b->d, &b->dmin, L);
+  for (int k = 0; k < 4; ++k)
+    for (int l = 0; l < 32; ++l)
+      b->qs[32 * k + l] = static_cast<uint8_t>(L[64 * k + l] | (L[64 * k + 32 + l] << 4));
+}
+
+// ggml's quantize_row_q5_K_ref: 5-bit values; trial inverse scales (31 - 0.5 + 0.1 k) / range,
+// k = 0..15.
+void quantize_block(const float* x, BlockQ5_K* b) {
+  uint8_t L[kQK];
+  quantize_k4_groups(x, 31, -0.5f, 15, "q5_K", b->scales, &b->d, &b->dmin, L);
+  std::memset(b->qh, 0, sizeof(b->qh));
+  for (int k = 0; k < 4; ++k) {
+    for (int l = 0; l < 32; ++l) {
+      const uint8_t lo = L[64 * k + l];
+      const uint8_t hi = L[64 * k + 32 + l];
+      b->qs[32 * k + l] = static_cast<uint8_t>((lo & 0x0F) | ((hi & 0x0F) << 4));
+      b->qh[l] |= static_cast<uint8_t>(((lo >> 4) << (2 * k)) | ((hi >> 4) << (2 * k + 1)));
+    }
+  }
+}
+
+// ggml's quantize_row_q6_K_ref: each group of 16 is fitted with fit_symmetric_scale (6-bit values
+// -32..31); the sixteen scales are coded as int8 multiples of d = -max scale / 128, where max is
+// the scale of largest magnitude (so it codes as -128), and the elements are re-rounded against
+// the coded scales.
+void quantize_block(const float* x, BlockQ6_K* b) {
+  require_finite(x, kQK, "q6_K");
+  uint8_t L[kQK];
+  float group_scale[16];
+  float max_scale = 0.0f, max_abs_scale = 0.0f;
+  for (int g = 0; g < 16; ++g) {
+    group_scale[g] = fit_symmetric_scale(16, 32, x + 16 * g, L + 16 * g);
+    if (std::fabs(group_scale[g]) > max_abs_scale) {
+      max_abs_scale = std::fabs(group_scale[g]);
+      max_scale = group_scale[g];
+    }
+  }
+  if (max_abs_scale < 1e-15f) {  // ggml's GROUP_MAX_EPS: an all-zero block
+    std::memset(b, 0, sizeof(*b));
+    return;
+  }
+  const float iscale = -128.0f / max_scale;
+  b->d = checked_fp16_scale(1.0f / iscale, "q6_K");
+  for (int g = 0; g < 16; ++g)
+    b->scales[g] = static_cast<int8_t>(nearest_int_in(iscale * group_scale[g], -128, 127));
+
+  const float d = fp16_to_f32(b->d);
+  for (int g = 0; g < 16; ++g) {
+    const float dl = d * static_cast<float>(b->scales[g]);
+    if (dl == 0.0f) continue;  // keep the fitted L; they decode to 0
+    for (int l = 0; l < 16; ++l)
+      L[16 * g + l] = static_cast<uint8_t>(nearest_int_in(x[16 * g + l] / dl, -32, 31) + 32);
+  }
+  for (int half = 0; half < 2; ++half) {
+    const uint8_t* q = L + 128 * half;
+    uint8_t* ql = b->ql + 64 * half;
+    uint8_t* qh = b->qh + 32 * half;
+    for (int l = 0; l < 32; ++l) {
+      ql[l] = static_cast<uint8_t>((q[l] & 0x0F) | ((q[l + 64] & 0x0F) << 4));
+      ql[l + 32] = static_cast<uint8_t>((q[l + 32] & 0x0F) | ((q[l + 96] & 0x0F) << 4));
+      qh[l] = static_cast<uint8_t>((q[l] >> 4) | ((q[l + 32] >> 4) << 2) | ((q[l + 64] >> 4) << 4) |
+                                   ((q[l + 96] >> 4) << 6));
+    }
+  }
+}
+
+// ggml's quantize_row_q8_0_ref: d = amax / 127, q = round-half-away(x * (1 / d)), d stored as
+// fp16. The rounded value is within ±127 whenever 1/d is finite; a subnormal d (amax below about
+// 4e-37) makes 1/d infinite, and those quants are stored as 0, which is what ggml's conversion
+// yields on x86. Unlike the fitted formats, a d beyond fp16's range is stored as inf, as ggml does.
+void quantize_block(const float* x, BlockQ8_0* b) {
+  require_finite(x, 32, "q8_0");
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   b->d = f32_to_fp16(d);
@@ -723,6 +1015,10 @@ constexpr Codec<QuantizeFn> kQuantizers[] = {
     quantizer<PlainF16>(GgmlType::F16),
     quantizer<PlainBF16>(GgmlType::BF16),
     quantizer<BlockQ8_0>(GgmlType::Q8_0),
+    quantizer<BlockQ4_0>(GgmlType::Q4_0),
+    quantizer<BlockQ4_K>(GgmlType::Q4_K),
+    quantizer<BlockQ5_K>(GgmlType::Q5_K),
+    quantizer<BlockQ6_K>(GgmlType::Q6_K),
 };
 
 // The entry for t, or null. Also checks that the block struct has the type table's geometry
@@ -761,7 +1057,8 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
   int64_t n_blocks = 0;
   const Codec<QuantizeFn>* c = find_codec(kQuantizers, "quantize_row", t, n, &n_blocks);
   if (!c)
-    fail("quantize_row: cannot quantize to ggml type {} (id {}); only f32, f16, bf16 and q8_0 are written",
+    fail("quantize_row: cannot quantize to ggml type {} (id {}); only f32, f16, bf16, q8_0, q4_0, q4_K, "
+         "q5_K and q6_K are written",
          type_name(t), static_cast<uint32_t>(t));
   c->fn(src, static_cast<uint8_t*>(dst), n_blocks);
 }

@@ -1,5 +1,6 @@
 // Writing GGUF files (version 3): for test models, fixtures and tools. Every metadata type;
-// tensors given as float32 and stored as F32, F16, BF16 or Q8_0, or given already encoded in
+// tensors given as float32 and stored as F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K or Q6_K, or given
+// already encoded in
 // any ggml type; one file or NAME-0000k-of-0000n.gguf parts as llama.cpp's gguf-split makes them.
 #pragma once
 #include <cstdint>
@@ -17,7 +18,7 @@ class Writer {
 
   // Sets a metadata key; a key set twice keeps its first position and takes the new value.
   void set(const std::string& key, Value v);
-  // Stores `values` ([ne3][ne2][ne1][ne0], ne0 fastest) encoded as `type` (F32/F16/BF16/Q8_0).
+  // Stores `values` ([ne3][ne2][ne1][ne0], ne0 fastest) encoded as `type` (F32/F16/BF16/Q8_0/Q4_0/Q4_K/Q5_K/Q6_K).
   void add_tensor(const std::string& name, GgmlType type, const std::vector<int64_t>& ne,
                   const std::vector<float>& values);
   // Stores already-encoded bytes of any ggml type; their size must match the shape.
