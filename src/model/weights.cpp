@@ -106,7 +106,9 @@ ModelWeights bind_weights(const gguf::File& f, const HParams& hp) {
     }
     m.output = b.weight(n("attn_output.weight"), {n_head * vh, H});
 
-    if (hp.has_indexer() && hp.idx_full[il]) {
+    // The next-n layer is not run; its indexer is optional (IndexShare files may leave it out).
+    const bool nextn_without_indexer = il >= hp.n_layer && !b.has(n("indexer.attn_k.weight"));
+    if (hp.has_indexer() && hp.idx_full[il] && !nextn_without_indexer) {
       IndexerWeights& ix = L.indexer;
       ix.present = true;
       const int64_t ih = hp.idx_heads, id = hp.idx_dim;
