@@ -30,6 +30,7 @@ struct TemplateOptions {
   bool lstrip_blocks = true;  // drop spaces and tabs between the start of a line and a block or comment tag
 };
 
+// A parsed template: immutable, cheap to copy, and renderable from several threads at once.
 class Template {
  public:
   // Throws TemplateError naming the line and column of the first syntax error.

@@ -305,8 +305,6 @@ std::string strip(std::string_view s, const std::optional<std::string>& chars, b
   return encode(std::u32string_view(cps).substr(b, e - b));
 }
 
-std::string rstrip_whitespace(std::string_view s) { return strip(s, std::nullopt, false, true); }
-
 std::vector<std::string> split(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit) {
   std::vector<std::string> out;
   if (sep) {
@@ -499,16 +497,25 @@ std::string float_repr(double x) {
   const auto ndigits = int(digits.size());
   if (decpt > -4 && decpt <= 16) {  // Python switches to exponent notation outside this window
     if (decpt <= 0) {
-      out += "0." + std::string(size_t(-decpt), '0') + digits;
+      out += "0.";
+      out.append(size_t(-decpt), '0');
+      out += digits;
     } else if (decpt >= ndigits) {
-      out += digits + std::string(size_t(decpt - ndigits), '0') + ".0";
+      out += digits;
+      out.append(size_t(decpt - ndigits), '0');
+      out += ".0";
     } else {
-      out += digits.substr(0, size_t(decpt)) + "." + digits.substr(size_t(decpt));
+      out.append(digits, 0, size_t(decpt));
+      out += '.';
+      out.append(digits, size_t(decpt));
     }
     return out;
   }
   out += digits[0];
-  if (ndigits > 1) out += "." + digits.substr(1);
+  if (ndigits > 1) {
+    out += '.';
+    out.append(digits, 1);
+  }
   out += exp10 < 0 ? "e-" : "e+";
   const std::string mag = std::to_string(std::abs(exp10));
   if (mag.size() < 2) out += '0';

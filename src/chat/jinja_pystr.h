@@ -38,7 +38,6 @@ bool isupper(std::string_view s);
 
 // strip/lstrip/rstrip; chars == nullopt strips whitespace.
 std::string strip(std::string_view s, const std::optional<std::string>& chars, bool left, bool right);
-std::string rstrip_whitespace(std::string_view s);
 // str.split / str.rsplit; sep == nullopt splits on runs of whitespace. maxsplit < 0 means no limit.
 std::vector<std::string> split(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit);
 std::vector<std::string> rsplit(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -33,14 +34,18 @@ struct RuntimeError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-template <class... Args>
-[[noreturn]] void raise(fmt::format_string<Args...> f, Args&&... args) {
-  throw RuntimeError(fmt::format(f, std::forward<Args>(args)...));
+template <class... Ts>
+[[noreturn]] void raise(fmt::format_string<Ts...> f, Ts&&... args) {
+  throw RuntimeError(fmt::format(f, std::forward<Ts>(args)...));
 }
 
 // Containers nest at most this deep: it bounds the recursion of printing, comparing and converting
 // values, including a list that was appended to itself.
 constexpr int kMaxNesting = 256;
+// No string (the output included) grows past this, nor a list past kMaxListItems: a template cannot
+// exhaust memory with "x" * 10**12 or nested loops.
+constexpr size_t kMaxStringBytes = size_t(64) << 20;
+constexpr size_t kMaxListItems = size_t(1) << 24;
 
 enum class SeqKind : uint8_t {
   List,
@@ -118,10 +123,23 @@ class Dict {
   std::vector<std::pair<Value, Value>> items;
 };
 
+// What a for loop's `loop` variable reads: its attributes are computed from the position.
+struct LoopState {
+  std::shared_ptr<const std::vector<Value>> items;
+  size_t index = 0;
+  Value cycle;    // loop.cycle(...) and loop.changed(...), shared by the iterations
+  Value changed;
+};
+
+// jinja2's namespace(), and the `loop` variable, which reads like one but cannot be assigned to.
 struct Namespace {
   Dict attrs;
-  bool is_loop = false;  // the `loop` variable reads like a namespace but cannot be assigned to
+  std::shared_ptr<const LoopState> loop;
+  bool is_loop() const { return loop != nullptr; }
 };
+
+// ns.name: the attribute, or nullopt when there is none.
+std::optional<Value> namespace_attribute(const Namespace& ns, std::string_view name);
 
 // A call's arguments once evaluated.
 struct Args {
@@ -137,6 +155,34 @@ struct Function {
 struct Undefined {
   std::string hint;  // the UndefinedError message raised when the value is used
 };
+
+// Bookkeeping for one render on the calling thread, installed by the evaluator for its duration:
+// - a budget of work: loop iterations and macro calls spend from it (and walks over sequences, one
+//   unit per 16 items), so that nested range() loops or a recursive macro fail with a clear error
+//   instead of running for hours;
+// - the containers made, which are emptied when the render ends: a namespace holding itself or a
+//   list appended to itself would otherwise leak through its shared_ptr cycle.
+class RenderState {
+ public:
+  explicit RenderState(size_t work_units);
+  ~RenderState();
+  RenderState(const RenderState&) = delete;
+  RenderState& operator=(const RenderState&) = delete;
+
+ private:
+  friend void spend(size_t units);
+  friend class Value;
+  template <class T>
+  static void track(std::vector<std::weak_ptr<T>>& made, const std::shared_ptr<T>& p);
+
+  size_t work_left_;
+  std::vector<std::weak_ptr<List>> lists_;
+  std::vector<std::weak_ptr<Dict>> dicts_;
+  std::vector<std::weak_ptr<Namespace>> namespaces_;
+  RenderState* previous_;
+};
+void spend(size_t units);  // raises once the render's budget is used up; free outside a render
+void spend_walk(size_t items);  // walking a sequence: one unit per 16 items
 
 bool truthy(const Value& v);
 bool equals(const Value& a, const Value& b);
