@@ -6,7 +6,8 @@ pkgs=(build-essential cmake git pkg-config
       libfmt-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libspdlog-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       clang libclang-rt-14-dev
-      python3 python3-numpy python3-jinja2 unicode-data)
+      python3 python3-numpy python3-jinja2 unicode-data
+      chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -18,5 +18,7 @@ Runner add_run(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_make_model(CLI::App& app);
 Runner add_write_gguf(CLI::App& app);
+Runner add_serve(CLI::App& app);
+Runner add_ppl(CLI::App& app);
 
 }  // namespace sparsemla::app

@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   add(sparsemla::app::add_bench);
   add(sparsemla::app::add_make_model);
   add(sparsemla::app::add_write_gguf);
+  add(sparsemla::app::add_serve);
+  add(sparsemla::app::add_ppl);
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -9,8 +9,11 @@
 #include <vector>
 
 #include "commands.h"
+#include "default_model.h"
 #include "kv/paged_cache.h"
 #include "model/model.h"
+#include "server/chat_format.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
 namespace sparsemla::app {
@@ -22,14 +25,18 @@ struct ModelArgs {
   int threads = 0;
 };
 
-void add_model_options(CLI::App* cmd, ModelArgs& a) {
-  cmd->add_option("--model,-m", a.model, "GGUF model (any part of a split model)")->required();
+void add_model_options(CLI::App* cmd, ModelArgs& a, bool model_required = true) {
+  auto* opt = cmd->add_option("--model,-m", a.model,
+                              model_required ? "GGUF model (any part of a split model)"
+                                             : "GGUF model (any part of a split model; default: the bundled model)");
+  if (model_required) opt->required();
   cmd->add_option("--attention", a.attention, "sparse (the model's DSA top-k, default) or dense (every position)")
       ->check(CLI::IsMember({"sparse", "dense"}));
   cmd->add_option("--threads,-t", a.threads, "CPU threads (default: all)");
 }
 
-std::unique_ptr<model::Model> load(const ModelArgs& a) {
+std::unique_ptr<model::Model> load(ModelArgs& a) {
+  if (a.model.empty()) a.model = default_model_path();
   model::ModelOptions o;
   o.attention = a.attention == "dense" ? model::AttentionMode::Dense : model::AttentionMode::Sparse;
   o.threads = a.threads;
@@ -70,7 +77,7 @@ kv::PagedCache make_cache(const model::Model& m, int64_t n_tokens) {
   return kv::PagedCache(m.cache_shape(int32_t((n_tokens + bs - 1) / bs), bs));
 }
 
-int run_logits(const ModelArgs& a, const std::string& tokens_path, const std::string& out_path) {
+int run_logits(ModelArgs& a, const std::string& tokens_path, const std::string& out_path) {
   const std::vector<int32_t> ids = read_i32_file(tokens_path);
   if (ids.empty()) fail("{}: no token ids", tokens_path);
   auto m = load(a);
@@ -94,30 +101,79 @@ int32_t argmax(const float* x, int64_t n) {
   return int32_t(best);
 }
 
-int run_generate(const ModelArgs& a, const std::string& tokens, int max_tokens, float temperature, bool json) {
-  if (temperature != 0.0f) fail("--temperature: only greedy decoding (0) is available in this command yet");
-  if (max_tokens < 0) fail("--max-tokens must be >= 0, got {}", max_tokens);
-  const std::vector<int32_t> prompt = parse_ids(tokens);
+struct GenerateArgs {
+  std::string tokens;
+  std::string prompt;
+  bool chat = false;
+  std::string chat_template_file;
+  int max_tokens = 64;
+  float temperature = 0.0f;
+  bool json = false;
+  bool add_bos = false;
+};
+
+int run_generate(ModelArgs& a, const GenerateArgs& g) {
+  if (g.temperature != 0.0f) fail("--temperature: only greedy decoding (0) is available in `run` yet; `serve` samples");
+  if (g.max_tokens < 0) fail("--max-tokens must be >= 0, got {}", g.max_tokens);
+  if (g.tokens.empty() == g.prompt.empty()) fail("give exactly one of --tokens and --prompt");
+  if (g.chat && g.prompt.empty()) fail("--chat needs --prompt");
   auto m = load(a);
-  const int64_t total = int64_t(prompt.size()) + max_tokens;
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  std::vector<int32_t> prompt;
+  if (!g.prompt.empty()) {
+    tok = tokenizer::Tokenizer::from_gguf(m->file());
+    std::string text = g.prompt;
+    if (g.chat) {
+      server::ChatFormat format = server::ChatFormat::for_model(m->file(), *tok);
+      if (!g.chat_template_file.empty()) {
+        std::ifstream in(g.chat_template_file);
+        if (!in) fail("{}: cannot open", g.chat_template_file);
+        const std::string source((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        format = server::ChatFormat(source, format.tool_syntax(), tok->bos() >= 0 ? tok->token_text(tok->bos()) : "",
+                                    tok->eos() >= 0 ? tok->token_text(tok->eos()) : "", false);
+      }
+      const auto messages = nlohmann::json::array({{{"role", "user"}, {"content", g.prompt}}});
+      text = format.render(messages, nlohmann::json::array(), nlohmann::json::object());
+    }
+    // A chat template writes its own BOS ([gMASK] for GLM); a plain prompt follows the file.
+    prompt = tok->encode(text, !g.chat && (g.add_bos || tok->add_bos_default()));
+  } else {
+    prompt = parse_ids(g.tokens);
+  }
+  const int64_t total = int64_t(prompt.size()) + g.max_tokens;
+  if (total > int64_t(m->hparams().n_ctx_train))
+    fail("prompt ({} tokens) + --max-tokens {} exceeds the model's context of {}", prompt.size(), g.max_tokens,
+         m->hparams().n_ctx_train);
   kv::PagedCache cache = make_cache(*m, total);
   std::vector<int32_t> table;
   if (!cache.reserve(table, total)) fail("KV cache too small");
   std::vector<int32_t> out;
   std::vector<float> logits;
+  std::unique_ptr<tokenizer::StreamDecoder> stream;
+  if (tok && !g.json) stream = std::make_unique<tokenizer::StreamDecoder>(*tok, true);
   // Prefill once, then one token per step through the cache.
   model::SeqInput in{prompt, 0, &table, false};
-  for (int i = 0; i < max_tokens; ++i) {
+  for (int i = 0; i < g.max_tokens; ++i) {
     logits.clear();
     m->forward({in}, cache, logits);
     const int32_t next = argmax(logits.data(), m->hparams().n_vocab);
+    if (tok && tok->is_eog(next)) break;
     out.push_back(next);
+    if (stream) {
+      const std::string piece = stream->push(next);
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
     in = model::SeqInput{{next}, in.pos0 + int64_t(in.tokens.size()), &table, false};
   }
-  std::string s;
-  for (size_t i = 0; i < out.size(); ++i) s += (i ? ", " : "") + std::to_string(out[i]);
-  if (json) std::printf("{\"tokens\": [%s]}\n", s.c_str());
-  else std::printf("%s\n", s.c_str());
+  if (stream) {
+    const std::string rest = stream->flush();
+    std::printf("%s\n", rest.c_str());
+    return 0;
+  }
+  nlohmann::json j = {{"tokens", out}};
+  if (tok) j["text"] = tok->decode(out, true);
+  if (g.json || !tok) std::printf("%s\n", j.dump().c_str());
   return 0;
 }
 
@@ -136,17 +192,18 @@ Runner add_logits(CLI::App& app) {
 
 Runner add_run(CLI::App& app) {
   auto a = std::make_shared<ModelArgs>();
-  auto tokens = std::make_shared<std::string>();
-  auto max_tokens = std::make_shared<int>(16);
-  auto temperature = std::make_shared<float>(0.0f);
-  auto json = std::make_shared<bool>(false);
+  auto g = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand("run", "Generate from a prompt: prefill once, then decode token by token");
-  add_model_options(cmd, *a);
-  cmd->add_option("--tokens", *tokens, "prompt token ids: \"1 2 3\"")->required();
-  cmd->add_option("--max-tokens,-n", *max_tokens, "tokens to generate");
-  cmd->add_option("--temperature", *temperature, "0: greedy");
-  cmd->add_flag("--json", *json, "print {\"tokens\": [...]}");
-  return [=] { return run_generate(*a, *tokens, *max_tokens, *temperature, *json); };
+  add_model_options(cmd, *a, false);
+  cmd->add_option("--prompt,-p", g->prompt, "prompt text");
+  cmd->add_flag("--chat", g->chat, "wrap --prompt in the model's chat template as a user turn");
+  cmd->add_option("--chat-template-file", g->chat_template_file, "Jinja chat template to use instead of the model's");
+  cmd->add_option("--tokens", g->tokens, "prompt token ids instead of text: \"1 2 3\"");
+  cmd->add_flag("--add-bos", g->add_bos, "add BOS before a plain --prompt");
+  cmd->add_option("--max-tokens,-n", g->max_tokens, "tokens to generate (stops earlier at end of generation)");
+  cmd->add_option("--temperature", g->temperature, "0: greedy");
+  cmd->add_flag("--json", g->json, "print {\"tokens\": [...], \"text\": ...}");
+  return [=] { return run_generate(*a, *g); };
 }
 
 }  // namespace sparsemla::app
