@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "default_model.h"
 #include "server/server.h"
 #include "util/error.h"
 
@@ -53,7 +54,7 @@ Runner add_serve(CLI::App& app) {
   auto attention = std::make_shared<std::string>("sparse");
   CLI::App* cmd =
       app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching and a chat page at /");
-  cmd->add_option("--model,-m", o->model_path, "GGUF model (any part of a split model)")->required();
+  cmd->add_option("--model,-m", o->model_path, "GGUF model (any part of a split model; default: the bundled model)");
   cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "port (0: any free port, printed at start)")->capture_default_str();
   cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer KEY' on the API routes");
@@ -72,7 +73,10 @@ Runner add_serve(CLI::App& app) {
   cmd->add_option("--threads,-t", o->threads, "CPU threads (default: all)");
   cmd->add_option("--attention", *attention, "sparse (the model's DSA top-k, default) or dense (every position)")
       ->check(CLI::IsMember({"sparse", "dense"}));
-  return [=] { return run_serve(*o, *attention); };
+  return [=] {
+    if (o->model_path.empty()) o->model_path = default_model_path();
+    return run_serve(*o, *attention);
+  };
 }
 
 }  // namespace sparsemla::app

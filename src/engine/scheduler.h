@@ -71,8 +71,6 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  const SchedulerConfig& config() const { return cfg_; }
-
   // Queues a request; any thread. Throws Refused when it can never fit or the queue is full, and
   // Error for a malformed request (empty prompt, max_tokens <= 0, an id outside the vocabulary).
   std::shared_ptr<RequestStream> submit(GenerationRequest req);

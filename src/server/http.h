@@ -14,7 +14,6 @@ struct HttpRequest {
   std::string method;
   std::string path;
   std::map<std::string, std::string> headers;  // names in lower case
-  std::map<std::string, std::string> query;
   std::string body;
   bool body_too_large = false;  // the body went past the limit and was not read
 

@@ -25,7 +25,6 @@ HttpRequest convert(const httplib::Request& req) {
   r.method = req.method;
   r.path = req.path;
   for (const auto& [k, v] : req.headers) r.headers[lower(k)] = v;
-  for (const auto& [k, v] : req.params) r.query[k] = v;
   return r;
 }
 

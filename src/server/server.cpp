@@ -66,7 +66,7 @@ int Server::listen() {
   ho.max_body_bytes = opts_.max_body_bytes;
   // A streaming client holds a connection thread for as long as it generates: room for every
   // running and some waiting ones, and a few for /health and /metrics.
-  ho.threads = std::max(16, 2 * opts_.max_seqs + 8);
+  ho.threads = std::clamp(2 * opts_.max_seqs + 8, 16, 512);
   http_ = make_http_server(ho);
   add("POST", "/v1/chat/completions", &Server::chat_completions, true);
   add("POST", "/v1/completions", &Server::completions, true);

@@ -2,13 +2,13 @@
 """The chat page at / in headless Chromium, driven over the DevTools protocol (--remote-debugging-pipe:
 JSON messages ending in NUL on fds 3 and 4, so no WebSocket client is needed).
 
-1. `sparsemla serve` on the fixture model, on a free port.
+1. `sparsemla serve` on the given model (ctest passes the bundled one), on a free port.
 2. The page renders a crafted stream (a stubbed fetch) with reasoning: the reasoning shows in a
    collapsed <details>, the answer beside it.
 3. A real chat: the message is typed and sent through the page's own controls; the streamed reply
    must equal what the API answers for the same request without streaming.
 
-usage: chat_page_test.py SPARSEMLA_BINARY MODEL.gguf [CHROMIUM]
+usage: chat_page_test.py SPARSEMLA_BINARY MODEL.gguf [CHROMIUM]   (the bundled model answers best)
 Exits 77 (skipped) when Chromium is not installed. SPARSEMLA_SCREENSHOT=file.png saves the page.
 """
 import base64
@@ -22,6 +22,7 @@ import time
 import urllib.request
 
 SKIP = 77
+QUESTION = "Give me a fortune cookie."
 
 
 class DevTools:
@@ -191,7 +192,8 @@ def main():
         dt.call("Page.enable")
         dt.call("Page.navigate", {"url": base + "/"})
         wait_for(dt, "document.readyState === 'complete' && !!window.chatState && !!window.chatState.model")
-        check(dt.evaluate("document.getElementById('model').textContent") == "model-f32", "the page names the model")
+        name = os.path.splitext(os.path.basename(model))[0]
+        check(dt.evaluate("document.getElementById('model').textContent") == name, "the page names the model")
 
         # 2. Reasoning from a crafted stream.
         dt.evaluate(STUB_FETCH)
@@ -213,9 +215,9 @@ def main():
         # 3. A real chat, through the page's controls, against the API.
         dt.evaluate("""(() => {
           document.getElementById('temperature').value = '0';
-          document.getElementById('max-tokens').value = '12';
+          document.getElementById('max-tokens').value = '48';
           return true; })()""")
-        send_message(dt, "Hello, who are you?")
+        send_message(dt, QUESTION)
         page = dt.evaluate("""(() => ({
           history: window.chatState.history,
           shown: document.querySelector('.msg.assistant:last-child .content').textContent,
@@ -224,8 +226,7 @@ def main():
         check(page["error"] is None, f"no error ({page['error']!r})")
         check(len(page["history"]) == 2, "the exchange is in the history")
         api = post_json(base + "/v1/chat/completions", {
-            "model": "model-f32", "messages": [{"role": "user", "content": "Hello, who are you?"}],
-            "temperature": 0, "max_tokens": 12})
+            "model": name, "messages": [{"role": "user", "content": QUESTION}], "temperature": 0, "max_tokens": 48})
         want = api["choices"][0]["message"]["content"]
         got = page["history"][1]["content"] if len(page["history"]) == 2 else None
         check(got == want, f"the streamed reply equals the API's ({got!r} vs {want!r})")

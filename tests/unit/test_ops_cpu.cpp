@@ -101,6 +101,34 @@ TEST_P(MatmulOnQuantType, MatchesDoubleProductOfGgufPyValues) {
     if (std::isfinite(ref[w.n_cols + c])) EXPECT_EQ(row[size_t(c)], ref[w.n_cols + c]);
 }
 
+// A token's product must not depend on the other tokens of the call: batched requests must give
+// exactly what each gives alone (the server promises it).
+TEST_P(MatmulOnQuantType, EachTokenIsIndependentOfTheBatch) {
+  const auto type = gguf::type_from_name(GetParam());
+  const std::vector<uint8_t> blocks = read_bytes(test::data_path("quants/dequant_" + GetParam() + ".bin"));
+  const auto& tr = gguf::traits(*type);
+  const int64_t per_row = tr.block_size == 1 ? 64 : 2;
+  Weight w;
+  w.type = *type;
+  w.n_cols = per_row * tr.block_size;
+  w.n_rows = int64_t(blocks.size() / tr.type_size) / per_row;
+  w.row_bytes = per_row * tr.type_size;
+  w.data = blocks.data();
+  ThreadPool pool(2);
+  for (int64_t T : {2, 3, 5, 9, 17}) {
+    const std::vector<float> x = randn(size_t(T * w.n_cols), uint32_t(T));
+    std::vector<float> y(size_t(T * w.n_rows)), y1(size_t(w.n_rows));
+    matmul(w, x.data(), T, y.data(), pool);
+    for (int64_t t = 0; t < T; ++t) {
+      matmul(w, x.data() + t * w.n_cols, 1, y1.data(), pool);
+      for (int64_t r = 0; r < w.n_rows; ++r) {
+        const float a = y[size_t(t * w.n_rows + r)], b = y1[size_t(r)];
+        EXPECT_TRUE(a == b || (std::isnan(a) && std::isnan(b))) << GetParam() << " T=" << T << " t" << t << " r" << r;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, MatmulOnQuantType,
                          ::testing::Values("f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K",
                                            "q3_K", "q4_K", "q5_K", "q6_K", "iq1_s", "iq1_m", "iq2_xxs", "iq2_xs",

@@ -7,6 +7,7 @@
 #include <httplib.h>
 
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "server/server.h"
@@ -422,6 +423,35 @@ TEST(Server, ASharedSystemPromptIsReused) {
   post(shared(), "/v1/chat/completions", body("first question"));
   const Json j = post(shared(), "/v1/chat/completions", body("second question")).json();
   EXPECT_GE(j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 32) << j.dump();
+}
+
+// The bundled trained model through its own chat template: it answers and ends its turn itself.
+TEST(Server, TheBundledModelAnswersThroughItsOwnTemplate) {
+  ServerOptions o = options();
+  o.model_path = std::string(SPARSEMLA_FIXTURES) + "/../../models/tiny-glm5-q8_0.gguf";
+  o.served_name.clear();
+  Running r(o);
+  const Json body = {{"messages", {{{"role", "user"}, {"content", "Give me a fortune cookie."}}}},
+                     {"max_tokens", 64},
+                     {"temperature", 0}};
+  const Json whole = post(r, "/v1/chat/completions", body.dump()).json();
+  EXPECT_EQ(whole["model"], "tiny-glm5-q8_0");
+  const Json& c = whole["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "stop") << whole.dump();  // the model's own end-of-turn token
+  const std::string content = c["message"]["content"];
+  EXPECT_GT(content.size(), 5u);
+  EXPECT_EQ(content.find("<|"), std::string::npos) << content;
+  EXPECT_LT(whole["usage"]["completion_tokens"].get<int>(), 64);
+
+  Json sbody = body;
+  sbody["stream"] = true;
+  bool done = false;
+  std::string streamed;
+  for (const Json& e : sse_events(post(r, "/v1/chat/completions", sbody.dump()).body, &done))
+    if (e["choices"][0]["delta"].contains("content"))
+      streamed += e["choices"][0]["delta"]["content"].get<std::string>();
+  EXPECT_TRUE(done);
+  EXPECT_EQ(streamed, content);
 }
 
 TEST(Server, ThePageIsServed) {

@@ -44,11 +44,6 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-inline float dot_q8(const int8_t* q, const float* x) {  // 32 values
-  float qf[32];
-  for (int i = 0; i < 32; ++i) qf[i] = float(q[i]);  // a vectorizable widening, separate from the sums
-  return dot(qf, x, 32);
-}
 
 // Tokens are processed in groups so that each dequantized block is reused across a group while
 // it is in L1, and each group's activations stay in cache across the rows of a thread's range.
@@ -67,20 +62,25 @@ void matmul_rows(const Weight& w, const float* x, int64_t n_tokens, float* y, in
     }
     return;
   }
-  if (w.type == gguf::GgmlType::Q8_0 && n_tokens < kTokenGroup / 2) {
-    // Decode fast path of the most common weight type: d * sum(q_i * x_i) per block of 32, with no
-    // temporary. Larger batches amortize one dequantized block over a group of tokens instead.
+  if (w.type == gguf::GgmlType::Q8_0) {
+    // The most common weight type: d * sum(q_i * x_i) per block of 32, each block widened once per
+    // token group. Every token's sum is formed in the same order whatever the group size, so a
+    // token's result does not depend on what else is in the batch.
+    float qf[32];
+    float acc[kTokenGroup];
     for (int64_t r = r0; r < r1; ++r) {
       const uint8_t* wr = w.row(r);
-      for (int64_t t = 0; t < n_tokens; ++t) {
-        const float* xt = x + t * w.n_cols;
-        float acc = 0.0f;
+      for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenGroup) {
+        const int64_t nt = std::min(kTokenGroup, n_tokens - t0);
+        for (int64_t t = 0; t < nt; ++t) acc[t] = 0.0f;
         for (int64_t b = 0; b < n_blocks; ++b) {
           const uint8_t* blk = wr + b * 34;  // fp16 d, int8 q[32]
           const float d = fp16_to_f32(uint16_t(blk[0] | (blk[1] << 8)));
-          acc += d * dot_q8(reinterpret_cast<const int8_t*>(blk + 2), xt + b * 32);
+          const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2);
+          for (int i = 0; i < 32; ++i) qf[i] = float(q[i]);
+          for (int64_t t = 0; t < nt; ++t) acc[t] += d * dot(qf, x + (t0 + t) * w.n_cols + b * 32, 32);
         }
-        y[t * w.n_rows + r] = acc;
+        for (int64_t t = 0; t < nt; ++t) y[(t0 + t) * w.n_rows + r] = acc[t];
       }
     }
     return;
