@@ -194,7 +194,8 @@ TEST_P(FixtureModel, DenseModeMatchesTransformersWithTopKCoveringThePrompt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureModel,
-                         ::testing::Values("glm_pub", "dsv32_pub", "glm_share", "glm_share_q8_0", "dsv32_groups"));
+                         ::testing::Values("glm_pub", "dsv32_pub", "glm_share", "glm_share_q8_0", "dsv32_groups",
+                                           "glm_q4_k"));
 
 // A file with the legacy fused attn_kv_b ({kv_lora, n_head*(nope+v)}: per head nope k-rows then
 // v v-rows) instead of attn_k_b / attn_v_b computes the same logits.
