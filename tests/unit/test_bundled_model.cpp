@@ -33,11 +33,6 @@ const nlohmann::json& reference() {
 
 std::string gguf_path() { return models_path(reference().at("gguf").get<std::string>()); }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // Runs a command and returns what it printed on stdout.
 std::string run(const std::string& cmd) {
   std::unique_ptr<FILE, int (*)(FILE*)> p(popen(cmd.c_str(), "r"), pclose);
@@ -49,13 +44,6 @@ std::string run(const std::string& cmd) {
   return out;
 }
 
-int32_t argmax(const float* x, int64_t n) {
-  int64_t b = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (x[i] > x[b]) b = i;
-  return int32_t(b);
-}
-
 class BundledModel : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_FALSE(reference().is_null()) << "models/reference.json is missing"; }
@@ -65,7 +53,7 @@ TEST_F(BundledModel, TokenizerMatchesTransformers) {
   const auto& s = reference().at("sample");
   auto m = Model::load(gguf_path(), {AttentionMode::Sparse, 2});
   auto tok = tokenizer::Tokenizer::from_gguf(m->file());
-  const std::string text = read_file(models_path("heldout_sample.txt"));
+  const std::string text = test::read_file(models_path("heldout_sample.txt"));
   ASSERT_FALSE(text.empty());
   EXPECT_EQ(tok->encode(text, false, false), s.at("token_ids").get<std::vector<int32_t>>());
   const auto& g = reference().at("greedy");
@@ -91,7 +79,7 @@ TEST_F(BundledModel, GreedyMatchesTransformers) {
   for (size_t i = 0; i < want.size(); ++i) {
     logits.clear();
     m->forward({in}, cache, logits);
-    got.push_back(argmax(logits.data(), m->hparams().n_vocab));
+    got.push_back(test::argmax(logits.data(), m->hparams().n_vocab));
     in = SeqInput{{got.back()}, in.pos0 + int64_t(in.tokens.size()), &table, false};
   }
   EXPECT_EQ(got, want);

@@ -23,16 +23,9 @@
 namespace sparsemla::gguf {
 namespace {
 
-using test::TempDir;
+using test::error_of;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::TempDir;
 
 TEST(GgufWriterReader, EveryMetadataTypeRoundTrips) {
   TempDir dir("kv");

@@ -17,29 +17,6 @@
 namespace sparsemla::model {
 namespace {
 
-std::vector<int32_t> read_tokens(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<int32_t> v;
-  int32_t x;
-  while (in.read(reinterpret_cast<char*>(&x), 4)) v.push_back(x);
-  return v;
-}
-
-std::vector<float> read_f32(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<float> v;
-  float x;
-  while (in.read(reinterpret_cast<char*>(&x), 4)) v.push_back(x);
-  return v;
-}
-
-int32_t argmax(const float* x, int64_t n) {
-  int64_t b = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (x[i] > x[b]) b = i;
-  return int32_t(b);
-}
-
 // max |got - ref| <= tol * max |ref| over rows [0, rows), and the argmax equal in every row.
 void expect_logits_match(const std::vector<float>& got, const std::vector<float>& ref, int64_t vocab, int64_t rows,
                          double tol, const std::string& what) {
@@ -53,7 +30,7 @@ void expect_logits_match(const std::vector<float>& got, const std::vector<float>
   }
   EXPECT_LE(max_diff, tol * max_ref) << what << ": max diff " << max_diff << ", max |ref| " << max_ref;
   for (int64_t r = 0; r < rows; ++r)
-    EXPECT_EQ(argmax(got.data() + r * vocab, vocab), argmax(ref.data() + r * vocab, vocab)) << what << " row " << r;
+    EXPECT_EQ(test::argmax(got.data() + r * vocab, vocab), test::argmax(ref.data() + r * vocab, vocab)) << what << " row " << r;
 }
 
 struct Runner {
@@ -86,9 +63,9 @@ TEST_P(FixtureModel, SparseLogitsMatchTransformers) {
   Runner r(model());
   const int64_t V = r.m->hparams().n_vocab;
   for (const char* seq : {"seq0", "seq1"}) {
-    const auto ids = read_tokens(dir() + "/" + seq + ".tokens");
+    const auto ids = test::read_values<int32_t>(dir() + "/" + seq + ".tokens");
     ASSERT_GT(ids.size(), r.m->hparams().idx_top_k) << "the prompt must be longer than top-k for the indexer to select";
-    expect_logits_match(r.prompt_logits(ids), read_f32(dir() + "/" + seq + ".logits.f32"), V, int64_t(ids.size()),
+    expect_logits_match(r.prompt_logits(ids), test::read_values<float>(dir() + "/" + seq + ".logits.f32"), V, int64_t(ids.size()),
                         1e-3, GetParam() + " " + seq);
   }
 }
@@ -105,7 +82,7 @@ TEST_P(FixtureModel, GreedyGenerationThroughTheCacheMatchesTransformers) {
   for (size_t i = 0; i < want.size(); ++i) {
     std::vector<float> logits;
     r.m->forward({in}, r.cache, logits);
-    got.push_back(argmax(logits.data(), r.m->hparams().n_vocab));
+    got.push_back(test::argmax(logits.data(), r.m->hparams().n_vocab));
     in = SeqInput{{got.back()}, in.pos0 + int64_t(in.tokens.size()), &table, false};
   }
   EXPECT_EQ(got, want);
@@ -115,7 +92,7 @@ TEST_P(FixtureModel, GreedyGenerationThroughTheCacheMatchesTransformers) {
 TEST_P(FixtureModel, ChunkedPrefillMatchesTransformers) {
   Runner r(model());
   const int64_t V = r.m->hparams().n_vocab;
-  const auto ids = read_tokens(dir() + "/seq1.tokens");
+  const auto ids = test::read_values<int32_t>(dir() + "/seq1.tokens");
   std::vector<int32_t> table;
   ASSERT_TRUE(r.cache.reserve(table, int64_t(ids.size())));
   std::vector<float> logits;
@@ -123,15 +100,15 @@ TEST_P(FixtureModel, ChunkedPrefillMatchesTransformers) {
     std::vector<int32_t> chunk(ids.begin() + b, ids.begin() + std::min(ids.size(), b + 7));
     r.m->forward({SeqInput{chunk, int64_t(b), &table, true}}, r.cache, logits);
   }
-  expect_logits_match(logits, read_f32(dir() + "/seq1.logits.f32"), V, int64_t(ids.size()), 1e-3, "chunked");
+  expect_logits_match(logits, test::read_values<float>(dir() + "/seq1.logits.f32"), V, int64_t(ids.size()), 1e-3, "chunked");
 }
 
 // Several sequences in one forward, at different stages, give each sequence's own results.
 TEST_P(FixtureModel, BatchedForwardEqualsEachSequenceAlone) {
   Runner r(model());
   const int64_t V = r.m->hparams().n_vocab;
-  const auto a = read_tokens(dir() + "/seq0.tokens");
-  const auto b = read_tokens(dir() + "/seq1.tokens");
+  const auto a = test::read_values<int32_t>(dir() + "/seq0.tokens");
+  const auto b = test::read_values<int32_t>(dir() + "/seq1.tokens");
   const std::vector<float> alone_a = r.prompt_logits(a), alone_b = r.prompt_logits(b);
 
   std::vector<int32_t> ta, tb, tc;
@@ -168,12 +145,12 @@ TEST_P(FixtureModel, DenseModeMatchesTheReferenceWhereTopKCoversThePrompt) {
   Runner r(model(), AttentionMode::Dense);
   const int64_t V = r.m->hparams().n_vocab;
   const int64_t k = r.m->hparams().idx_top_k;
-  const auto ids = read_tokens(dir() + "/seq0.tokens");
+  const auto ids = test::read_values<int32_t>(dir() + "/seq0.tokens");
   std::vector<int32_t> prefix(ids.begin(), ids.begin() + k);
-  expect_logits_match(r.prompt_logits(prefix), read_f32(dir() + "/seq0.logits.f32"), V, k, 1e-3, "dense prefix");
+  expect_logits_match(r.prompt_logits(prefix), test::read_values<float>(dir() + "/seq0.logits.f32"), V, k, 1e-3, "dense prefix");
   // Beyond top-k the two modes differ: the indexer really selects.
   const auto full = r.prompt_logits(ids);
-  const auto ref = read_f32(dir() + "/seq0.logits.f32");
+  const auto ref = test::read_values<float>(dir() + "/seq0.logits.f32");
   double diff = 0;
   for (size_t i = size_t(k * V); i < full.size(); ++i) diff = std::max(diff, std::fabs(double(full[i]) - ref[i]));
   EXPECT_GT(diff, 1e-2);
@@ -187,8 +164,8 @@ TEST_P(FixtureModel, DenseModeMatchesTransformersWithTopKCoveringThePrompt) {
   Runner r(model(), AttentionMode::Dense);
   const int64_t V = r.m->hparams().n_vocab;
   for (const char* seq : {"seq0", "seq1"}) {
-    const auto ids = read_tokens(dir() + "/" + seq + ".tokens");
-    expect_logits_match(r.prompt_logits(ids), read_f32(dir() + "/" + seq + ".dense.logits.f32"), V,
+    const auto ids = test::read_values<int32_t>(dir() + "/" + seq + ".tokens");
+    expect_logits_match(r.prompt_logits(ids), test::read_values<float>(dir() + "/" + seq + ".dense.logits.f32"), V,
                         int64_t(ids.size()), 1e-3, GetParam() + " dense " + seq);
   }
 }
@@ -229,8 +206,8 @@ TEST(LegacyKvB, FusedKvBGivesTheSameLogits) {
   }
   w.write(dir.file("legacy.gguf"));
   Runner r(dir.file("legacy.gguf"));
-  const auto ids = read_tokens(test::fixture_path("glm_pub/seq0.tokens"));
-  expect_logits_match(r.prompt_logits(ids), read_f32(test::fixture_path("glm_pub/seq0.logits.f32")), hp.n_vocab,
+  const auto ids = test::read_values<int32_t>(test::fixture_path("glm_pub/seq0.tokens"));
+  expect_logits_match(r.prompt_logits(ids), test::read_values<float>(test::fixture_path("glm_pub/seq0.logits.f32")), hp.n_vocab,
                       int64_t(ids.size()), 1e-3, "legacy kv_b");
 }
 

@@ -34,11 +34,6 @@ std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
   return v;
 }
 
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // For each quantized type, the random blocks of tests/data/quants (from gguf-py) are the weight
 // rows, and gguf-py's dequantization of them is the reference matrix.
 class MatmulOnQuantType : public ::testing::TestWithParam<std::string> {};
@@ -47,8 +42,8 @@ TEST_P(MatmulOnQuantType, MatchesDoubleProductOfGgufPyValues) {
   const auto type = gguf::type_from_name(GetParam());
   ASSERT_TRUE(type.has_value());
   const std::string base = test::data_path("quants/dequant_" + GetParam());
-  const std::vector<uint8_t> blocks = read_bytes(base + ".bin");
-  const std::vector<uint8_t> ref_bytes = read_bytes(base + ".f32");
+  const std::vector<uint8_t> blocks = test::read_values<uint8_t>(base + ".bin");
+  const std::vector<uint8_t> ref_bytes = test::read_values<uint8_t>(base + ".f32");
   ASSERT_FALSE(blocks.empty()) << base;
   const auto& tr = gguf::traits(*type);
   const int64_t n_blocks = int64_t(blocks.size() / tr.type_size);
@@ -105,7 +100,7 @@ TEST_P(MatmulOnQuantType, MatchesDoubleProductOfGgufPyValues) {
 // exactly what each gives alone (the server promises it).
 TEST_P(MatmulOnQuantType, EachTokenIsIndependentOfTheBatch) {
   const auto type = gguf::type_from_name(GetParam());
-  const std::vector<uint8_t> blocks = read_bytes(test::data_path("quants/dequant_" + GetParam() + ".bin"));
+  const std::vector<uint8_t> blocks = test::read_values<uint8_t>(test::data_path("quants/dequant_" + GetParam() + ".bin"));
   const auto& tr = gguf::traits(*type);
   const int64_t per_row = tr.block_size == 1 ? 64 : 2;
   Weight w;

@@ -26,6 +26,8 @@
 namespace sparsemla::gguf {
 namespace {
 
+using test::error_of;
+
 // Every type with a CPU dequantization; each has dequant_<name>.{bin,f32} in tests/data/quants.
 constexpr GgmlType kDequantTypes[] = {
     GgmlType::F32,    GgmlType::F16,     GgmlType::BF16,   GgmlType::Q4_0,    GgmlType::Q4_1,
@@ -78,15 +80,6 @@ std::string bits_hex(float f) {
   std::ostringstream s;
   s << "0x" << std::hex << f32_to_bits(f);
   return s.str();
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 std::string param_name(const testing::TestParamInfo<GgmlType>& info) {

@@ -1,14 +1,52 @@
 // Helpers shared by the unit tests: paths to data, temporary folders.
 #pragma once
+#include <cstdint>
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
+
+#include "util/error.h"
 
 namespace sparsemla::test {
 
 inline std::string data_path(const std::string& rel) { return std::string(SPARSEMLA_TEST_DATA) + "/" + rel; }
 inline std::string fixture_path(const std::string& rel) { return std::string(SPARSEMLA_FIXTURES) + "/" + rel; }
+
+// A whole file as raw bytes, or as little-endian values of T (int32 token ids, float32 logits).
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+template <class T>
+std::vector<T> read_values(const std::string& path) {
+  const std::string bytes = read_file(path);
+  std::vector<T> v(bytes.size() / sizeof(T));
+  std::copy_n(bytes.data(), v.size() * sizeof(T), reinterpret_cast<char*>(v.data()));
+  return v;
+}
+
+// The message of the sparsemla::Error that fn throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+inline int32_t argmax(const float* x, int64_t n) {
+  int64_t b = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[b]) b = i;
+  return int32_t(b);
+}
 
 // A fresh folder under the system temp dir, removed when the object goes away.
 class TempDir {
