@@ -4,12 +4,14 @@
 #include <cstring>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "commands.h"
 #include "default_model.h"
+#include "dist/sharded_model.h"
 #include "kv/paged_cache.h"
 #include "model/model.h"
 #include "server/chat_format.h"
@@ -23,6 +25,7 @@ struct ModelArgs {
   std::string model;
   std::string attention = "sparse";
   int threads = 0;
+  int tensor_parallel = 1;
 };
 
 void add_model_options(CLI::App* cmd, ModelArgs& a, bool model_required = true) {
@@ -33,6 +36,10 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool model_required = true) 
   cmd->add_option("--attention", a.attention, "sparse (the model's DSA top-k, default) or dense (every position)")
       ->check(CLI::IsMember({"sparse", "dense"}));
   cmd->add_option("--threads,-t", a.threads, "CPU threads (default: all)");
+  cmd->add_option("--tensor-parallel", a.tensor_parallel,
+                  "split the model over N ranks (CPU threads and an in-process communicator): a check of the "
+                  "multi-GPU sharding; heads, experts and vocabulary must divide by N")
+      ->check(CLI::PositiveNumber);
 }
 
 std::unique_ptr<model::Model> load(ModelArgs& a) {
@@ -71,22 +78,43 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
-// A cache with room for `n_tokens` positions of one sequence.
-kv::PagedCache make_cache(const model::Model& m, int64_t n_tokens) {
-  const int32_t bs = 16;
-  return kv::PagedCache(m.cache_shape(int32_t((n_tokens + bs - 1) / bs), bs));
-}
+// The model's forward, whole or split over --tensor-parallel ranks, with a KV cache that has room
+// for `n_tokens` positions of one sequence.
+class Forward {
+ public:
+  Forward(model::Model& m, const ModelArgs& a, int64_t n_tokens) : m_(m) {
+    const int32_t bs = 16, n_blocks = int32_t((n_tokens + bs - 1) / bs);
+    if (a.tensor_parallel > 1) {
+      tp_ = std::make_unique<dist::ShardedModel>(m, a.tensor_parallel, a.threads);
+      std::fprintf(stderr, "%s\n", tp_->plan().summary().c_str());
+      replicas_.emplace(tp_->make_cache(n_blocks, bs));
+    } else {
+      cache_.emplace(m.cache_shape(n_blocks, bs));
+    }
+  }
+  bool reserve(std::vector<int32_t>& table, int64_t n) { return tp_ ? replicas_->reserve(table, n) : cache_->reserve(table, n); }
+  void run(const std::vector<model::SeqInput>& batch, std::vector<float>& logits) {
+    if (tp_) tp_->forward(batch, *replicas_, logits);
+    else m_.forward(batch, *cache_, logits);
+  }
+
+ private:
+  model::Model& m_;
+  std::unique_ptr<dist::ShardedModel> tp_;
+  std::optional<kv::PagedCache> cache_;
+  std::optional<dist::ReplicatedCache> replicas_;
+};
 
 int run_logits(ModelArgs& a, const std::string& tokens_path, const std::string& out_path) {
   const std::vector<int32_t> ids = read_i32_file(tokens_path);
   if (ids.empty()) fail("{}: no token ids", tokens_path);
   auto m = load(a);
-  kv::PagedCache cache = make_cache(*m, int64_t(ids.size()));
+  Forward fwd(*m, a, int64_t(ids.size()));
   std::vector<int32_t> table;
-  if (!cache.reserve(table, int64_t(ids.size()))) fail("KV cache too small");
+  if (!fwd.reserve(table, int64_t(ids.size()))) fail("KV cache too small");
   model::SeqInput in{ids, 0, &table, true};
   std::vector<float> logits;
-  m->forward({in}, cache, logits);
+  fwd.run({in}, logits);
   std::ofstream out(out_path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size() * sizeof(float)));
   if (!out) fail("{}: write failed", out_path);
@@ -144,9 +172,9 @@ int run_generate(ModelArgs& a, const GenerateArgs& g) {
   if (total > int64_t(m->hparams().n_ctx_train))
     fail("prompt ({} tokens) + --max-tokens {} exceeds the model's context of {}", prompt.size(), g.max_tokens,
          m->hparams().n_ctx_train);
-  kv::PagedCache cache = make_cache(*m, total);
+  Forward fwd(*m, a, total);
   std::vector<int32_t> table;
-  if (!cache.reserve(table, total)) fail("KV cache too small");
+  if (!fwd.reserve(table, total)) fail("KV cache too small");
   std::vector<int32_t> out;
   std::vector<float> logits;
   std::unique_ptr<tokenizer::StreamDecoder> stream;
@@ -155,7 +183,7 @@ int run_generate(ModelArgs& a, const GenerateArgs& g) {
   model::SeqInput in{prompt, 0, &table, false};
   for (int i = 0; i < g.max_tokens; ++i) {
     logits.clear();
-    m->forward({in}, cache, logits);
+    fwd.run({in}, logits);
     const int32_t next = argmax(logits.data(), m->hparams().n_vocab);
     if (tok && tok->is_eog(next)) break;
     out.push_back(next);

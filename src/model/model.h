@@ -9,17 +9,13 @@
 #include "kv/paged_cache.h"
 #include "model/arch/arch.h"
 #include "model/batch.h"
+#include "model/forward.h"
 #include "model/hparams.h"
 #include "model/weights.h"
 #include "ops/cpu/rope.h"
 #include "ops/cpu/thread_pool.h"
 
 namespace sparsemla::model {
-
-enum class AttentionMode {
-  Sparse,  // the model's own DSA top-k selection (default for glm-dsa and deepseek32)
-  Dense,   // every earlier position: not what a DSA model was trained with
-};
 
 struct ModelOptions {
   AttentionMode attention = AttentionMode::Sparse;
@@ -34,6 +30,8 @@ class Model {
   const ArchSpec& spec() const { return *spec_; }
   const gguf::File& file() const { return *file_; }
   AttentionMode attention() const { return attention_; }
+  const ModelWeights& weights() const { return w_; }
+  const ops::Rope& rope() const { return rope_; }
 
   // Cache geometry for `n_blocks` blocks of `block_size` tokens.
   kv::CacheShape cache_shape(int32_t n_blocks, int32_t block_size = 16) const;

@@ -6,6 +6,7 @@
 
 #include "ops/cpu/basic.h"
 #include "ops/cpu/matmul.h"
+#include "util/error.h"
 
 namespace sparsemla::model {
 
@@ -60,8 +61,11 @@ Routing route(const HParams& hp, const float* logits, const float* bias) {
   return r;
 }
 
-void moe_forward(const FfnWeights& w, const HParams& hp, const float* y, int64_t T, float* out, ops::ThreadPool& pool) {
+void moe_forward(const FfnWeights& w, const HParams& hp, const float* y, int64_t T, float* out, ops::ThreadPool& pool,
+                 ExpertRange experts) {
   const int64_t H = hp.n_embd, E = hp.n_expert, Fe = hp.n_ff_exp;
+  const int64_t e0 = experts.first, e1 = experts.count < 0 ? E : experts.first + experts.count;
+  if (e0 < 0 || e1 > E || e0 > e1) fail("moe_forward: experts [{}, {}) out of range (the model has {})", e0, e1, E);
   // Router logits in fp32.   [T, E]
   std::vector<float> logits(size_t(T * E));
   ops::matmul(w.gate_inp, y, T, logits.data(), pool);
@@ -76,15 +80,16 @@ void moe_forward(const FfnWeights& w, const HParams& hp, const float* y, int64_t
   else std::fill(out, out + T * H, 0.0f);
 
   std::vector<float> ye, oe;
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = e0; e < e1; ++e) {
     const auto& routed = by_expert[size_t(e)];
     if (routed.empty()) continue;
     const int64_t n = int64_t(routed.size());
     ye.resize(size_t(n * H));
     oe.resize(size_t(n * H));
     for (int64_t i = 0; i < n; ++i) std::copy_n(y + routed[size_t(i)].first * H, H, ye.data() + i * H);
-    mlp_forward(w.gate_exps.rows(e * Fe, Fe), w.up_exps.rows(e * Fe, Fe), w.down_exps.rows(e * H, H), ye.data(), n,
-                oe.data(), pool);
+    const int64_t local = e - e0;  // index into this range's weights
+    mlp_forward(w.gate_exps.rows(local * Fe, Fe), w.up_exps.rows(local * Fe, Fe), w.down_exps.rows(local * H, H),
+                ye.data(), n, oe.data(), pool);
     for (int64_t i = 0; i < n; ++i) {
       float* dst = out + routed[size_t(i)].first * H;
       const float wgt = routed[size_t(i)].second;

@@ -22,7 +22,17 @@ struct Routing {
 // limited choice, normalization and scaling.   logits: [E]   bias: [E]
 Routing route(const HParams& hp, const float* logits, const float* bias);
 
+// The routed experts whose weights an FfnWeights holds: experts [first, first + count) are rows
+// [0, count * F_e) of its gate_exps (a rank's share under expert parallelism). count < 0: all.
+struct ExpertRange {
+  int64_t first = 0;
+  int64_t count = -1;
+};
+
 // MoE layer: routed experts weighted by their routing, plus the shared experts.  y, out: [T, H]
-void moe_forward(const FfnWeights& w, const HParams& hp, const float* y, int64_t T, float* out, ops::ThreadPool& pool);
+// The router always sees every expert; only the experts in `experts` are computed, so with a range
+// `out` is that range's part of the sum (plus whatever shared-expert columns `w` holds).
+void moe_forward(const FfnWeights& w, const HParams& hp, const float* y, int64_t T, float* out, ops::ThreadPool& pool,
+                 ExpertRange experts = {});
 
 }  // namespace sparsemla::model

@@ -29,6 +29,18 @@ Weight Weight::rows(int64_t first, int64_t count) const {
   return w;
 }
 
+Weight Weight::cols(int64_t first, int64_t count) const {
+  const gguf::TypeTraits& tr = gguf::traits(type);
+  if (first < 0 || count < 0 || first + count > n_cols)
+    fail("weight columns [{}, {}) out of range (the weight has {} columns)", first, first + count, n_cols);
+  if (first % tr.block_size != 0 || count % tr.block_size != 0)
+    fail("weight columns [{}, {}) cut a {} block of {} values", first, first + count, tr.name, tr.block_size);
+  Weight w = *this;
+  w.data = data + uint64_t(first / tr.block_size) * tr.type_size;
+  w.n_cols = count;
+  return w;
+}
+
 namespace {
 
 // Dot products with 8 independent partial sums: the compiler keeps them in one vector register
