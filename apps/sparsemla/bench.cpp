@@ -108,11 +108,17 @@ int run_make_model(const MakeModelArgs& a) {
 Runner add_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Prefill and decode tokens/s on the CPU, next to the memory-bandwidth bound");
-  cmd->add_option("--model,-m", a->model, "GGUF model")->required();
+  cmd->add_option("--model,-m", a->model, "GGUF model");
   cmd->add_option("--prompt", a->prompt, "prompt tokens (random ids)");
   cmd->add_option("--gen", a->gen, "decode steps");
   cmd->add_option("--threads,-t", a->threads, "CPU threads (default: all)");
-  return [a] { return run_bench(*a); };
+  Runner attention = add_bench_attention(*cmd);
+  CLI::App* att = cmd->get_subcommand("attention");
+  return [a, att, attention] {
+    if (att->parsed()) return attention();
+    if (a->model.empty()) fail("bench needs --model FILE (or a subcommand: attention)");
+    return run_bench(*a);
+  };
 }
 
 Runner add_make_model(CLI::App& app) {

@@ -16,6 +16,7 @@ Runner add_detokenize(CLI::App& app);
 Runner add_logits(CLI::App& app);
 Runner add_run(CLI::App& app);
 Runner add_bench(CLI::App& app);
+Runner add_bench_attention(CLI::App& bench);  // `bench attention`, a subcommand of bench
 Runner add_make_model(CLI::App& app);
 Runner add_write_gguf(CLI::App& app);
 Runner add_serve(CLI::App& app);

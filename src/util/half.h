@@ -1,5 +1,6 @@
 // Scalar conversions between float32 and the 16-bit / 8-bit float formats of model files.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -52,6 +53,38 @@ inline uint16_t f32_to_bf16(float f) {
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
   x += 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>(x >> 16);
+}
+
+// OCP FP8 E4M3 (bias 7, no infinities, 0x7f/0xff NaN, largest finite 448) -> binary32, exact.
+inline float fp8_e4m3_to_f32(uint8_t v) {
+  const float sign = (v & 0x80u) ? -1.0f : 1.0f;
+  const uint32_t exp = (v >> 3) & 0xfu, mant = v & 0x7u;
+  if (exp == 0xf && mant == 0x7) return std::nanf("");
+  if (exp == 0) return sign * std::ldexp(float(mant), -9);  // subnormal: mant * 2^-6 / 8
+  return sign * std::ldexp(1.0f + float(mant) / 8.0f, int(exp) - 7);
+}
+
+// binary32 -> E4M3, round to nearest even, saturating to +-448 (as CUDA's __NV_SATFINITE).
+inline uint8_t f32_to_fp8_e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7e;
+  // Candidates are exact in float: pick the nearest of the 127 finite magnitudes, ties to even code.
+  int e;
+  std::frexp(a, &e);                 // a = m * 2^e, m in [0.5, 1)
+  int exp = std::max(e - 1, -6);     // unbiased exponent of the binade (subnormals share -6)
+  const float step = std::ldexp(1.0f, exp - 3);  // spacing of 3 mantissa bits in this binade
+  float q = std::nearbyint(a / step);            // round half to even on the mantissa grid
+  float r = q * step;
+  if (r >= 448.0f) return sign | 0x7e;
+  if (r == 0.0f) return sign;
+  int re;
+  std::frexp(r, &re);
+  const int rexp = re - 1;
+  if (rexp < -6) return uint8_t(sign | uint8_t(std::lround(r / std::ldexp(1.0f, -9))));  // subnormal code
+  const uint32_t mant = uint32_t(std::lround((r / std::ldexp(1.0f, rexp) - 1.0f) * 8.0f));
+  return uint8_t(sign | uint8_t((rexp + 7) << 3) | uint8_t(mant));
 }
 
 }  // namespace sparsemla

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "ops/cpu/attention.h"
 #include "ops/cpu/basic.h"
 #include "ops/cpu/matmul.h"
 
@@ -63,33 +64,19 @@ void mla_attend(const MlaWeights& w, const HParams& hp, const ops::Rope& rope, o
   std::vector<float> o_lat(size_t(T * n_head * kv_lora), 0.0f);
   pool.parallel_for(T * n_head, [&](int64_t b, int64_t e) {
     std::vector<float> logits;
-    std::vector<int64_t> slots;
+    std::vector<const float*> rows;
     for (int64_t th = b; th < e; ++th) {
-      const int64_t t = th / n_head, h = th % n_head;
+      const int64_t t = th / n_head;
       const TokenRef& tok = toks[size_t(t)];
       const std::vector<int32_t>& table = *block_tables[size_t(tok.seq)];
-      slots.clear();
+      rows.clear();
       if (selected) {
-        for (int32_t p : (*selected)[size_t(t)]) slots.push_back(cache.slot(table, p));
+        for (int32_t p : (*selected)[size_t(t)]) rows.push_back(cache.latent(layer, cache.slot(table, p)));
       } else {
-        for (int64_t p = 0; p <= tok.pos; ++p) slots.push_back(cache.slot(table, p));
+        for (int64_t p = 0; p <= tok.pos; ++p) rows.push_back(cache.latent(layer, cache.slot(table, p)));
       }
-      const float* qa_th = qa.data() + th * kv_lora;
-      const float* qpe = q.data() + th * qk + nope;
-      logits.resize(slots.size());
-      for (size_t s = 0; s < slots.size(); ++s) {
-        const float* row = cache.latent(layer, slots[s]);
-        float dot = 0.0f;
-        for (int64_t c = 0; c < kv_lora; ++c) dot += qa_th[c] * row[c];
-        for (int64_t r = 0; r < rope_dims; ++r) dot += qpe[r] * row[kv_lora + r];
-        logits[s] = dot * scale;
-      }
-      ops::softmax(logits.data(), int64_t(logits.size()));
-      float* o = o_lat.data() + th * kv_lora;
-      for (size_t s = 0; s < slots.size(); ++s) {
-        const float* row = cache.latent(layer, slots[s]);
-        for (int64_t c = 0; c < kv_lora; ++c) o[c] += logits[s] * row[c];
-      }
+      ops::latent_attention(qa.data() + th * kv_lora, q.data() + th * qk + nope, rows.data(), int64_t(rows.size()),
+                            kv_lora, rope_dims, scale, o_lat.data() + th * kv_lora, logits);
     }
   });
 

@@ -21,6 +21,8 @@ void mla_write_cache(const MlaWeights& w, const HParams& hp, const ops::Rope& ro
 
 // Attention of each new token over `selected[t]` (positions of its sequence, all <= its own) or,
 // when `selected` is null, over every position <= its own. Adds nothing: writes out = o @ attn_output.
+// hp.n_head is the number of heads `w` holds: all of them, or a rank's share under tensor
+// parallelism (then `out` is that rank's partial sum of attn_output over its heads' columns).
 //   x: [T, H]   qr: [T, q_lora] (null without q_lora)   out: [T, H]
 void mla_attend(const MlaWeights& w, const HParams& hp, const ops::Rope& rope, ops::RopeStyle style,
                 const float* x, const float* qr, const std::vector<TokenRef>& toks,

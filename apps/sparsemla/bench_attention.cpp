@@ -1,0 +1,188 @@
+// `sparsemla bench attention`: the sparse-attention kernels (lightning indexer, top-k, sparse MLA)
+// at GLM-5's and DeepSeek-V3.2's shapes, batches and contexts, next to the device's measured
+// ceilings (a large device-to-device copy; a large bf16 GEMM through cuBLAS).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "util/error.h"
+
+#if SPARSEMLA_HAVE_CUDA
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "ops/cuda/attention.h"
+#include "ops/cuda/buffer.h"
+#include "ops/cuda/ceilings.h"
+#include "ops/device.h"
+#endif
+
+namespace sparsemla::app {
+namespace {
+
+struct BenchAttentionArgs {
+  std::vector<std::string> shapes = {"glm5", "dsv32"};
+  std::vector<int> batches = {1, 8, 64, 128};
+  std::vector<int> contexts = {4096, 32768, 131072};
+  std::vector<std::string> dtypes = {"bf16", "fp8"};
+  std::string kernel = "mma";
+  bool dense = false;
+  int reps = 5;
+};
+
+#if SPARSEMLA_HAVE_CUDA
+
+struct Shape {
+  const char* name;
+  int heads, kv_lora, rope, idx_heads, idx_dim, top_k;
+};
+const Shape kShapes[] = {{"glm5", 64, 512, 64, 32, 128, 2048}, {"dsv32", 128, 512, 64, 64, 128, 2048}};
+
+struct Timed {
+  double us = 0;
+};
+
+template <class F>
+double time_us(int reps, F&& f) {
+  struct Ctx {
+    F* f;
+  } ctx{&f};
+  return cuda::time_ms(reps, [](void* p) { (*static_cast<Ctx*>(p)->f)(); }, &ctx) * 1e3;
+}
+
+int run_bench_attention(const BenchAttentionArgs& a) {
+  const auto devs = ops::list_devices();
+  if (devs.empty()) fail("bench attention needs a CUDA device");
+  const double copy_bps = cuda::measure_copy_bytes_per_s();
+  const double gemm_flops = cuda::measure_bf16_gemm_flops();
+  std::printf("device: %s (compute capability %d.%d, %d SMs)\n", devs[0].name.c_str(), devs[0].cc_major,
+              devs[0].cc_minor, devs[0].sm_count);
+  std::printf("ceilings: device-to-device copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s\n",
+              copy_bps / 1e9, gemm_flops / 1e12);
+  const cuda::AttentionKernel ak = a.kernel == "fma" ? cuda::AttentionKernel::Fma : cuda::AttentionKernel::Mma;
+  const cuda::IndexerKernel ik = a.kernel == "fma" ? cuda::IndexerKernel::Fma : cuda::IndexerKernel::Mma;
+  const int max_b = *std::max_element(a.batches.begin(), a.batches.end());
+  const int max_ctx = *std::max_element(a.contexts.begin(), a.contexts.end());
+  const int bs = 64;
+  const int blocks_per_seq = (max_ctx + bs - 1) / bs;
+  const int64_t n_slots = int64_t(max_b) * blocks_per_seq * bs;
+
+  std::printf("%-6s %-4s %5s %7s | %9s %7s %5s | %8s | %9s %7s %5s %7s %5s | %9s %5s\n", "shape", "kv", "batch", "context",
+              "indexer", "GB/s", "%bw", "top-k", "attention", "GB/s", "%bw", "TFLOP/s", "%mma", "step", "%bw");
+  for (const std::string& dname : a.dtypes) {
+    const cuda::KvDtype dt = dname == "fp8" ? cuda::KvDtype::FP8 : cuda::KvDtype::BF16;
+    for (const Shape& sh : kShapes) {
+      if (std::find(a.shapes.begin(), a.shapes.end(), sh.name) == a.shapes.end()) continue;
+      const int64_t lrow = cuda::latent_row_bytes(dt, sh.kv_lora, sh.rope);
+      const int64_t krow = cuda::index_key_row_bytes(dt, sh.idx_dim);
+      cuda::DeviceBuffer latent(size_t(n_slots * lrow)), keys(size_t(n_slots * krow));
+      {  // random rows, written through the cache kernels in chunks
+        const int64_t chunk = 1 << 20;
+        cuda::DeviceBuffer tmp(size_t(chunk) * (sh.kv_lora + sh.rope) * 4), slots(size_t(chunk) * 8);
+        std::vector<int64_t> ids(static_cast<size_t>(chunk));
+        for (int64_t s0 = 0; s0 < n_slots; s0 += chunk) {
+          const int64_t n = std::min(chunk, n_slots - s0);
+          std::iota(ids.begin(), ids.begin() + n, s0);
+          slots.upload(ids.data(), size_t(n) * 8);
+          cuda::fill_uniform(tmp.as<float>(), n * (sh.kv_lora + sh.rope), uint64_t(s0) + 1);
+          cuda::write_latent_rows(tmp.as<float>(), slots.as<int64_t>(), n, dt, sh.kv_lora, sh.rope, latent.get(), lrow,
+                                  nullptr);
+          cuda::fill_uniform(tmp.as<float>(), n * sh.idx_dim, uint64_t(s0) + 7);
+          cuda::write_index_keys(tmp.as<float>(), slots.as<int64_t>(), n, dt, sh.idx_dim, keys.get(), krow, nullptr);
+        }
+      }
+      std::vector<int32_t> table(size_t(max_b) * blocks_per_seq);
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), std::mt19937(1));
+      cuda::DeviceBuffer d_table = cuda::to_device(table);
+      const cuda::PagedRows latent_rows{latent.get(), lrow, d_table.as<int32_t>(), blocks_per_seq, bs};
+      const cuda::PagedRows key_rows{keys.get(), krow, d_table.as<int32_t>(), blocks_per_seq, bs};
+      cuda::AttentionWorkspace ws;
+      for (int B : a.batches)
+        for (int ctx : a.contexts) {
+          std::vector<int32_t> seq(static_cast<size_t>(B)), n_ctx(static_cast<size_t>(B), ctx);
+          std::iota(seq.begin(), seq.end(), 0);
+          cuda::DeviceBuffer d_seq = cuda::to_device(seq), d_n = cuda::to_device(n_ctx);
+          cuda::DeviceBuffer q_idx(size_t(B) * sh.idx_heads * sh.idx_dim * 4), w_idx(size_t(B) * sh.idx_heads * 4);
+          cuda::DeviceBuffer scores(size_t(B) * ctx * 4), sel(size_t(B) * sh.top_k * 4);
+          cuda::DeviceBuffer q(size_t(B) * sh.heads * (sh.kv_lora + sh.rope) * 4), out(size_t(B) * sh.heads * sh.kv_lora * 4);
+          cuda::fill_uniform(q_idx.as<float>(), int64_t(B) * sh.idx_heads * sh.idx_dim, 11);
+          cuda::fill_uniform(w_idx.as<float>(), int64_t(B) * sh.idx_heads, 12, 0.1f);
+          cuda::fill_uniform(q.as<float>(), int64_t(B) * sh.heads * (sh.kv_lora + sh.rope), 13, 0.1f);
+          cuda::IndexerArgs ia;
+          ia.q = q_idx.as<float>();
+          ia.w = w_idx.as<float>();
+          ia.T = B;
+          ia.heads = sh.idx_heads;
+          ia.dim = sh.idx_dim;
+          ia.seq = d_seq.as<int32_t>();
+          ia.n_ctx = d_n.as<int32_t>();
+          ia.max_ctx = ctx;
+          ia.keys = key_rows;
+          ia.dtype = dt;
+          ia.scores = scores.as<float>();
+          ia.score_stride = ctx;
+          const double t_idx = time_us(a.reps, [&] { cuda::indexer_scores(ia, ik, nullptr); });
+          const double t_topk = time_us(a.reps, [&] {
+            cuda::top_k(scores.as<float>(), B, ctx, d_n.as<int32_t>(), sh.top_k, sel.as<int32_t>(), nullptr);
+          });
+          cuda::AttentionArgs aa;
+          aa.q = q.as<float>();
+          aa.T = B;
+          aa.heads = sh.heads;
+          aa.kv_lora = sh.kv_lora;
+          aa.rope = sh.rope;
+          aa.scale = 0.07f;
+          aa.seq = d_seq.as<int32_t>();
+          aa.n_ctx = d_n.as<int32_t>();
+          aa.selected = a.dense ? nullptr : sel.as<int32_t>();
+          aa.top_k = sh.top_k;
+          aa.max_ctx = ctx;
+          aa.latent = latent_rows;
+          aa.dtype = dt;
+          aa.out = out.as<float>();
+          const double t_att = time_us(a.reps, [&] { cuda::sparse_mla(aa, ak, ws, nullptr); });
+          const double rows = a.dense ? double(ctx) : double(std::min(ctx, sh.top_k));
+          const double idx_bytes = double(B) * ctx * krow;
+          const double att_bytes = double(B) * rows * lrow;
+          const double att_flops = double(B) * sh.heads * rows * (sh.kv_lora + sh.rope + sh.kv_lora) * 2.0;
+          const double step = t_idx + t_topk + t_att;
+          std::printf("%-6s %-4s %5d %7d | %7.1fus %7.0f %4.0f%% | %6.1fus | %7.1fus %7.0f %4.0f%% %7.1f %4.0f%% | %7.1fus %4.0f%%\n",
+                      sh.name, dname.c_str(), B, ctx, t_idx, idx_bytes / t_idx * 1e-3,
+                      100.0 * idx_bytes / (t_idx * 1e-6) / copy_bps, t_topk, t_att, att_bytes / t_att * 1e-3,
+                      100.0 * att_bytes / (t_att * 1e-6) / copy_bps, att_flops / t_att * 1e-6,
+                      100.0 * att_flops / (t_att * 1e-6) / gemm_flops, step,
+                      100.0 * (idx_bytes + att_bytes) / (step * 1e-6) / copy_bps);
+          std::fflush(stdout);
+        }
+    }
+  }
+  std::printf("indexer GB/s: index-key bytes read; attention GB/s: selected latent rows gathered; step: indexer + top-k "
+              "+ attention per layer, %%bw of all their bytes. %%mma: of the cuBLAS bf16 GEMM rate.\n");
+  return 0;
+}
+
+#else
+
+int run_bench_attention(const BenchAttentionArgs&) { fail("bench attention needs a CUDA build (nvcc was not found)"); }
+
+#endif
+
+}  // namespace
+
+Runner add_bench_attention(CLI::App& bench) {
+  auto a = std::make_shared<BenchAttentionArgs>();
+  CLI::App* cmd = bench.add_subcommand("attention", "Time the sparse-attention kernels at GLM-5 and DeepSeek-V3.2 shapes");
+  cmd->add_option("--shapes", a->shapes, "glm5, dsv32");
+  cmd->add_option("--batch", a->batches, "decode batch sizes");
+  cmd->add_option("--context", a->contexts, "context lengths");
+  cmd->add_option("--kv", a->dtypes, "cache dtypes: bf16, fp8");
+  cmd->add_option("--kernel", a->kernel, "mma (tensor cores) or fma (the fallback)")->check(CLI::IsMember({"mma", "fma"}));
+  cmd->add_flag("--dense", a->dense, "attend to every position instead of the top-k");
+  cmd->add_option("--reps", a->reps, "timed repetitions (best is reported)");
+  return [a] { return run_bench_attention(*a); };
+}
+
+}  // namespace sparsemla::app

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# On the GPU machine: the attention kernels' tests, compute-sanitizer memcheck and racecheck over
+# them (shrunk sizes), and `bench attention`. Binaries come prebuilt in $BIN (with their libraries
+# in $LIBS); logs go to $OUT.
+set -uo pipefail
+BIN=${BIN:-.devbin/attn}
+export LD_LIBRARY_PATH=${LIBS:-$PWD/.devbin/lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+OUT=${OUT:-/tmp/out}
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
+timeout 150 "$BIN/sparsemla_tests" --gtest_filter="${FILTER:-CudaAttention*}" 2>&1 | tee "$OUT/tests.log" | grep -vE '^\[ +(RUN|OK) ' | tail -60
+SAN=/usr/local/cuda/bin/compute-sanitizer
+if [ "${SANITIZE:-1}" = 1 ] && [ -x "$SAN" ]; then
+  for tool in memcheck racecheck; do
+    SPARSEMLA_GPU_TEST_SMALL=1 timeout 200 "$SAN" --tool $tool --error-exitcode 9 "$BIN/sparsemla_tests" \
+      --gtest_filter="${SAN_FILTER:-CudaAttention*}" >"$OUT/$tool.log" 2>&1
+    echo "compute-sanitizer $tool: exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/$tool.log" | tail -4
+  done
+fi
+if [ "${BENCH:-1}" = 1 ]; then
+  timeout 200 "$BIN/sparsemla" bench attention ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+fi

@@ -1,0 +1,133 @@
+// Sparse MLA attention and the DSA lightning indexer on the GPU, over a paged cache in device
+// memory. Plain C++ (no CUDA headers): every pointer is a device pointer unless it says otherwise.
+//
+// Cache rows, one layer, one token (a slot = block * block_size + offset, as in kv::PagedCache):
+//   latent, bf16: kv_lora + rope bf16 values  (1152 bytes for GLM-5 / DeepSeek-V3.2)
+//   latent, fp8:  kv_lora e4m3 | one fp32 scale per 128 latent values | rope bf16, padded to 16 bytes
+//                 (656 bytes: 512 + 4*4 + 64*2)
+//   index key, bf16: dim bf16 values (256 bytes)
+//   index key, fp8:  dim e4m3 | one fp32 scale per 128 values, padded to 4 bytes (132 bytes)
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "ops/cuda/buffer.h"
+
+namespace sparsemla::cuda {
+
+enum class KvDtype { BF16, FP8 };
+const char* kv_dtype_name(KvDtype d);
+
+inline constexpr int kFp8Group = 128;  // values sharing one fp32 scale in the fp8 formats
+
+int64_t latent_row_bytes(KvDtype d, int kv_lora, int rope);
+int64_t index_key_row_bytes(KvDtype d, int dim);
+
+// One layer of a paged cache: rows of row_bytes at slot * row_bytes, reached through block tables.
+struct PagedRows {
+  void* data = nullptr;
+  int64_t row_bytes = 0;
+  const int32_t* block_tables = nullptr;  // [n_seq, max_blocks]
+  int32_t max_blocks = 0;
+  int32_t block_size = 16;
+};
+
+// Converts fp32 rows to the cache format and stores them at `slots` [T] (int64).
+//   latent rows: [T, kv_lora + rope]   index keys: [T, dim]
+void write_latent_rows(const float* rows, const int64_t* slots, int64_t T, KvDtype d, int kv_lora, int rope,
+                       void* cache, int64_t row_bytes, Stream s);
+void write_index_keys(const float* keys, const int64_t* slots, int64_t T, KvDtype d, int dim, void* cache,
+                      int64_t row_bytes, Stream s);
+
+// Which kernel runs an operation (chosen by ops/select; every one is correct on every shape it accepts).
+enum class IndexerKernel { Mma, Fma };
+enum class AttentionKernel { Mma, Fma };
+
+// Lightning-indexer scores of T query tokens: score[t][p] = sum_h w[t][h] * relu(q[t][h] . k[p]) for
+// p < n_ctx[t] over the keys of sequence seq[t]; entries p >= n_ctx[t] are left unwritten.
+//   q: [T, heads, dim] fp32   w: [T, heads] fp32 (scales folded in)   scores: [T, score_stride]
+struct IndexerArgs {
+  const float* q = nullptr;
+  const float* w = nullptr;
+  int64_t T = 0;
+  int heads = 0;
+  int dim = 0;
+  const int32_t* seq = nullptr;    // [T]
+  const int32_t* n_ctx = nullptr;  // [T] positions visible to the token (its position + 1)
+  int64_t max_ctx = 0;             // >= every n_ctx
+  PagedRows keys;
+  KvDtype dtype = KvDtype::BF16;
+  float* scores = nullptr;
+  int64_t score_stride = 0;
+};
+void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
+
+// Indices of the k largest of scores[t][0 .. n[t]) per row, in no particular order; ties at the
+// boundary go to the lower index (the CPU top_k's rule). Rows with n[t] <= k list 0 .. n[t]-1.
+// Unused entries are -1.   out: [T, k]
+void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, int32_t* out, Stream s);
+
+// Attention of T query tokens over latent rows. Per token and head, q = [q_lat (kv_lora) | q_pe (rope)]
+// in fp32; logits are scale * q . row, softmax over the token's positions, output the weighted sum of
+// the rows' first kv_lora values. Positions: selected[t][0..k) (entries < 0 skipped), or every
+// position < n_ctx[t] when selected is null (dense).
+//   q: [T, heads, kv_lora + rope]   out: [T, heads, kv_lora]
+struct AttentionArgs {
+  const float* q = nullptr;
+  int64_t T = 0;
+  int heads = 0;
+  int kv_lora = 0;
+  int rope = 0;
+  float scale = 1.0f;
+  const int32_t* seq = nullptr;       // [T]
+  const int32_t* n_ctx = nullptr;     // [T]
+  const int32_t* selected = nullptr;  // [T, top_k] positions, or null for dense
+  int top_k = 0;
+  int64_t max_ctx = 0;                // >= every n_ctx (sizes the dense split)
+  PagedRows latent;
+  KvDtype dtype = KvDtype::BF16;
+  float* out = nullptr;
+};
+
+// Scratch memory of the split-KV path; grown on demand and kept.
+struct AttentionWorkspace {
+  DeviceBuffer partial;
+  int sm_count = 0;
+};
+// `splits` 0: chosen from the device's SM count and the work; 1: no split.
+void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits = 0);
+// Shared memory one block of the mma kernel needs (the selector compares it with the device limit).
+size_t attention_mma_smem_bytes(int kv_lora, int rope);
+
+}  // namespace sparsemla::cuda
+
+namespace sparsemla::cuda {
+
+// The MLA absorption products, one GEMM per head batched (cuBLAS, bf16 inputs, fp32 accumulate):
+//   into the latent space:  out[t][h][0..kv_lora) = W_UK_h q_nope[t][h]     W_UK_h: [kv_lora, nope]
+//   out of it:              out[t][h][0..v_head)  = W_UV_h o_lat[t][h]      W_UV_h: [v_head, kv_lora]
+// Weights are bf16 on the device, heads back to back ([H, rows, cols] row-major: attn_k_b / attn_v_b
+// as GGUF stores them). x is fp32 [T, H, x_stride] (its first `cols` values per head are used);
+// out is fp32 [T, H, out_stride] (its first `rows` values per head are written).
+struct HeadBatchedGemm {
+  const void* w = nullptr;  // bf16 [H, rows, cols]
+  int heads = 0, rows = 0, cols = 0;
+};
+class Blas {
+ public:
+  Blas();
+  ~Blas();
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+  void per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_t T, float* out,
+                int64_t out_stride, Stream s);
+
+ private:
+  void* handle_ = nullptr;
+  DeviceBuffer xbf_;  // bf16 copy of x
+};
+
+// fp32 -> bf16 on the device (for weights uploaded once, and activations).
+void to_bf16(const float* x, int64_t n, void* out, Stream s);
+
+}  // namespace sparsemla::cuda

@@ -1,0 +1,69 @@
+// Tensor-core building blocks every NVIDIA GPU from SM80 has (mma.sync, ldmatrix, cp.async), and
+// number conversions shared by the attention kernels. Fragment layouts (m16n8k16, 32 lanes,
+// g = lane / 4, q = lane % 4):
+//   A (16x16, row-major)  a0: [g][2q..2q+1]  a1: [g+8][2q..]  a2: [g][2q+8..]  a3: [g+8][2q+8..]
+//   B (16x8, k x n)       b0: [k=2q..2q+1][n=g]               b1: [k=2q+8..2q+9][n=g]
+//   C (16x8, fp32)        c0,c1: [g][2q, 2q+1]                c2,c3: [g+8][2q, 2q+1]
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cstdint>
+
+namespace sparsemla::cuda {
+
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2], __nv_bfloat16) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2], __half) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Four 8x8 b16 matrices, transposed: lane i gives the address of row i % 8 of matrix i / 8.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* smem) {
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return *static_cast<const uint32_t*>(p); }
+
+template <class T16>
+__device__ __forceinline__ T16 to16(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 to16<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
+template <>
+__device__ __forceinline__ __half to16<__half>(float v) { return __float2half(v); }
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float fp8_to_float(uint8_t v) {
+  __nv_fp8_e4m3 f;
+  f.__x = v;
+  return float(f);
+}
+__device__ __forceinline__ uint8_t float_to_fp8(float v) { return __nv_fp8_e4m3(v).__x; }  // saturating
+
+// The cache slot of position `pos` of sequence `seq` through its block table.
+__device__ __forceinline__ int64_t slot_of(const int32_t* tables, int32_t max_blocks, int32_t block_size, int seq,
+                                           int pos) {
+  return int64_t(tables[int64_t(seq) * max_blocks + pos / block_size]) * block_size + pos % block_size;
+}
+
+}  // namespace sparsemla::cuda

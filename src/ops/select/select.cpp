@@ -1,0 +1,157 @@
+#include "ops/select/select.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "model/hparams.h"
+#include "ops/device.h"
+#include "util/error.h"
+
+namespace sparsemla::ops {
+namespace {
+
+// Architectures the fatbinary carries machine code for (CMakeLists.txt); others run its PTX.
+bool known_arch(int major, int minor) {
+  const int cc = major * 10 + minor;
+  for (int k : {80, 86, 87, 89, 90, 100, 103, 110, 120, 121})
+    if (cc == k) return true;
+  return false;
+}
+
+struct Impl {
+  const char* op;
+  const char* name;
+  int rank;
+  // "" when supported, else the reason it is refused.
+  std::string (*refuse)(const AttentionProblem&);
+  const char* what;
+};
+
+std::string need_cuda(const AttentionProblem& p) {
+  if (!p.cuda) return built_with_cuda() ? "no CUDA device" : "this build has no CUDA";
+  if (p.cc_major < 8) return fmt::format("compute capability {}.{} < 8.0 (the kernels need Ampere or newer)", p.cc_major, p.cc_minor);
+  return "";
+}
+
+std::string idx_mma(const AttentionProblem& p) {
+  if (auto r = need_cuda(p); !r.empty()) return r;
+  if (p.idx_dim != 64 && p.idx_dim != 128) return fmt::format("index dim {} is not 64 or 128", p.idx_dim);
+  return "";
+}
+std::string idx_fma(const AttentionProblem& p) {
+  if (auto r = need_cuda(p); !r.empty()) return r;
+  if (p.fp8_cache && p.idx_dim > 128) return fmt::format("fp8 index keys need dim <= 128, got {}", p.idx_dim);
+  return "";
+}
+std::string any(const AttentionProblem&) { return ""; }
+std::string attn_mma(const AttentionProblem& p) {
+  if (auto r = need_cuda(p); !r.empty()) return r;
+  if (p.kv_lora % 8 || (p.kv_lora + p.rope) % 8)
+    return fmt::format("kv_lora {} and kv_lora + rope {} must be multiples of 8", p.kv_lora, p.kv_lora + p.rope);
+  if (p.kv_lora > 512) return fmt::format("kv_lora {} > 512", p.kv_lora);
+  const int d_pad = (p.kv_lora + p.rope + 31) / 32 * 32;
+  int nv = 2;
+  while (nv * 16 < p.kv_lora) nv *= 2;
+  const uint64_t smem = uint64_t(64) * (std::max(d_pad, nv * 16) + 8) * 2 + 4 * 16 * 33 * 4 + 32 * 8;
+  if (p.smem_optin && smem > p.smem_optin)
+    return fmt::format("needs {} bytes of shared memory per block, the device allows {}", smem, p.smem_optin);
+  return "";
+}
+std::string attn_fma(const AttentionProblem& p) {
+  if (auto r = need_cuda(p); !r.empty()) return r;
+  if (p.kv_lora > 1024) return fmt::format("kv_lora {} > 1024", p.kv_lora);
+  return "";
+}
+
+const Impl kImpls[] = {
+    {"indexer", "cuda-mma", 3, idx_mma, "tensor cores (mma.sync bf16, fp8 keys widened to fp16), 64 keys per block"},
+    {"indexer", "cuda-fma", 2, idx_fma, "one warp per key, any head count and dim"},
+    {"indexer", "cpu", 1, any, "CPU reference (fp32 keys)"},
+    {"top-k", "cuda-radix", 3, need_cuda, "radix select, one block per row, lowest index on ties"},
+    {"top-k", "cpu", 1, any, "CPU partial sort"},
+    {"attention", "cuda-mma", 3, attn_mma, "tensor cores (mma.sync bf16), 32 heads per block, split-KV"},
+    {"attention", "cuda-fma", 2, attn_fma, "one block per token and head, any shape"},
+    {"attention", "cpu", 1, any, "CPU reference (fp32 latent rows)"},
+};
+
+}  // namespace
+
+AttentionProblem attention_problem(const model::HParams& hp, const DeviceInfo* dev, bool sparse, bool fp8_cache,
+                                   int tensor_parallel) {
+  AttentionProblem p;
+  if (dev) {
+    p.cuda = true;
+    p.device_name = dev->name;
+    p.cc_major = dev->cc_major;
+    p.cc_minor = dev->cc_minor;
+    p.smem_optin = dev->smem_per_block_optin;
+  }
+  p.heads = int(hp.n_head) / std::max(1, tensor_parallel);
+  p.kv_lora = int(hp.kv_lora_rank);
+  p.rope = int(hp.qk_rope);
+  p.idx_heads = hp.has_indexer() ? int(hp.idx_heads) : 0;
+  p.idx_dim = hp.has_indexer() ? int(hp.idx_dim) : 0;
+  p.sparse = sparse && hp.has_indexer();
+  p.fp8_cache = fp8_cache;
+  return p;
+}
+
+const Selection& BackendPlan::get(const std::string& op) const {
+  for (const Selection& s : ops)
+    if (s.op == op) return s;
+  fail("backend plan has no operation '{}'", op);
+}
+
+BackendPlan select_backends(const AttentionProblem& p) {
+  BackendPlan plan;
+  if (p.cuda && !known_arch(p.cc_major, p.cc_minor) && p.cc_major >= 8)
+    plan.warnings.push_back(fmt::format(
+        "{} (compute capability {}.{}) is not an architecture this build has machine code for; the generic "
+        "kernels run from PTX (compiled by the driver at first use)",
+        p.device_name, p.cc_major, p.cc_minor));
+  if (p.cuda && p.cc_major < 8)
+    plan.warnings.push_back(fmt::format("{} (compute capability {}.{}) is older than Ampere: attention runs on the CPU",
+                                        p.device_name, p.cc_major, p.cc_minor));
+  std::vector<std::string> ops = {"attention"};
+  if (p.sparse) ops = {"indexer", "top-k", "attention"};
+  for (const std::string& op : ops) {
+    Selection s;
+    s.op = op;
+    for (const Impl& impl : kImpls) {
+      if (op != impl.op) continue;
+      Candidate c;
+      c.name = impl.name;
+      c.rank = impl.rank;
+      const std::string why = impl.refuse(p);
+      c.supported = why.empty();
+      c.reason = c.supported ? impl.what : why;
+      s.candidates.push_back(c);
+    }
+    const Candidate* best = nullptr;
+    for (const Candidate& c : s.candidates)
+      if (c.supported && (!best || c.rank > best->rank)) best = &c;
+    s.chosen = best->name;  // the cpu candidate accepts everything
+    plan.ops.push_back(s);
+  }
+  return plan;
+}
+
+std::string format_plan(const AttentionProblem& p, const BackendPlan& plan) {
+  std::string out = fmt::format("backends for {}{}: {} heads, latent {} + rope {}, ", p.device_name,
+                                p.cuda ? fmt::format(" (compute capability {}.{})", p.cc_major, p.cc_minor) : "",
+                                p.heads, p.kv_lora, p.rope);
+  out += p.sparse ? fmt::format("sparse (indexer {} heads x {})", p.idx_heads, p.idx_dim) : std::string("dense");
+  out += fmt::format(", {} cache\n", p.cuda ? (p.fp8_cache ? "fp8" : "bf16") : "fp32 (the CPU cache is always fp32)");
+  for (const Selection& s : plan.ops) {
+    out += fmt::format("  {}:\n", s.op);
+    for (const Candidate& c : s.candidates)
+      out += fmt::format("    {} {:<11} {}\n", c.name == s.chosen ? "*" : (c.supported ? "+" : "-"), c.name,
+                         c.name == s.chosen ? "chosen: " + c.reason
+                                            : (c.supported ? "supported, lower rank: " + c.reason : "refused: " + c.reason));
+  }
+  for (const std::string& w : plan.warnings) out += "  warning: " + w + "\n";
+  return out;
+}
+
+}  // namespace sparsemla::ops
