@@ -62,6 +62,38 @@ std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int32_t k)
   return out;
 }
 
+void filter_candidates(std::span<float> work, const SamplingParams& p, std::vector<int32_t>& order) {
+  // Probabilities at the temperature, unnormalized (relative to the most likely token).
+  const float inv_t = 1.0f / p.temperature;
+  const float top = *std::max_element(work.begin(), work.end());
+  for (float& v : work) v = std::exp((v - top) * inv_t);  // the best token has 1
+  order.clear();
+  // min-p: a floor relative to the most likely token's probability, which is 1 here.
+  for (size_t i = 0; i < work.size(); ++i)
+    if (work[i] >= p.min_p && work[i] > 0.0f) order.push_back(int32_t(i));
+  auto more_likely = [&](int32_t a, int32_t b) {
+    return work[size_t(a)] > work[size_t(b)] || (work[size_t(a)] == work[size_t(b)] && a < b);
+  };
+  if (p.top_k > 0 && size_t(p.top_k) < order.size()) {
+    std::partial_sort(order.begin(), order.begin() + p.top_k, order.end(), more_likely);
+    order.resize(size_t(p.top_k));
+  } else if (p.top_p < 1.0f) {  // (partial_sort above leaves its k sorted)
+    std::sort(order.begin(), order.end(), more_likely);
+  }
+  if (p.top_p < 1.0f) {
+    double total = 0;
+    for (int32_t id : order) total += work[size_t(id)];
+    // The smallest set of most likely tokens whose probability reaches top_p.
+    double cum = 0;
+    size_t keep = 0;
+    while (keep < order.size()) {
+      cum += work[size_t(order[keep++])];
+      if (cum >= p.top_p * total) break;
+    }
+    order.resize(keep);
+  }
+}
+
 Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt)
     : params_(params), rng_(params.seed), prompt_ids_(prompt.begin(), prompt.end()) {
   std::sort(prompt_ids_.begin(), prompt_ids_.end());
@@ -78,35 +110,7 @@ Sampled Sampler::sample(std::span<const float> logits) {
   if (params_.temperature <= 0.0f || params_.top_k == 1) {
     out.id = argmax(work_);
   } else {
-    // Probabilities at the temperature, unnormalized (relative to the most likely token).
-    const float inv_t = 1.0f / params_.temperature;
-    const float top = *std::max_element(work_.begin(), work_.end());
-    for (float& v : work_) v = std::exp((v - top) * inv_t);  // the best token has 1
-    order_.clear();
-    // min-p: a floor relative to the most likely token's probability, which is 1 here.
-    for (size_t i = 0; i < work_.size(); ++i)
-      if (work_[i] >= params_.min_p && work_[i] > 0.0f) order_.push_back(int32_t(i));
-    auto more_likely = [&](int32_t a, int32_t b) {
-      return work_[size_t(a)] > work_[size_t(b)] || (work_[size_t(a)] == work_[size_t(b)] && a < b);
-    };
-    if (params_.top_k > 0 && size_t(params_.top_k) < order_.size()) {
-      std::partial_sort(order_.begin(), order_.begin() + params_.top_k, order_.end(), more_likely);
-      order_.resize(size_t(params_.top_k));
-    } else if (params_.top_p < 1.0f) {  // (partial_sort above leaves its k sorted)
-      std::sort(order_.begin(), order_.end(), more_likely);
-    }
-    if (params_.top_p < 1.0f) {
-      double total = 0;
-      for (int32_t id : order_) total += work_[size_t(id)];
-      // The smallest set of most likely tokens whose probability reaches top_p.
-      double cum = 0;
-      size_t keep = 0;
-      while (keep < order_.size()) {
-        cum += work_[size_t(order_[keep++])];
-        if (cum >= params_.top_p * total) break;
-      }
-      order_.resize(keep);
-    }
+    filter_candidates(work_, params_, order_);
     if (order_.empty()) order_.push_back(argmax(logits));  // only with non-finite logits
     double total = 0;
     for (int32_t id : order_) total += work_[size_t(id)];

@@ -59,6 +59,13 @@ class Sampler {
 void apply_penalties(std::span<float> logits, const SamplingParams& p, std::span<const int32_t> prompt_ids,
                      const std::unordered_map<int32_t, int32_t>& out_count);
 
+// The filters of a sampled (not greedy) draw, as Sampler::sample() applies them: `work` holds the
+// penalized logits on entry and each token's probability at the temperature relative to the most
+// likely token's (which is 1) on return; `order` receives the ids that survive min-p, top-k and
+// top-p, most likely first when top-k or top-p sorted them, else in id order. Empty only with
+// non-finite logits. (The GPU sampler is tested against it.)
+void filter_candidates(std::span<float> work, const SamplingParams& p, std::vector<int32_t>& order);
+
 // log-softmax of `logits` at `id`, and the `k` most likely ids with theirs.
 float log_softmax_at(std::span<const float> logits, int32_t id);
 std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int32_t k);

@@ -24,6 +24,7 @@ class Rope {
   // Rotates x[0..dims) in place for position `pos`.
   void apply(float* x, int64_t pos, RopeStyle style) const;
   const std::vector<float>& inv_freq() const { return inv_freq_; }
+  float attn_factor() const { return attn_factor_; }
 
  private:
   std::vector<float> inv_freq_;  // [dims / 2]

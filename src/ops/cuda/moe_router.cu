@@ -1,0 +1,227 @@
+#include "ops/cuda/moe_router.h"
+
+#include <algorithm>
+
+#include "ops/cuda/check.cuh"
+#include "ops/cuda/small_ops_reduce.cuh"
+
+namespace sparsemla::cuda {
+
+namespace {
+
+cudaStream_t stream_of(Stream s) { return static_cast<cudaStream_t>(s); }
+
+constexpr int kRouterThreads = 256;
+
+// exp of an fp32 value, correctly rounded to fp32 (double exp, rounded once). glibc's expf agrees
+// on all but ~0.06% of inputs (by one ulp), where CUDA's expf (2 ulp) would differ far more often:
+// scores, and with them the choice and its ties, are the CPU's.
+__device__ __forceinline__ float expf_as_cpu(float x) { return float(exp(double(x))); }
+
+struct RouterShape {
+  int E, k, groups, groups_used;
+  bool sigmoid, norm;
+  float scale;
+};
+
+// One block per token. Shared memory: score [E] | choice [E] | group score [G] | taken [E] | group kept [G].
+__global__ void route_kernel(RouterShape sh, const float* __restrict__ logits, const float* __restrict__ bias,
+                             int32_t* __restrict__ ids, float* __restrict__ weights) {
+  extern __shared__ float smem[];
+  const int E = sh.E, G = sh.groups;
+  float* score = smem;
+  float* choice = score + E;
+  float* gscore = choice + E;
+  bool* taken = reinterpret_cast<bool*>(gscore + G);
+  bool* gkept = taken + E;
+  __shared__ int32_t chosen[64];  // k <= 64, checked on the host
+
+  const int64_t t = blockIdx.x;
+  const float* row = logits + t * E;
+  if (sh.sigmoid) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) score[e] = 1.0f / (1.0f + expf_as_cpu(-row[e]));
+  } else {  // ops::softmax: max-subtracted exp in fp32, the sum in double
+    float m = -INFINITY;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, row[e]);
+    m = block_max(m, -INFINITY);
+    double sum = 0.0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      score[e] = expf_as_cpu(row[e] - m);
+      sum += score[e];
+    }
+    const float inv = float(1.0 / block_sum(sum));
+    for (int e = threadIdx.x; e < E; e += blockDim.x) score[e] *= inv;
+  }
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    choice[e] = score[e] + (bias ? bias[e] : 0.0f);
+    taken[e] = false;
+  }
+  __syncthreads();
+
+  if (G > 1 && sh.groups_used < G) {
+    // A group's score: its best choice, plus its second best for sigmoid routers.
+    const int per = E / G;
+    for (int g = threadIdx.x; g < G; g += blockDim.x) {
+      float c0 = -INFINITY, c1 = -INFINITY;
+      for (int e = g * per; e < (g + 1) * per; ++e) {
+        const float c = choice[e];
+        if (c > c0) {
+          c1 = c0;
+          c0 = c;
+        } else if (c > c1) {
+          c1 = c;
+        }
+      }
+      gscore[g] = sh.sigmoid ? c0 + (per > 1 ? c1 : 0.0f) : c0;
+      gkept[g] = false;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // G is small (8): the best groups_used of them, ties to the lower group
+      for (int r = 0; r < sh.groups_used; ++r) {
+        int best = -1;
+        for (int g = 0; g < G; ++g)
+          if (!gkept[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+        gkept[best] = true;
+      }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+      if (!gkept[e / per]) choice[e] = -INFINITY;
+    __syncthreads();
+  }
+
+  // k rounds of block argmax. Each thread only reads and marks its own experts (e = tid + j * blockDim),
+  // so `taken` needs no barrier between rounds.
+  for (int r = 0; r < sh.k; ++r) {
+    ArgMax a{-INFINITY, INT32_MAX};
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+      if (!taken[e] && better(ArgMax{choice[e], e}, a)) a = ArgMax{choice[e], e};
+    a = block_argmax(a);
+    if (a.index < E && a.index % int(blockDim.x) == int(threadIdx.x)) taken[a.index] = true;
+    if (threadIdx.x == 0) chosen[r] = a.index;
+  }
+
+  if (threadIdx.x == 0) {  // as route(): the sum in selection order
+    float sum = 0.0f;
+    for (int r = 0; r < sh.k; ++r) sum += score[chosen[r]];
+    for (int r = 0; r < sh.k; ++r) {
+      float w = score[chosen[r]];
+      if (sh.norm) w /= sum + 1e-20f;
+      w *= sh.scale;
+      ids[t * sh.k + r] = chosen[r];
+      weights[t * sh.k + r] = w;
+    }
+  }
+}
+
+// ---- grouping by expert: a counting sort over chunks of kChunk entries ----
+// workspace: base [E, n_chunks] int32, first the pairs of each (expert, chunk), then, scanned in
+// expert-major order, where each (expert, chunk) starts in perm.
+
+constexpr int kChunk = 256;
+constexpr int kScanThreads = 1024;
+
+__global__ void count_chunks_kernel(const int32_t* __restrict__ ids, int64_t n, int E, int n_chunks,
+                                    int32_t* __restrict__ base) {
+  extern __shared__ int32_t counts[];  // [E]
+  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  const int64_t j = int64_t(blockIdx.x) * kChunk + threadIdx.x;
+  if (j < n) {
+    const int32_t e = ids[j];
+    if (e >= 0 && e < E) atomicAdd(&counts[e], 1);  // counts only: the order is settled by rank below
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) base[int64_t(e) * n_chunks + blockIdx.x] = counts[e];
+}
+
+// One block: exclusive scan of base in place, then counts and offsets per expert.
+__global__ void scan_chunks_kernel(int32_t* base, int E, int n_chunks, int32_t* __restrict__ counts,
+                                   int32_t* __restrict__ offsets) {
+  const int64_t M = int64_t(E) * n_chunks;
+  const int64_t per = (M + blockDim.x - 1) / blockDim.x;
+  const int64_t lo = min(M, per * threadIdx.x), hi = min(M, lo + per);
+  int32_t local = 0;
+  for (int64_t i = lo; i < hi; ++i) local += base[i];
+  int32_t total = 0;
+  int32_t run = block_exclusive_scan(local, &total);
+  for (int64_t i = lo; i < hi; ++i) {
+    const int32_t c = base[i];
+    base[i] = run;
+    run += c;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const int32_t start = base[int64_t(e) * n_chunks];
+    const int32_t end = e + 1 < E ? base[int64_t(e + 1) * n_chunks] : total;
+    offsets[e] = start;
+    counts[e] = end - start;
+  }
+  if (threadIdx.x == 0) offsets[E] = total;
+}
+
+// Entry j goes to base[e][chunk] + (entries before j in its chunk routed to the same expert).
+__global__ void scatter_chunks_kernel(const int32_t* __restrict__ ids, int64_t n, int E, int n_chunks,
+                                      const int32_t* __restrict__ base, int32_t* __restrict__ perm) {
+  __shared__ int32_t tile[kChunk];
+  const int64_t j = int64_t(blockIdx.x) * kChunk + threadIdx.x;
+  const int32_t e = j < n ? ids[j] : -1;
+  tile[threadIdx.x] = e;
+  __syncthreads();
+  if (e < 0 || e >= E) return;
+  int32_t rank = 0;
+  for (int i = 0; i < int(threadIdx.x); ++i) rank += tile[i] == e;
+  perm[base[int64_t(e) * n_chunks + blockIdx.x] + rank] = int32_t(j);
+}
+
+}  // namespace
+
+void moe_route(const model::HParams& hp, const float* logits, const float* bias, int64_t T, int32_t* ids,
+               float* weights, Stream s) {
+  RouterShape sh{};
+  sh.E = int(hp.n_expert);
+  sh.k = int(hp.n_expert_used);
+  sh.groups = int(std::max<uint32_t>(hp.n_expert_groups, 1));
+  sh.groups_used = int(hp.n_group_used);
+  sh.sigmoid = hp.expert_gating == 2;
+  sh.norm = hp.expert_weights_norm;
+  sh.scale = hp.expert_weights_scale;
+  if (sh.E <= 0 || sh.k <= 0 || sh.k > sh.E || sh.k > 64)
+    fail("cuda::moe_route: {} experts with {} used is not supported (1 <= used <= min(64, experts))", sh.E, sh.k);
+  if (sh.E % sh.groups != 0) fail("cuda::moe_route: {} experts do not split into {} groups", sh.E, sh.groups);
+  if (sh.groups > 1 && (sh.groups_used < 1 || sh.groups_used > sh.groups))
+    fail("cuda::moe_route: {} of {} expert groups used", sh.groups_used, sh.groups);
+  if (hp.expert_gating != 1 && hp.expert_gating != 2)
+    fail("cuda::moe_route: expert gating function {} (1 softmax, 2 sigmoid)", hp.expert_gating);
+  if (T < 0 || T > INT32_MAX) fail("cuda::moe_route: {} tokens", T);
+  if (T == 0) return;
+  const size_t smem = size_t(2 * sh.E + sh.groups) * sizeof(float) + size_t(sh.E + sh.groups);
+  route_kernel<<<int(T), kRouterThreads, smem, stream_of(s)>>>(sh, logits, bias, ids, weights);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+size_t moe_group_workspace_bytes(int64_t n, int64_t E) {
+  return size_t(E) * size_t((n + kChunk - 1) / kChunk) * sizeof(int32_t);
+}
+
+void moe_group(const int32_t* ids, int64_t n, int64_t E, int32_t* counts, int32_t* offsets, int32_t* perm,
+               void* workspace, Stream s) {
+  // E counters live in shared memory while a chunk is counted.
+  if (n < 0 || n > INT32_MAX || E <= 0 || E > 8192) fail("cuda::moe_group: {} entries over {} experts", n, E);
+  const cudaStream_t st = stream_of(s);
+  if (n == 0) {
+    SPARSEMLA_CUDA_CHECK(cudaMemsetAsync(counts, 0, size_t(E) * sizeof(int32_t), st));
+    SPARSEMLA_CUDA_CHECK(cudaMemsetAsync(offsets, 0, size_t(E + 1) * sizeof(int32_t), st));
+    return;
+  }
+  const int n_chunks = int((n + kChunk - 1) / kChunk);
+  int32_t* base = static_cast<int32_t*>(workspace);
+  count_chunks_kernel<<<n_chunks, kChunk, size_t(E) * sizeof(int32_t), st>>>(ids, n, int(E), n_chunks, base);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+  scan_chunks_kernel<<<1, kScanThreads, 0, st>>>(base, int(E), n_chunks, counts, offsets);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+  scatter_chunks_kernel<<<n_chunks, kChunk, 0, st>>>(ids, n, int(E), n_chunks, base, perm);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace sparsemla::cuda

@@ -1,0 +1,263 @@
+#include "ops/cuda/small_ops.h"
+
+#include <algorithm>
+
+#include "ops/cuda/check.cuh"
+#include "ops/cuda/small_ops_reduce.cuh"
+
+namespace sparsemla::cuda {
+
+namespace {
+
+constexpr int kElementwiseThreads = 256;
+constexpr int64_t kMaxElementwiseBlocks = 65535;
+
+cudaStream_t stream_of(Stream s) { return static_cast<cudaStream_t>(s); }
+
+// Threads for one row of n values: a warp for short rows, up to 512 so that long rows (n = 6144)
+// still give each thread a dozen values.
+int row_threads(int64_t n) {
+  if (n <= 64) return 32;
+  if (n <= 512) return 128;
+  if (n <= 2048) return 256;
+  return 512;
+}
+
+int elementwise_blocks(int64_t n) {
+  return int(std::min<int64_t>(kMaxElementwiseBlocks, (n + kElementwiseThreads - 1) / kElementwiseThreads));
+}
+
+// ---- norms: one block per row ----
+
+// x may be out (an in-place norm), hence no __restrict__ on either.
+__global__ void rms_norm_kernel(const float* x, int64_t x_stride, const float* __restrict__ w,
+                                int64_t n, float eps, float* out, int64_t out_stride) {
+  const float* xr = x + int64_t(blockIdx.x) * x_stride;
+  float* orow = out + int64_t(blockIdx.x) * out_stride;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss);
+  const float scale = 1.0f / sqrtf(ss / float(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) orow[i] = xr[i] * scale * w[i];
+}
+
+__global__ void add_rms_norm_kernel(float* __restrict__ h, const float* __restrict__ delta,
+                                    const float* __restrict__ w, int64_t n, float eps, float* __restrict__ out) {
+  float* hr = h + int64_t(blockIdx.x) * n;
+  const float* dr = delta + int64_t(blockIdx.x) * n;
+  float* orow = out + int64_t(blockIdx.x) * n;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = hr[i] + dr[i];
+    hr[i] = v;
+    ss += v * v;
+  }
+  ss = block_sum(ss);
+  const float scale = 1.0f / sqrtf(ss / float(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) orow[i] = hr[i] * scale * w[i];
+}
+
+__global__ void layer_norm_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                  const float* __restrict__ b, int64_t n, float eps, float* __restrict__ out) {
+  const float* xr = x + int64_t(blockIdx.x) * n;
+  float* orow = out + int64_t(blockIdx.x) * n;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += xr[i];
+  const float mean = block_sum(sum) / float(n);
+  float var = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) var += (xr[i] - mean) * (xr[i] - mean);
+  var = block_sum(var) / float(n);
+  const float inv = 1.0f / sqrtf(var + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) orow[i] = (xr[i] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
+}
+
+// ---- RoPE: one block per token; threadIdx.x walks the pairs, threadIdx.y the heads ----
+
+constexpr int kRopePairThreads = 32, kRopeHeadThreads = 8;
+
+template <class Pos>
+__global__ void rope_kernel(float* x, int64_t heads, int64_t stride, const Pos* __restrict__ pos,
+                            const float* __restrict__ inv_freq, int64_t half, float attn_factor, bool interleaved) {
+  const int64_t t = blockIdx.x;
+  const float p = float(pos[t]);
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    // As ops::Rope::apply: the angle, cos and sin in fp32; the rotation without fused multiply-adds
+    // so that it rounds as the CPU does.
+    const float angle = p * inv_freq[i];
+    const float c = cosf(angle) * attn_factor;
+    const float s = sinf(angle) * attn_factor;
+    const int64_t a = interleaved ? 2 * i : i;
+    const int64_t b = interleaved ? 2 * i + 1 : i + half;
+    for (int64_t h = threadIdx.y; h < heads; h += blockDim.y) {
+      float* row = x + (t * heads + h) * stride;
+      const float x0 = row[a], x1 = row[b];
+      row[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+      row[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    }
+  }
+}
+
+// ---- elementwise ----
+
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+__global__ void silu_mul_kernel(float* gate, const float* __restrict__ up, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    gate[i] = silu_times(gate[i], up[i]);
+}
+
+__global__ void silu_mul_fused_kernel(const float* __restrict__ gate_up, int64_t T, int64_t F,
+                                      float* __restrict__ out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * F; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / F, f = i - t * F;
+    out[i] = silu_times(gate_up[t * 2 * F + f], gate_up[t * 2 * F + F + f]);
+  }
+}
+
+__global__ void add_kernel(float* h, const float* __restrict__ delta, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    h[i] += delta[i];
+}
+
+__global__ void scale_kernel(float* x, float factor, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] *= factor;
+}
+
+__global__ void softmax_rows_kernel(float* x, int64_t n) {
+  float* row = x + int64_t(blockIdx.x) * n;
+  float m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, row[i]);
+  m = block_max(m, -INFINITY);
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float e = expf(row[i] - m);
+    row[i] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / block_sum(sum);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) row[i] *= inv;
+}
+
+// util/half.h's conversions, on the device.
+__global__ void f32_to_bf16_kernel(const float* __restrict__ x, uint16_t* __restrict__ out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t b = __float_as_uint(x[i]);
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+      out[i] = uint16_t((b >> 16) | 0x40u);
+    } else {
+      b += 0x7fffu + ((b >> 16) & 1u);
+      out[i] = uint16_t(b >> 16);
+    }
+  }
+}
+
+__global__ void bf16_to_f32_kernel(const uint16_t* __restrict__ x, float* __restrict__ out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __uint_as_float(uint32_t(x[i]) << 16);
+}
+
+void check_rows(const char* op, int64_t T, int64_t n) {
+  if (T < 0 || n < 0 || T > INT32_MAX) fail("cuda::{}: bad shape [{}, {}]", op, T, n);
+}
+
+}  // namespace
+
+void rms_norm(const float* x, int64_t x_stride, const float* w, int64_t T, int64_t n, float eps, float* out,
+              int64_t out_stride, Stream s) {
+  check_rows("rms_norm", T, n);
+  if (x_stride < n || out_stride < n)
+    fail("cuda::rms_norm: strides {} / {} shorter than the row ({})", x_stride, out_stride, n);
+  if (T == 0 || n == 0) return;
+  rms_norm_kernel<<<int(T), row_threads(n), 0, stream_of(s)>>>(x, x_stride, w, n, eps, out, out_stride);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+void add_rms_norm(float* h, const float* delta, const float* w, int64_t T, int64_t n, float eps, float* out,
+                  Stream s) {
+  check_rows("add_rms_norm", T, n);
+  if (T == 0 || n == 0) return;
+  add_rms_norm_kernel<<<int(T), row_threads(n), 0, stream_of(s)>>>(h, delta, w, n, eps, out);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+void layer_norm(const float* x, const float* w, const float* b, int64_t T, int64_t n, float eps, float* out,
+                Stream s) {
+  check_rows("layer_norm", T, n);
+  if (T == 0 || n == 0) return;
+  layer_norm_kernel<<<int(T), row_threads(n), 0, stream_of(s)>>>(x, w, b, n, eps, out);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+DeviceRope::DeviceRope(const ops::Rope& rope)
+    : inv_freq_(to_device(rope.inv_freq())), dims_(rope.dims()), attn_factor_(rope.attn_factor()) {}
+
+namespace {
+template <class Pos>
+void launch_rope(float* x, int64_t T, int64_t heads, int64_t stride, const Pos* pos, ops::RopeStyle style,
+                 const float* inv_freq, int64_t dims, float attn_factor, Stream s) {
+  check_rows("rope", T, heads);
+  if (stride < dims) fail("cuda::rope: head stride {} shorter than the {} rotary dims", stride, dims);
+  if (T == 0 || heads == 0 || dims == 0) return;
+  const dim3 block(kRopePairThreads, kRopeHeadThreads);
+  rope_kernel<<<int(T), block, 0, stream_of(s)>>>(x, heads, stride, pos, inv_freq, dims / 2, attn_factor,
+                                                   style == ops::RopeStyle::Interleaved);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+}  // namespace
+
+void DeviceRope::apply(float* x, int64_t T, int64_t heads, int64_t stride, const int64_t* pos, ops::RopeStyle style,
+                       Stream s) const {
+  launch_rope(x, T, heads, stride, pos, style, inv_freq_.as<float>(), dims_, attn_factor_, s);
+}
+
+void DeviceRope::apply(float* x, int64_t T, int64_t heads, int64_t stride, const int32_t* pos, ops::RopeStyle style,
+                       Stream s) const {
+  launch_rope(x, T, heads, stride, pos, style, inv_freq_.as<float>(), dims_, attn_factor_, s);
+}
+
+void silu_mul(float* gate, const float* up, int64_t n, Stream s) {
+  if (n <= 0) return;
+  silu_mul_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream_of(s)>>>(gate, up, n);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+void silu_mul_fused(const float* gate_up, int64_t T, int64_t F, float* out, Stream s) {
+  check_rows("silu_mul_fused", T, F);
+  if (T * F == 0) return;
+  silu_mul_fused_kernel<<<elementwise_blocks(T * F), kElementwiseThreads, 0, stream_of(s)>>>(gate_up, T, F, out);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+void add(float* h, const float* delta, int64_t n, Stream s) {
+  if (n <= 0) return;
+  add_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream_of(s)>>>(h, delta, n);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+void scale(float* x, float factor, int64_t n, Stream s) {
+  if (n <= 0) return;
+  scale_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream_of(s)>>>(x, factor, n);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+void softmax_rows(float* x, int64_t T, int64_t n, Stream s) {
+  check_rows("softmax_rows", T, n);
+  if (T == 0 || n == 0) return;
+  softmax_rows_kernel<<<int(T), row_threads(n), 0, stream_of(s)>>>(x, n);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+void f32_to_bf16(const float* x, uint16_t* out, int64_t n, Stream s) {
+  if (n <= 0) return;
+  f32_to_bf16_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream_of(s)>>>(x, out, n);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+void bf16_to_f32(const uint16_t* x, float* out, int64_t n, Stream s) {
+  if (n <= 0) return;
+  bf16_to_f32_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream_of(s)>>>(x, out, n);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace sparsemla::cuda
