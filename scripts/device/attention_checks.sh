@@ -19,3 +19,11 @@ fi
 if [ "${BENCH:-1}" = 1 ]; then
   timeout 200 "$BIN/sparsemla" bench attention ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 fi
+# PROFILE="bench attention arguments": Nsight Compute on one launch of the attention kernel.
+if [ -n "${PROFILE:-}" ]; then
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  timeout 200 "$NCU" --kernel-name regex:mla_mma --launch-skip 3 --launch-count 1 \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+    "$BIN/sparsemla" bench attention $PROFILE >"$OUT/ncu.log" 2>&1
+  grep -vE "^==PROF==|^ *$" "$OUT/ncu.log" | tail -70
+fi

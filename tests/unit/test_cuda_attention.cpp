@@ -256,16 +256,20 @@ TEST(CudaAttention, IndexerScoresMatchTheCpuReference) {
   check_indexer({3, 96, {50}, 1, 8}, KvDtype::FP8, cuda::IndexerKernel::Fma, rng);
 }
 
-std::vector<int32_t> gpu_top_k(const std::vector<float>& scores, const std::vector<int32_t>& n, int64_t stride, int k) {
+// With `segmented`, long rows take the two-phase path (segment top-k, then a merge).
+std::vector<int32_t> gpu_top_k(const std::vector<float>& scores, const std::vector<int32_t>& n, int64_t stride, int k,
+                               bool segmented) {
   const int64_t T = int64_t(n.size());
   DeviceBuffer d_s = cuda::to_device(scores), d_n = cuda::to_device(n), d_out(size_t(T * k) * 4);
-  cuda::top_k(d_s.as<float>(), T, stride, d_n.as<int32_t>(), k, d_out.as<int32_t>(), nullptr);
+  cuda::TopKWorkspace ws;
+  cuda::top_k(d_s.as<float>(), T, stride, d_n.as<int32_t>(), k, d_out.as<int32_t>(), nullptr, segmented ? &ws : nullptr);
   return cuda::to_host<int32_t>(d_out, size_t(T * k));
 }
 
 void expect_same_selection(const std::vector<float>& scores, const std::vector<int32_t>& n, int64_t stride, int k,
                            const char* what) {
-  const std::vector<int32_t> got = gpu_top_k(scores, n, stride, k);
+  for (bool segmented : {false, true}) {
+  const std::vector<int32_t> got = gpu_top_k(scores, n, stride, k, segmented);
   for (size_t t = 0; t < n.size(); ++t) {
     std::vector<int32_t> ref = ops::top_k(scores.data() + t * stride, n[t], k);
     std::vector<int32_t> g(got.begin() + int64_t(t) * k, got.begin() + int64_t(t + 1) * k);
@@ -274,7 +278,9 @@ void expect_same_selection(const std::vector<float>& scores, const std::vector<i
     g.resize(static_cast<size_t>(used));
     std::sort(g.begin(), g.end());
     std::sort(ref.begin(), ref.end());
-    ASSERT_EQ(g, ref) << what << ": row " << t << " (n " << n[t] << ", k " << k << ")";
+    ASSERT_EQ(g, ref) << what << ": row " << t << " (n " << n[t] << ", k " << k << ")"
+                      << (segmented ? ", segmented" : "");
+  }
   }
 }
 

@@ -65,7 +65,12 @@ void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
 // Indices of the k largest of scores[t][0 .. n[t]) per row, in no particular order; ties at the
 // boundary go to the lower index (the CPU top_k's rule). Rows with n[t] <= k list 0 .. n[t]-1.
 // Unused entries are -1.   out: [T, k]
-void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, int32_t* out, Stream s);
+// With a workspace, a few long rows are split over many blocks (segment top-k, then a merge).
+struct TopKWorkspace {
+  DeviceBuffer candidates;
+};
+void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, int32_t* out, Stream s,
+           TopKWorkspace* ws = nullptr);
 
 // Attention of T query tokens over latent rows. Per token and head, q = [q_lat (kv_lora) | q_pe (rope)]
 // in fp32; logits are scale * q . row, softmax over the token's positions, output the weighted sum of
@@ -93,6 +98,7 @@ struct AttentionArgs {
 struct AttentionWorkspace {
   DeviceBuffer partial;
   int sm_count = 0;
+  int smem_optin = 0;
 };
 // `splits` 0: chosen from the device's SM count and the work; 1: no split.
 void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits = 0);

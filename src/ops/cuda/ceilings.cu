@@ -37,6 +37,39 @@ void fill_uniform(float* x, int64_t n, uint64_t seed, float scale) {
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
+double graph_time_us(int reps, int calls, void (*fn)(void*, void*), void* ctx) {
+  cudaStream_t st;
+  SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  fn(ctx, st);  // warm-up: workspaces are allocated outside the capture
+  SPARSEMLA_CUDA_CHECK(cudaStreamSynchronize(st));
+  cudaGraph_t graph;
+  SPARSEMLA_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+  for (int i = 0; i < calls; ++i) fn(ctx, st);
+  SPARSEMLA_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  cudaGraphExec_t exec;
+  SPARSEMLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t a, b;
+  SPARSEMLA_CUDA_CHECK(cudaEventCreate(&a));
+  SPARSEMLA_CUDA_CHECK(cudaEventCreate(&b));
+  SPARSEMLA_CUDA_CHECK(cudaGraphLaunch(exec, st));
+  float best = 1e30f;
+  for (int r = 0; r < reps; ++r) {
+    SPARSEMLA_CUDA_CHECK(cudaEventRecord(a, st));
+    SPARSEMLA_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    SPARSEMLA_CUDA_CHECK(cudaEventRecord(b, st));
+    SPARSEMLA_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    SPARSEMLA_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    best = std::min(best, ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  return double(best) * 1e3 / calls;
+}
+
 double measure_copy_bytes_per_s(uint64_t bytes) {
   DeviceBuffer a(bytes), b(bytes);
   a.zero();

@@ -33,11 +33,29 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* sme
                : "r"(addr));
 }
 
+// Four 8x8 b16 matrices as stored (A fragments, or B fragments of a [n][k] array).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const uint32_t addr = uint32_t(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(gmem));
 }
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(addr), "l"(gmem));
+}
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return *static_cast<const uint32_t*>(p); }
 
@@ -58,6 +76,19 @@ __device__ __forceinline__ float fp8_to_float(uint8_t v) {
   f.__x = v;
   return float(f);
 }
+// Eight e4m3 values (little-endian in v) times their scale, as eight bf16 values.
+__device__ __forceinline__ uint4 widen_fp8x8(uint2 v, float scale) {
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t word = j < 2 ? v.x : v.y;
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t((word >> ((j % 2) * 16)) & 0xffffu), __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    w[j] = pack_bf16(f.x * scale, f.y * scale);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 __device__ __forceinline__ uint8_t float_to_fp8(float v) { return __nv_fp8_e4m3(v).__x; }  // saturating
 
 // The cache slot of position `pos` of sequence `seq` through its block table.

@@ -19,8 +19,8 @@
 namespace sparsemla::cuda {
 namespace {
 
-constexpr int kHeads = 32;  // heads per block
-constexpr int kRows = 32;   // latent rows per tile
+constexpr int kRows = 32;     // latent rows per tile
+constexpr int kChunk = 1024;  // slots of a chunk of rows, looked up before its tiles
 constexpr int kSStride = 33;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -30,6 +30,8 @@ struct Geometry {
   int stride;    // smem row stride in bf16 values
   int splits;
   int tiles_per_split;
+  int hg;      // head groups of 16 per block (2 or 4)
+  int stages;  // tiles in flight (1 or 2)
 };
 
 __host__ __device__ inline int latent_groups(int kv_lora) { return (kv_lora + kFp8Group - 1) / kFp8Group; }
@@ -42,28 +44,43 @@ __device__ __forceinline__ int64_t row_slot(const AttentionArgs& a, int t, int s
   return slot_of(a.latent.block_tables, a.latent.max_blocks, a.latent.block_size, seq, pos);
 }
 
-template <int NV, bool FP8>
-__global__ void __launch_bounds__(128) mla_mma_kernel(AttentionArgs a, Geometry geo, float* part) {
+template <int NV, bool FP8, int HG, int STAGES, int KS>
+__global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geometry geo, float* part) {
+  constexpr int THREADS = HG * 64;
   extern __shared__ __align__(16) unsigned char smem[];
   const int stride = geo.stride, D = geo.d;
-  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem);  // [32][stride]
-  __nv_bfloat16* sK = sQ + kHeads * stride;                     // [32][stride]
-  float* sS = reinterpret_cast<float*>(sK + kRows * stride);     // [2 pairs][2 halves][16][33]
-  int64_t* sSlot = reinterpret_cast<int64_t*>(sS + 4 * 16 * kSStride);  // [32]
+  const int64_t row_bytes = a.latent.row_bytes;
+  unsigned char* sp = smem;
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(sp);  // [HG * 16][stride]
+  sp += size_t(HG) * 16 * stride * 2;
+  __nv_bfloat16* sKbuf = reinterpret_cast<__nv_bfloat16*>(sp);  // [STAGES or 1][32][stride]
+  sp += size_t(FP8 ? 1 : STAGES) * kRows * stride * 2;
+  uint8_t* sRaw = sp;  // fp8 rows as stored, double-buffered: [2][32][row_bytes]
+  if (FP8 && STAGES == 2) sp += size_t(2) * kRows * row_bytes;
+  float* sS = reinterpret_cast<float*>(sp);  // [HG pairs][2 halves][16][33]
+  sp += size_t(HG) * 2 * 16 * kSStride * 4;
+  int64_t* sSlot = reinterpret_cast<int64_t*>(sp);  // [kChunk]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q4 = lane % 4;
   const int pair = warp / 2, half = warp % 2;
-  const int t = blockIdx.y, h0 = blockIdx.x * kHeads, split = blockIdx.z;
+  const int t = blockIdx.y, h0 = blockIdx.x * HG * 16, split = blockIdx.z;
   const int seq = a.seq[t];
   const int n_rows = a.selected ? a.top_k : a.n_ctx[t];
   const int r_begin = split * geo.tiles_per_split * kRows;
   const int r_end = min(n_rows, r_begin + geo.tiles_per_split * kRows);
 
-  const float* q = a.q + int64_t(t) * a.heads * D;
-  for (int i = tid; i < kHeads * stride; i += blockDim.x) {
-    const int r = i / stride, c = i % stride, h = h0 + r;
-    sQ[i] = __float2bfloat16(h < a.heads && c < D ? q[int64_t(h) * D + c] : 0.0f);
-    sK[i] = __float2bfloat16(0.0f);  // pad columns stay zero; rows are rewritten per tile
+  {  // queries, four values at a time; pad columns and missing heads are zero
+    const float* q = a.q + int64_t(t) * a.heads * D;
+    const int qch = stride / 4;
+#pragma unroll 4
+    for (int i = tid; i < HG * 16 * qch; i += THREADS) {
+      const int r = i / qch, c = (i % qch) * 4, h = h0 + r;
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (h < a.heads && c < D) v = *reinterpret_cast<const float4*>(q + int64_t(h) * D + c);
+      *reinterpret_cast<uint2*>(sQ + r * stride + c) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+    }
+    const int kch = (FP8 ? 1 : STAGES) * kRows * stride / 8;
+    for (int i = tid; i < kch; i += THREADS) reinterpret_cast<uint4*>(sKbuf)[i] = make_uint4(0, 0, 0, 0);
   }
 
   float o[NV][4];
@@ -71,133 +88,204 @@ __global__ void __launch_bounds__(128) mla_mma_kernel(AttentionArgs a, Geometry 
   for (int j = 0; j < NV; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float sl2 = a.scale * kLog2e;
-  const int ksteps = geo.d_pad / 32;  // k-steps of 16 in each half
+  const int ksteps = KS > 0 ? KS : geo.d_pad / 32;  // k-steps of 16 in each half (KS: known at compile time)
+  const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
+  const int groups = latent_groups(a.kv_lora);
 
-  for (int r0 = r_begin; r0 < r_end; r0 += kRows) {
-    __syncthreads();  // the previous tile is no longer read
-    if (tid < kRows) sSlot[tid] = r0 + tid < r_end ? row_slot(a, t, seq, r0 + tid, n_rows) : -1;
+  for (int c0 = r_begin; c0 < r_end; c0 += kChunk) {
+    const int chunk_rows = min(r_end - c0, kChunk);
+    __syncthreads();  // the previous chunk's slots and tiles are no longer read
+    for (int j = tid; j < chunk_rows; j += THREADS) sSlot[j] = row_slot(a, t, seq, c0 + j, n_rows);
     __syncthreads();
-    const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
-    if constexpr (!FP8) {
-      const int ch = D / 8;
-      for (int i = tid; i < kRows * ch; i += blockDim.x) {
-        const int r = i / ch, c = i % ch;
-        const int64_t slot = sSlot[r];
-        __nv_bfloat16* dst = sK + r * stride + c * 8;
-        if (slot >= 0) cp_async16(dst, base + slot * a.latent.row_bytes + c * 16);
-        else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-      }
-      cp_async_wait_all();
-    } else {
-      const int ch = a.kv_lora / 8, groups = latent_groups(a.kv_lora);
-      for (int i = tid; i < kRows * ch; i += blockDim.x) {
-        const int r = i / ch, c = i % ch;
-        const int64_t slot = sSlot[r];
-        __nv_bfloat16* dst = sK + r * stride + c * 8;
-        if (slot < 0) {
-          *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-          continue;
-        }
-        const uint8_t* row = base + slot * a.latent.row_bytes;
-        const uint2 v = *reinterpret_cast<const uint2*>(row + c * 8);
-        const float sc = reinterpret_cast<const float*>(row + a.kv_lora)[c * 8 / kFp8Group];
-        uint32_t w[4];
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t word = j < 2 ? v.x : v.y;
-          const int sh = (j % 2) * 16;
-          w[j] = pack_bf16(fp8_to_float(uint8_t(word >> sh)) * sc, fp8_to_float(uint8_t(word >> (sh + 8))) * sc);
-        }
-        *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-      const int rope_words = a.rope / 2;
-      for (int i = tid; i < kRows * rope_words; i += blockDim.x) {
-        const int r = i / rope_words, c = i % rope_words;
-        const int64_t slot = sSlot[r];
-        uint32_t v = 0;
-        if (slot >= 0) v = reinterpret_cast<const uint32_t*>(base + slot * a.latent.row_bytes + a.kv_lora + 4 * groups)[c];
-        *reinterpret_cast<uint32_t*>(sK + r * stride + a.kv_lora + 2 * c) = v;
-      }
-    }
-    __syncthreads();
+    const int n_tiles = (chunk_rows + kRows - 1) / kRows;
 
-    // S = Q K^T over this warp's half of the dims: [16 heads][32 rows]
-    float s[4][4];
+    // Starts copying tile j of the chunk into its buffer (bf16 rows, or raw fp8 rows), or for fp8
+    // without a second stage converts it straight from global memory.
+    auto issue = [&](int j) {
+      const int64_t* slots = sSlot + j * kRows;
+      const int valid = min(kRows, chunk_rows - j * kRows);
+      if constexpr (!FP8) {
+        __nv_bfloat16* dstK = sKbuf + (STAGES == 2 ? (j & 1) : 0) * kRows * stride;
+        constexpr int PER_ROW = THREADS / kRows;  // threads per row
+        const int r = tid / PER_ROW, ch = D / 8;
+        const int64_t slot = r < valid ? slots[r] : -1;
+        const uint8_t* src = base + slot * row_bytes;
+        __nv_bfloat16* dst = dstK + r * stride;
+        for (int c = tid % PER_ROW; c < ch; c += PER_ROW) {
+          if (slot >= 0) cp_async16(dst + c * 8, src + c * 16);
+          else *reinterpret_cast<uint4*>(dst + c * 8) = make_uint4(0, 0, 0, 0);
+        }
+      } else if constexpr (STAGES == 2) {
+        uint8_t* dstR = sRaw + (j & 1) * kRows * row_bytes;
+        constexpr int PER_ROW = THREADS / kRows;
+        const int r = tid / PER_ROW, ch = int(row_bytes / 16);
+        const int64_t slot = r < valid ? slots[r] : -1;
+        const uint8_t* src = base + slot * row_bytes;
+        uint8_t* dst = dstR + r * row_bytes;
+        for (int c = tid % PER_ROW; c < ch; c += PER_ROW) {
+          if (slot >= 0) cp_async16(dst + c * 16, src + c * 16);
+          else *reinterpret_cast<uint4*>(dst + c * 16) = make_uint4(0, 0, 0, 0);
+        }
+      } else {
+        const int ch = a.kv_lora / 8;
+        for (int i = tid; i < kRows * ch; i += THREADS) {
+          const int r = i / ch, c = i % ch;
+          const int64_t slot = r < valid ? slots[r] : -1;
+          __nv_bfloat16* dst = sKbuf + r * stride + c * 8;
+          if (slot < 0) {
+            *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+            continue;
+          }
+          const uint8_t* row = base + slot * row_bytes;
+          const uint2 v = *reinterpret_cast<const uint2*>(row + c * 8);
+          const float sc = reinterpret_cast<const float*>(row + a.kv_lora)[c * 8 / kFp8Group];
+          *reinterpret_cast<uint4*>(dst) = widen_fp8x8(v, sc);
+        }
+        const int rope_words = a.rope / 2;
+        for (int i = tid; i < kRows * rope_words; i += THREADS) {
+          const int r = i / rope_words, c = i % rope_words;
+          const int64_t slot = r < valid ? slots[r] : -1;
+          uint32_t v = 0;
+          if (slot >= 0) v = reinterpret_cast<const uint32_t*>(base + slot * row_bytes + a.kv_lora + 4 * groups)[c];
+          *reinterpret_cast<uint32_t*>(sKbuf + r * stride + a.kv_lora + 2 * c) = v;
+        }
+      }
+    };
+
+    issue(0);
+    cp_async_commit();
+    for (int it = 0; it < n_tiles; ++it) {
+      if constexpr (STAGES == 2) {
+        if (it + 1 < n_tiles) issue(it + 1);
+        cp_async_commit();
+        cp_async_wait_group<1>();
+      } else {
+        cp_async_wait_group<0>();
+      }
+      __syncthreads();
+      const __nv_bfloat16* sK = sKbuf + (STAGES == 2 && !FP8 ? (it & 1) : 0) * kRows * stride;
+      if constexpr (FP8 && STAGES == 2) {  // widen the landed fp8 tile into the bf16 buffer
+        const uint8_t* raw = sRaw + (it & 1) * kRows * row_bytes;
+        const int ch = a.kv_lora / 8;
+        for (int i = tid; i < kRows * ch; i += THREADS) {
+          const int r = i / ch, c = i % ch;
+          const uint8_t* row = raw + r * row_bytes;
+          const uint2 v = *reinterpret_cast<const uint2*>(row + c * 8);
+          const float sc = reinterpret_cast<const float*>(row + a.kv_lora)[c * 8 / kFp8Group];
+          *reinterpret_cast<uint4*>(sKbuf + r * stride + c * 8) = widen_fp8x8(v, sc);
+        }
+        const int rope_words = a.rope / 2;
+        for (int i = tid; i < kRows * rope_words; i += THREADS) {
+          const int r = i / rope_words, c = i % rope_words;
+          *reinterpret_cast<uint32_t*>(sKbuf + r * stride + a.kv_lora + 2 * c) =
+              reinterpret_cast<const uint32_t*>(raw + r * row_bytes + a.kv_lora + 4 * groups)[c];
+        }
+        __syncthreads();
+      }
+      const int64_t* slots = sSlot + it * kRows;
+      const int valid = min(kRows, chunk_rows - it * kRows);
+
+      // S = Q K^T over this warp's half of the dims: [16 heads][32 rows]
+      float s[4][4];
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-    for (int ks = 0; ks < ksteps; ++ks) {
-      const int k0 = (half * ksteps + ks) * 16;
-      const __nv_bfloat16* qa = sQ + (pair * 16 + g) * stride + k0 + q4 * 2;
-      const uint32_t fa[4] = {smem_u32(qa), smem_u32(qa + 8 * stride), smem_u32(qa + 8), smem_u32(qa + 8 * stride + 8)};
+      for (int nt = 0; nt < 4; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      {
+        const int mi = lane / 8, ri = lane % 8;
+        // A: rows (mi % 2) * 8 + ri, columns (mi / 2) * 8; B ([row][dim] = [n][k]): rows (mi / 2) * 8 + ri
+        // (+16 for the second pair of n-tiles), columns (mi % 2) * 8.
+        const __nv_bfloat16* qa = sQ + (pair * 16 + (mi % 2) * 8 + ri) * stride + half * ksteps * 16 + (mi / 2) * 8;
+        const __nv_bfloat16* kb = sK + ((mi / 2) * 8 + ri) * stride + half * ksteps * 16 + (mi % 2) * 8;
+#pragma unroll(KS > 0 ? KS : 1)
+        for (int ks = 0; ks < ksteps; ++ks) {
+          uint32_t fa[4], fb0[4], fb1[4];
+          ldmatrix_x4(fa, qa + ks * 16);
+          ldmatrix_x4(fb0, kb + ks * 16);
+          ldmatrix_x4(fb1, kb + 16 * stride + ks * 16);
+          mma_16816(s[0], fa, fb0, __nv_bfloat16());
+          mma_16816(s[1], fa, fb0 + 2, __nv_bfloat16());
+          mma_16816(s[2], fa, fb1, __nv_bfloat16());
+          mma_16816(s[3], fa, fb1 + 2, __nv_bfloat16());
+        }
+      }
+      float* mine = sS + (pair * 2 + half) * 16 * kSStride;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
-        const __nv_bfloat16* kb = sK + (nt * 8 + g) * stride + k0 + q4 * 2;
-        const uint32_t fb[2] = {smem_u32(kb), smem_u32(kb + 8)};
-        mma_16816(s[nt], fa, fb, __nv_bfloat16());
+        const int c = nt * 8 + q4 * 2;
+        mine[g * kSStride + c] = s[nt][0];
+        mine[g * kSStride + c + 1] = s[nt][1];
+        mine[(g + 8) * kSStride + c] = s[nt][2];
+        mine[(g + 8) * kSStride + c + 1] = s[nt][3];
       }
-    }
-    float* mine = sS + (pair * 2 + half) * 16 * kSStride;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const int c = nt * 8 + q4 * 2;
-      mine[g * kSStride + c] = s[nt][0];
-      mine[g * kSStride + c + 1] = s[nt][1];
-      mine[(g + 8) * kSStride + c] = s[nt][2];
-      mine[(g + 8) * kSStride + c + 1] = s[nt][3];
-    }
-    __syncthreads();
-    const float* s0 = sS + (pair * 2) * 16 * kSStride;
-    const float* s1 = s0 + 16 * kSStride;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = g + (e >= 2 ? 8 : 0), c = nt * 8 + q4 * 2 + (e & 1);
-        s[nt][e] = sSlot[c] >= 0 ? (s0[r * kSStride + c] + s1[r * kSStride + c]) * sl2 : -INFINITY;
-      }
-
-    // online softmax on rows g (e = 0, 1) and g + 8 (e = 2, 3)
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[rr], mx);
-      const bool empty = m_new == -INFINITY;
-      const float alpha = empty ? 1.0f : exp2f(m[rr] - m_new);
-      float sum = 0.0f;
+      __syncthreads();
+      const float* s0 = sS + (pair * 2) * 16 * kSStride;
+      const float* s1 = s0 + 16 * kSStride;
+      bool live[8];  // this thread's 8 columns
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
-          const float p = empty ? 0.0f : exp2f(s[nt][e] - m_new);
-          s[nt][e] = p;
-          sum += p;
+        for (int e = 0; e < 2; ++e) {
+          const int c = nt * 8 + q4 * 2 + e;
+          live[nt * 2 + e] = c < valid && slots[c] >= 0;
         }
-      l[rr] = l[rr] * alpha + sum;
-      m[rr] = m_new;
 #pragma unroll
-      for (int j = 0; j < NV; ++j) {
-        o[j][2 * rr] *= alpha;
-        o[j][2 * rr + 1] *= alpha;
-      }
-    }
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = g + (e >= 2 ? 8 : 0), c = nt * 8 + q4 * 2 + (e & 1);
+          s[nt][e] = live[nt * 2 + (e & 1)] ? (s0[r * kSStride + c] + s1[r * kSStride + c]) * sl2 : -INFINITY;
+        }
 
-    // O += P V over this warp's half of the output dims
+      // online softmax on rows g (e = 0, 1) and g + 8 (e = 2, 3)
 #pragma unroll
-    for (int kk = 0; kk < 2; ++kk) {
-      const uint32_t fa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-      const int mi = lane / 8, ri = lane % 8;
-      const __nv_bfloat16* vrow = sK + (kk * 16 + (mi % 2) * 8 + ri) * stride + half * NV * 8 + (mi / 2) * 8;
+      for (int rr = 0; rr < 2; ++rr) {
+        float mx = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < NV; j += 2) {
-        uint32_t fb[4];
-        ldmatrix_x4_trans(fb, vrow + j * 8);
-        mma_16816(o[j], fa, fb, __nv_bfloat16());
-        mma_16816(o[j + 1], fa, fb + 2, __nv_bfloat16());
+        for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[rr], mx);
+        const bool empty = m_new == -INFINITY;
+        const float alpha = empty ? 1.0f : exp2f(m[rr] - m_new);
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
+            const float p = empty ? 0.0f : exp2f(s[nt][e] - m_new);
+            s[nt][e] = p;
+            sum += p;
+          }
+        l[rr] = l[rr] * alpha + sum;
+        m[rr] = m_new;
+#pragma unroll
+        for (int j = 0; j < NV; ++j) {
+          o[j][2 * rr] *= alpha;
+          o[j][2 * rr + 1] *= alpha;
+        }
+      }
+
+      // O += P V over this warp's half of the output dims
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        const uint32_t fa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        const int mi = lane / 8, ri = lane % 8;
+        const __nv_bfloat16* vrow = sK + (kk * 16 + (mi % 2) * 8 + ri) * stride + half * NV * 8 + (mi / 2) * 8;
+#pragma unroll
+        for (int j = 0; j < NV; j += 2) {
+          uint32_t fb[4];
+          ldmatrix_x4_trans(fb, vrow + j * 8);
+          mma_16816(o[j], fa, fb, __nv_bfloat16());
+          mma_16816(o[j + 1], fa, fb + 2, __nv_bfloat16());
+        }
+      }
+      __syncthreads();  // this tile's buffers and S are free again
+      if constexpr (STAGES == 1) {
+        if (it + 1 < n_tiles) {
+          issue(it + 1);
+          cp_async_commit();
+        }
       }
     }
   }
@@ -210,7 +298,7 @@ __global__ void __launch_bounds__(128) mla_mma_kernel(AttentionArgs a, Geometry 
   // Output: normalized when unsplit, else the split's unnormalized sum with its max and denominator.
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
-    const int h = h0 + pair * 16 + g + rr * 8;
+    const int h = h0 + pair * 16 + g + rr * 8;  // head of this row
     if (h >= a.heads) continue;
     if (geo.splits == 1) {
       const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
@@ -239,27 +327,38 @@ __global__ void __launch_bounds__(128) mla_mma_kernel(AttentionArgs a, Geometry 
 }
 
 // Merges the splits of one (token, head): out = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s.
-__global__ void mla_combine_kernel(AttentionArgs a, int splits, const float* part) {
-  const int t = blockIdx.y, h = blockIdx.x;
+// The split weights are computed once into shared memory; each thread then sums its output dims
+// over the splits with independent loads.
+constexpr int kMaxSplits = 64;
+__global__ void __launch_bounds__(256) mla_combine_kernel(AttentionArgs a, int splits, const float* part) {
+  __shared__ float s_w[kMaxSplits];
+  const int t = blockIdx.y, h = blockIdx.x, tid = threadIdx.x;
   const int64_t stride = a.kv_lora + 2;
-  const float* p = part + (int64_t(t) * splits * a.heads + h) * stride;
   const int64_t split_step = int64_t(a.heads) * stride;
-  float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, p[s * split_step + a.kv_lora]);
-  float L = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    const float ms = p[s * split_step + a.kv_lora];
-    if (ms != -INFINITY) L += exp2f(ms - M) * p[s * split_step + a.kv_lora + 1];
-  }
-  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-  float* dst = a.out + (int64_t(t) * a.heads + h) * a.kv_lora;
-  for (int c = threadIdx.x; c < a.kv_lora; c += blockDim.x) {
-    float acc = 0.0f;
-    for (int s = 0; s < splits; ++s) {
+  const float* p = part + (int64_t(t) * splits * a.heads + h) * stride;
+  if (tid < 32) {
+    float M = -INFINITY;
+    for (int s = tid; s < splits; s += 32) M = fmaxf(M, p[s * split_step + a.kv_lora]);
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float L = 0.0f;
+    for (int s = tid; s < splits; s += 32) {
       const float ms = p[s * split_step + a.kv_lora];
-      if (ms != -INFINITY) acc += exp2f(ms - M) * p[s * split_step + c];
+      const float w = ms == -INFINITY ? 0.0f : exp2f(ms - M);
+      s_w[s] = w;
+      L += w * p[s * split_step + a.kv_lora + 1];
     }
-    dst[c] = acc * inv;
+    for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    __syncwarp();
+    for (int s = tid; s < splits; s += 32) s_w[s] *= inv;
+  }
+  __syncthreads();
+  float* dst = a.out + (int64_t(t) * a.heads + h) * a.kv_lora;
+  for (int c = tid; c < a.kv_lora; c += blockDim.x) {
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < splits; ++s) acc += s_w[s] * p[s * split_step + c];
+    dst[c] = acc;
   }
 }
 
@@ -341,24 +440,47 @@ int nv_tiles(int kv_lora) {
   return nv;
 }
 
-template <int NV, bool FP8>
+size_t mma_smem_bytes(int hg, int stages, bool fp8, int stride, int64_t row_bytes) {
+  return size_t(hg) * 16 * stride * 2 + size_t(fp8 ? 1 : stages) * kRows * stride * 2 +
+         (fp8 && stages == 2 ? size_t(2) * kRows * row_bytes : 0) + size_t(hg) * 2 * 16 * kSStride * 4 +
+         size_t(kChunk) * 8;
+}
+
+int smem_stride(int kv_lora, int rope) {
+  const int d_pad = (kv_lora + rope + 31) / 32 * 32;
+  return std::max(d_pad, nv_tiles(kv_lora) * 16) + 8;
+}
+
+template <int NV, bool FP8, int HG, int STAGES>
 void launch_mma(const AttentionArgs& a, const Geometry& geo, float* part, cudaStream_t st) {
-  const size_t smem = size_t(kHeads + kRows) * geo.stride * 2 + 4 * 16 * kSStride * 4 + kRows * 8;
-  auto kernel = mla_mma_kernel<NV, FP8>;
+  const size_t smem = mma_smem_bytes(HG, STAGES, FP8, geo.stride, a.latent.row_bytes);
+  // GLM-5 / DeepSeek rows (512 + 64) get the k-loop unrolled: 18 k-steps of 16 per half of 288.
+  auto kernel = NV == 32 && geo.d_pad == 576 ? mla_mma_kernel<NV, FP8, HG, STAGES, (NV == 32 ? 18 : 0)>
+                                             : mla_mma_kernel<NV, FP8, HG, STAGES, 0>;
   SPARSEMLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const dim3 grid(unsigned(ceil_div(a.heads, kHeads)), unsigned(a.T), unsigned(geo.splits));
-  kernel<<<grid, 128, smem, st>>>(a, geo, part);
+  const dim3 grid(unsigned(ceil_div(a.heads, HG * 16)), unsigned(a.T), unsigned(geo.splits));
+  kernel<<<grid, HG * 64, smem, st>>>(a, geo, part);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+template <int NV, bool FP8>
+void launch_variant(const AttentionArgs& a, const Geometry& geo, float* part, cudaStream_t st) {
+  if (geo.hg == 4) {
+    if (geo.stages == 2) return launch_mma<NV, FP8, 4, 2>(a, geo, part, st);
+    return launch_mma<NV, FP8, 4, 1>(a, geo, part, st);
+  }
+  if (geo.stages == 2) return launch_mma<NV, FP8, 2, 2>(a, geo, part, st);
+  return launch_mma<NV, FP8, 2, 1>(a, geo, part, st);
 }
 
 template <bool FP8>
 void dispatch_mma(const AttentionArgs& a, const Geometry& geo, float* part, cudaStream_t st) {
   switch (nv_tiles(a.kv_lora)) {
-    case 2: return launch_mma<2, FP8>(a, geo, part, st);
-    case 4: return launch_mma<4, FP8>(a, geo, part, st);
-    case 8: return launch_mma<8, FP8>(a, geo, part, st);
-    case 16: return launch_mma<16, FP8>(a, geo, part, st);
-    case 32: return launch_mma<32, FP8>(a, geo, part, st);
+    case 2: return launch_variant<2, FP8>(a, geo, part, st);
+    case 4: return launch_variant<4, FP8>(a, geo, part, st);
+    case 8: return launch_variant<8, FP8>(a, geo, part, st);
+    case 16: return launch_variant<16, FP8>(a, geo, part, st);
+    case 32: return launch_variant<32, FP8>(a, geo, part, st);
     default: fail("sparse_mla: the mma kernel takes kv_lora <= 512, got {}", a.kv_lora);
   }
 }
@@ -366,9 +488,8 @@ void dispatch_mma(const AttentionArgs& a, const Geometry& geo, float* part, cuda
 }  // namespace
 
 size_t attention_mma_smem_bytes(int kv_lora, int rope) {
-  const int d_pad = (kv_lora + rope + 31) / 32 * 32;
-  const int stride = std::max(d_pad, nv_tiles(kv_lora) * 16) + 8;
-  return size_t(kHeads + kRows) * stride * 2 + 4 * 16 * kSStride * 4 + kRows * 8;
+  // The smallest variant (32 heads, one stage), which every device from SM80 must be able to run.
+  return mma_smem_bytes(2, 1, false, smem_stride(kv_lora, rope), 2 * int64_t(kv_lora + rope));
 }
 
 void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits) {
@@ -388,20 +509,31 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
   Geometry geo;
   geo.d = a.kv_lora + a.rope;
   geo.d_pad = (geo.d + 31) / 32 * 32;
-  geo.stride = std::max(geo.d_pad, nv_tiles(a.kv_lora) * 16) + 8;
+  geo.stride = smem_stride(a.kv_lora, a.rope);
+  if (ws.sm_count == 0) {
+    int dev = 0;
+    SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
+    SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&ws.sm_count, cudaDevAttrMultiProcessorCount, dev));
+    SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&ws.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  }
+  // 64 heads per block where there are that many (each gathered row serves more heads), two
+  // stages (the next tile loads while this one is computed) where shared memory allows.
+  geo.hg = a.heads > 32 ? 4 : 2;
+  geo.stages = 2;
+  while (mma_smem_bytes(geo.hg, geo.stages, fp8, geo.stride, a.latent.row_bytes) > size_t(ws.smem_optin)) {
+    if (geo.stages == 2) geo.stages = 1;
+    else if (geo.hg == 4) geo.hg = 2, geo.stages = 2;
+    else fail("sparse_mla: the mma kernel needs {} bytes of shared memory, the device allows {}",
+              mma_smem_bytes(2, 1, fp8, geo.stride, a.latent.row_bytes), ws.smem_optin);
+  }
   const int64_t rows = a.selected ? a.top_k : a.max_ctx;
   const int tiles = std::max(1, ceil_div(rows, kRows));
   if (splits <= 0) {
-    if (ws.sm_count == 0) {
-      int dev = 0;
-      SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
-      SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&ws.sm_count, cudaDevAttrMultiProcessorCount, dev));
-    }
-    const int64_t blocks = int64_t(ceil_div(a.heads, kHeads)) * a.T;
-    splits = blocks >= ws.sm_count ? 1 : int(std::min<int64_t>((2 * ws.sm_count + blocks - 1) / blocks, (tiles + 1) / 2));
-    splits = std::max(1, std::min(splits, 64));
+    const int64_t blocks = int64_t(ceil_div(a.heads, geo.hg * 16)) * a.T;
+    splits = blocks >= ws.sm_count ? 1 : int(std::min<int64_t>((2 * ws.sm_count + blocks - 1) / blocks, tiles));
+    splits = std::max(1, std::min(splits, kMaxSplits));
   }
-  splits = std::min(splits, tiles);
+  splits = std::min({splits, tiles, kMaxSplits});
   geo.tiles_per_split = ceil_div(tiles, splits);
   geo.splits = ceil_div(tiles, geo.tiles_per_split);
   float* part = nullptr;
@@ -413,7 +545,7 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
   if (fp8) dispatch_mma<true>(a, geo, part, st);
   else dispatch_mma<false>(a, geo, part, st);
   if (geo.splits > 1) {
-    mla_combine_kernel<<<dim3(unsigned(a.heads), unsigned(a.T)), 128, 0, st>>>(a, geo.splits, part);
+    mla_combine_kernel<<<dim3(unsigned(a.heads), unsigned(a.T)), 256, 0, st>>>(a, geo.splits, part);
     SPARSEMLA_CUDA_LAUNCH_CHECK();
   }
 }

@@ -53,7 +53,8 @@ std::string attn_mma(const AttentionProblem& p) {
   const int d_pad = (p.kv_lora + p.rope + 31) / 32 * 32;
   int nv = 2;
   while (nv * 16 < p.kv_lora) nv *= 2;
-  const uint64_t smem = uint64_t(64) * (std::max(d_pad, nv * 16) + 8) * 2 + 4 * 16 * 33 * 4 + 32 * 8;
+  // the smallest variant: 32 heads, one stage (src/ops/cuda/sparse_mla.cu, mma_smem_bytes)
+  const uint64_t smem = uint64_t(64) * (std::max(d_pad, nv * 16) + 8) * 2 + 4 * 16 * 33 * 4 + 1024 * 8;
   if (p.smem_optin && smem > p.smem_optin)
     return fmt::format("needs {} bytes of shared memory per block, the device allows {}", smem, p.smem_optin);
   return "";
