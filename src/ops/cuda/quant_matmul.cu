@@ -1,0 +1,190 @@
+// The public entry points of quant_matmul.h: argument checks, the dispatch table over types, the
+// per-device codebook upload and the split-sum kernel of the prefill path.
+#include "ops/cuda/quant_matmul.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "gguf/quant_tables.h"
+#include "ops/cuda/quant_matmul_kernels.cuh"
+
+namespace sparsemla::cuda {
+
+namespace {
+
+// Every supported type's launchers, in the order of the family files.
+const std::vector<TypeKernels>& kernel_table() {
+  static const std::vector<TypeKernels> table = [] {
+    std::vector<TypeKernels> t;
+    for (KernelFamily f : {plain_kernels(), legacy_kernels(), kquant_kernels(), iq_kernels()})
+      t.insert(t.end(), f.kernels, f.kernels + f.count);
+    return t;
+  }();
+  return table;
+}
+
+const TypeKernels* find_kernels(gguf::GgmlType t) {
+  for (const TypeKernels& k : kernel_table())
+    if (k.type == t) return &k;
+  return nullptr;
+}
+
+const TypeKernels& kernels_for(gguf::GgmlType t, const char* what) {
+  const TypeKernels* k = find_kernels(t);
+  if (!k) {
+    std::string names;
+    for (const TypeKernels& e : kernel_table()) names += std::string(names.empty() ? "" : ", ") + std::string(gguf::type_name(e.type));
+    fail("cuda::{}: no CUDA kernel for ggml type {} (id {}); supported: {}", what, gguf::type_name(t), uint32_t(t), names);
+  }
+  return *k;
+}
+
+// The codebooks in device memory, one copy per device, kept for the life of the process.
+struct DeviceState {
+  QuantTables tables;
+  int sm_count = 0;
+};
+
+template <class Entry, size_t N, size_t W>
+void append_rows(std::vector<uint8_t>& blob, const Entry (&table)[N][W]) {
+  static_assert(sizeof(Entry) == 1);
+  const size_t at = blob.size();
+  blob.resize(at + N * W);
+  std::memcpy(blob.data() + at, table, N * W);
+}
+
+DeviceState upload_state(int device) {
+  namespace tb = gguf::tables;
+  DeviceState st;
+  cudaDeviceProp prop{};
+  SPARSEMLA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  st.sm_count = prop.multiProcessorCount;
+  // The kernels compute the IQ2/IQ3 sign bytes from their 7-bit index (parity in bit 7).
+  for (uint32_t i = 0; i < 128; ++i)
+    if (tb::kIq2Signs[i] != (i | ((__builtin_popcount(i) & 1u) << 7)))
+      fail("cuda::matmul: internal error: the IQ2 sign table does not follow the parity rule at {}", i);
+  std::vector<uint8_t> blob;
+  size_t offsets[6];
+  offsets[0] = blob.size(), append_rows(blob, tb::kIq2xxsGrid);
+  offsets[1] = blob.size(), append_rows(blob, tb::kIq2xsGrid);
+  offsets[2] = blob.size(), append_rows(blob, tb::kIq2sGrid);
+  offsets[3] = blob.size(), append_rows(blob, tb::kIq3xxsGrid);
+  offsets[4] = blob.size(), append_rows(blob, tb::kIq3sGrid);
+  offsets[5] = blob.size(), append_rows(blob, tb::kIq1sGrid);
+  void* dev = nullptr;
+  SPARSEMLA_CUDA_CHECK(cudaMalloc(&dev, blob.size()));
+  SPARSEMLA_CUDA_CHECK(cudaMemcpy(dev, blob.data(), blob.size(), cudaMemcpyHostToDevice));
+  const uint8_t* base = static_cast<const uint8_t*>(dev);
+  st.tables.iq2xxs = reinterpret_cast<const uint2*>(base + offsets[0]);
+  st.tables.iq2xs = reinterpret_cast<const uint2*>(base + offsets[1]);
+  st.tables.iq2s = reinterpret_cast<const uint2*>(base + offsets[2]);
+  st.tables.iq3xxs = reinterpret_cast<const uint32_t*>(base + offsets[3]);
+  st.tables.iq3s = reinterpret_cast<const uint32_t*>(base + offsets[4]);
+  st.tables.iq1s = reinterpret_cast<const uint2*>(base + offsets[5]);
+  std::memcpy(st.tables.iq4nl, tb::kIq4nlValues, 16);
+  std::memcpy(st.tables.mxfp4, tb::kMxfp4Values, 16);
+  st.tables.iq1_delta = tb::kIq1Delta;
+  return st;
+}
+
+const DeviceState& device_state() {
+  static std::mutex mu;
+  static std::map<int, DeviceState> states;
+  int device = 0;
+  SPARSEMLA_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = states.find(device);
+  if (it == states.end()) it = states.emplace(device, upload_state(device)).first;
+  return it->second;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// Checks the view against its type and fills the common arguments. The decoders (dequant.cuh)
+// assume each block starts at a multiple of `align` bytes: the largest power of 2 up to 16 that
+// divides the block size (the kernels' blocks of 8 for the plain types).
+MatArgs checked_args(const QuantMatrix& w, const char* what) {
+  const auto& tr = gguf::traits(w.type);
+  const int64_t granule = tr.block_size == 1 ? 8 : tr.block_size;
+  if (w.n_rows <= 0 || w.n_cols <= 0 || w.n_cols % granule != 0)
+    fail("cuda::{}: a {} weight of {} rows x {} columns: columns must be a positive multiple of {}", what, tr.name,
+         w.n_rows, w.n_cols, granule);
+  if (w.n_cols / 8 > INT32_MAX) fail("cuda::{}: {} columns is too many", what, w.n_cols);
+  const uint64_t data_bytes = gguf::row_bytes(w.type, uint64_t(w.n_cols));
+  const uint64_t block_bytes = uint64_t(tr.type_size) * (tr.block_size == 1 ? 8 : 1);
+  if (w.row_bytes < data_bytes || w.row_bytes % tr.type_size != 0)
+    fail("cuda::{}: row_bytes {} cannot hold {} columns of {} ({} bytes) as whole blocks", what, w.row_bytes, w.n_cols,
+         tr.name, data_bytes);
+  const uint64_t align = std::min<uint64_t>(16, block_bytes & (~block_bytes + 1));
+  if ((reinterpret_cast<uintptr_t>(w.data) | w.row_bytes) % align != 0)
+    fail("cuda::{}: {} rows must start {}-byte aligned (data {}, row_bytes {})", what, tr.name, align, w.data,
+         w.row_bytes);
+  MatArgs a;
+  a.w = static_cast<const uint8_t*>(w.data);
+  a.row_bytes = w.row_bytes;
+  a.n_rows = w.n_rows;
+  a.n_cols = w.n_cols;
+  const DeviceState& st = device_state();
+  a.tables = st.tables;
+  a.sm_count = st.sm_count;
+  return a;
+}
+
+MatArgs checked_product(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, const char* what) {
+  if (n_tokens < 0) fail("cuda::{}: negative token count {}", what, n_tokens);
+  MatArgs a = checked_args(w, what);
+  if (!aligned16(x)) fail("cuda::{}: activations {} are not 16-byte aligned", what, static_cast<const void*>(x));
+  a.x = x;
+  a.y = y;
+  a.n_tokens = n_tokens;
+  return a;
+}
+
+__global__ void sum_splits_kernel(const float* parts, int splits, int64_t n, float* y) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float s = parts[i];
+    for (int k = 1; k < splits; ++k) s += parts[k * n + i];
+    y[i] = s;
+  }
+}
+
+}  // namespace
+
+void sum_splits(const float* parts, int splits, int64_t n, float* y, cudaStream_t s) {
+  sum_splits_kernel<<<unsigned(std::min<int64_t>((n + 255) / 256, 65535)), 256, 0, s>>>(parts, splits, n, y);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+bool supported(gguf::GgmlType t) { return find_kernels(t) != nullptr; }
+
+void matmul_decode(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s) {
+  const TypeKernels& k = kernels_for(w.type, "matmul_decode");
+  const MatArgs a = checked_product(w, x, n_tokens, y, "matmul_decode");
+  if (n_tokens > 0) k.decode(a, static_cast<cudaStream_t>(s));
+}
+
+void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s) {
+  const TypeKernels& k = kernels_for(w.type, "matmul_prefill");
+  const MatArgs a = checked_product(w, x, n_tokens, y, "matmul_prefill");
+  if (n_tokens > 0) k.prefill(a, static_cast<cudaStream_t>(s));
+}
+
+void matmul(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s) {
+  if (n_tokens <= kDecodeMaxTokens)
+    matmul_decode(w, x, n_tokens, y, s);
+  else
+    matmul_prefill(w, x, n_tokens, y, s);
+}
+
+void dequantize_rows(const QuantMatrix& w, const int32_t* rows, int64_t n, float* out, Stream s) {
+  const TypeKernels& k = kernels_for(w.type, "dequantize_rows");
+  if (n < 0 || n > INT32_MAX) fail("cuda::dequantize_rows: bad row count {}", n);
+  const MatArgs a = checked_args(w, "dequantize_rows");
+  if (!aligned16(out)) fail("cuda::dequantize_rows: output {} is not 16-byte aligned", static_cast<const void*>(out));
+  if (n > 0) k.rows(a, rows, n, out, static_cast<cudaStream_t>(s));
+}
+
+}  // namespace sparsemla::cuda

@@ -1,0 +1,56 @@
+// Matrix products on GGUF weights in device memory, read in place: each kernel dequantizes the
+// blocks it needs in registers or shared memory, so no float copy of a weight ever exists.
+// The GPU counterpart of ops/cpu/matmul.h; plain C++, so that host code can call it.
+//
+// Two kernels, picked by the number of tokens:
+//   decode  (T <= kDecodeMaxTokens): fp32 activations, weights dequantized to fp32 in registers,
+//           fp32 FMA. Batch invariant: token t's result is the same bits whatever T is and whatever
+//           the other tokens are (each token's sum runs in a fixed order that depends only on the
+//           weight's shape). Agrees with the CPU to fp32 rounding (relative ~1e-6).
+//   prefill (T > kDecodeMaxTokens): 128x128 tiles, weights dequantized to bf16 in shared memory,
+//           activations rounded to bf16, tensor-core mma.sync with fp32 accumulation.
+//           Relative error 2e-3 to 6e-3 against the fp32 product (two bf16 roundings per term);
+//           deterministic for a given T, but not batch invariant.
+// A caller that needs batch invariance for more tokens (a large decode batch) calls
+// matmul_decode directly, which takes any T.
+#pragma once
+#include <cstdint>
+
+#include "gguf/ggml_types.h"
+#include "ops/cuda/buffer.h"
+
+namespace sparsemla::cuda {
+
+// A 2-D view of a weight in device memory; mirrors ops::Weight, column slices included (rows
+// row_bytes apart, each holding n_cols values at its start).
+struct QuantMatrix {
+  gguf::GgmlType type = gguf::GgmlType::F32;
+  int64_t n_cols = 0;       // ne0: the input dimension of y = W x; a whole number of blocks
+                            // (a multiple of 8 for F32/F16/BF16)
+  int64_t n_rows = 0;       // output dimension
+  uint64_t row_bytes = 0;   // stride between rows: >= gguf::row_bytes(type, n_cols), whole blocks
+  const void* data = nullptr;  // device, [n_rows][row_bytes]; a block start of a 16-byte aligned
+                               // tensor (so aligned to the largest power of 2, up to 16, that
+                               // divides the block's byte size)
+};
+
+// Largest token count that matmul sends to the batch-invariant decode kernel.
+constexpr int64_t kDecodeMaxTokens = 16;
+
+// Whether the kernels handle this type: F32, F16, BF16, Q8_0, Q4_0, IQ4_NL, MXFP4, Q2_K..Q6_K,
+// IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M.
+bool supported(gguf::GgmlType t);
+
+// y[t][r] = sum_c W[r][c] * x[t][c].   x: [n_tokens, n_cols] device fp32, 16-byte aligned
+// y: [n_tokens, n_rows] device fp32. Throws sparsemla::Error naming the type or shape for an
+// unsupported type, a shape the view does not hold, or misaligned pointers.
+void matmul(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
+void matmul_decode(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
+void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
+
+// Embedding lookup: out[i] = row rows[i] of W as fp32, equal bit for bit to ops::dequantize_row.
+// rows: [n] device int32; out: [n, n_cols] device fp32, 16-byte aligned. An id outside
+// [0, n_rows) gives a row of NaN (the ids are on the device, so they cannot be checked here).
+void dequantize_rows(const QuantMatrix& w, const int32_t* rows, int64_t n, float* out, Stream s);
+
+}  // namespace sparsemla::cuda

@@ -1,0 +1,27 @@
+// Timing of the CUDA matrix products, for bench/bench_cuda_matmul and `sparsemla bench`: time per
+// call by CUDA events and the weight bandwidth it reaches, beside a measured copy bandwidth.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/cuda/quant_matmul.h"
+
+namespace sparsemla::cuda {
+
+struct MatmulTiming {
+  double us_per_call = 0;  // mean over a graph of back-to-back calls, best replay
+  double weight_gbs = 0;   // weight bytes / time (10^9 bytes per second)
+  double tflops = 0;       // 2 * rows * cols * tokens / time
+};
+
+// Times `calls` back-to-back matmul calls, captured once into a CUDA graph and replayed (GPU time,
+// not the host's launch rate), best of `runs`. Call i reads copies[i % n_copies] (same shape and
+// type), so that weights larger than a fraction of the L2 cache are read from memory as in a
+// model's forward pass; pass enough copies to exceed L2.
+MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs);
+
+// Device-to-device cudaMemcpy of `bytes`, best of `runs`: GB/s counting bytes read plus bytes
+// written, the memory traffic a streaming kernel can hope for.
+double bench_copy_gbs(size_t bytes, int runs);
+
+}  // namespace sparsemla::cuda

@@ -1,0 +1,96 @@
+// What quant_matmul.cu dispatches to: per ggml type, a launcher for the decode kernel (gemv.cuh),
+// the prefill kernel (gemm.cuh) and the row lookup (below). The instantiations are spread over one
+// .cu file per family of types (quant_matmul_{plain,legacy,kquants,iq}.cu) so that they compile in
+// parallel; each file lists its types in an explicit table.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gguf/ggml_types.h"
+#include "ops/cuda/check.cuh"
+#include "ops/cuda/dequant.cuh"
+
+namespace sparsemla::cuda {
+
+// One product y = W x, validated by quant_matmul.cu.
+struct MatArgs {
+  const uint8_t* w = nullptr;  // [n_rows][row_bytes], 16-byte aligned
+  uint64_t row_bytes = 0;
+  int64_t n_rows = 0;
+  int64_t n_cols = 0;          // a whole number of blocks
+  const float* x = nullptr;    // [n_tokens, n_cols], 16-byte aligned
+  float* y = nullptr;          // [n_tokens, n_rows]
+  int64_t n_tokens = 0;
+  int sm_count = 0;            // multiprocessors of the device, for the prefill grid
+  QuantTables tables;
+};
+
+using MatmulLauncher = void (*)(const MatArgs& a, cudaStream_t s);
+// out: [n, n_cols], 16-byte aligned; ids: [n] device.
+using RowsLauncher = void (*)(const MatArgs& a, const int32_t* ids, int64_t n, float* out, cudaStream_t s);
+
+struct TypeKernels {
+  gguf::GgmlType type;
+  MatmulLauncher decode;
+  MatmulLauncher prefill;
+  RowsLauncher rows;
+};
+
+struct KernelFamily {
+  const TypeKernels* kernels;
+  size_t count;
+};
+KernelFamily plain_kernels();    // F32, F16, BF16
+KernelFamily legacy_kernels();   // Q8_0, Q4_0, IQ4_NL, MXFP4
+KernelFamily kquant_kernels();   // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS
+KernelFamily iq_kernels();       // IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M
+
+// ---- row lookup ----
+
+// One block per requested row; threads take consecutive units and store their runs as float4.
+template <class D>
+__global__ void __launch_bounds__(128) dequantize_rows_kernel(const MatArgs a, const int32_t* ids, float* out) {
+  const int64_t i = blockIdx.x;
+  const int32_t r = ids[i];
+  float* o = out + i * a.n_cols;  // [n_cols]
+  if (r < 0 || r >= a.n_rows) {
+    for (int64_t c = threadIdx.x; c < a.n_cols; c += blockDim.x) o[c] = __int_as_float(0x7fc00000);
+    return;
+  }
+  const uint8_t* w = a.w + uint64_t(r) * a.row_bytes;
+  const int n_units = int(a.n_cols / D::kUnit);
+  for (int iu = threadIdx.x; iu < n_units; iu += blockDim.x) {
+    const int b = iu / D::kUnitsPerBlock, u = iu % D::kUnitsPerBlock;
+    float v[D::kUnit];
+    dq::dequantize_exact<D>(w + int64_t(b) * D::kBytes, u, v, a.tables);
+#pragma unroll
+    for (int run = 0; run < D::kUnit / 8; ++run) {
+      float4* p = reinterpret_cast<float4*>(o + int64_t(b) * D::kBlock + D::run(u, run));
+      p[0] = make_float4(v[8 * run], v[8 * run + 1], v[8 * run + 2], v[8 * run + 3]);
+      p[1] = make_float4(v[8 * run + 4], v[8 * run + 5], v[8 * run + 6], v[8 * run + 7]);
+    }
+  }
+}
+
+template <class D>
+void launch_dequantize_rows(const MatArgs& a, const int32_t* ids, int64_t n, float* out, cudaStream_t s) {
+  dequantize_rows_kernel<D><<<unsigned(n), 128, 0, s>>>(a, ids, out);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+// Defined in gemv.cuh and gemm.cuh, which the family files include.
+template <class D>
+void launch_gemv(const MatArgs& a, cudaStream_t s);
+template <class D>
+void launch_gemm(const MatArgs& a, cudaStream_t s);
+
+// The table entry of type T: its three launchers, instantiated in the including file.
+template <gguf::GgmlType T>
+constexpr TypeKernels kernels_of() {
+  using D = dq::Dq<T>;
+  return {T, &launch_gemv<D>, &launch_gemm<D>, &launch_dequantize_rows<D>};
+}
+
+}  // namespace sparsemla::cuda
