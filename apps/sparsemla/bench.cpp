@@ -1,4 +1,5 @@
-// `sparsemla bench`: prefill and decode tokens/s of a model on this machine next to its bound, and
+// `sparsemla bench`: prefill and decode tokens/s of a model on this machine (CPU or --device cuda)
+// next to its bound, and
 // `sparsemla make-model`: random-weight models of chosen widths to benchmark.
 #include <chrono>
 #include <cstdio>
@@ -8,12 +9,17 @@
 #include <vector>
 
 #include "commands.h"
+#include "device_options.h"
 #include "gguf/ggml_types.h"
 #include "kv/paged_cache.h"
 #include "model/cost.h"
 #include "model/model.h"
 #include "model/synthetic.h"
 #include "util/error.h"
+
+#if SPARSEMLA_HAVE_CUDA
+#include "ops/cuda/ceilings.h"
+#endif
 
 namespace sparsemla::app {
 namespace {
@@ -40,22 +46,81 @@ struct BenchArgs {
   int prompt = 128;
   int gen = 32;
   int threads = 0;
+  DeviceArgs dev;
 };
+
+std::vector<int32_t> random_prompt(int n, uint32_t n_vocab) {
+  std::mt19937 rng(1);
+  std::vector<int32_t> prompt(static_cast<size_t>(n));
+  for (int32_t& t : prompt) t = int32_t(rng() % n_vocab);
+  return prompt;
+}
+
+#if SPARSEMLA_HAVE_CUDA
+// The same measurement with every layer on the GPU; the bound is the device's copy rate.
+int run_bench_gpu(const BenchArgs& a, model::Model& m) {
+  const auto& hp = m.hparams();
+  const model::TokenCost cost = model::token_cost(m.file(), hp);
+  const int64_t total = a.prompt + a.gen;
+  const int32_t n_blocks = int32_t((total + 15) / 16) + 2;
+  auto g = model::GpuModel::load(m, gpu_options(a.dev, int64_t(n_blocks) * 16, a.prompt));
+  model::GpuCache cache = g->make_cache(n_blocks, 16);
+  std::vector<float> logits;
+  {  // warm-up: first launches, cuBLAS's setup, the workspace at its largest
+    std::vector<int32_t> warm;
+    cache.reserve(warm, std::min<int64_t>(a.prompt, 32) + 1);
+    const std::vector<int32_t> ids = random_prompt(int(std::min<int64_t>(a.prompt, 32)), hp.n_vocab);
+    g->forward({model::SeqInput{ids, 0, &warm, false}}, cache, logits);
+    logits.clear();
+    g->forward({model::SeqInput{{ids[0]}, int64_t(ids.size()), &warm, false}}, cache, logits);
+    cache.release(warm);
+  }
+  std::vector<int32_t> table;
+  if (!cache.reserve(table, total)) fail("bench: KV cache too small");
+  const std::vector<int32_t> prompt = random_prompt(a.prompt, hp.n_vocab);
+  logits.clear();
+  auto t0 = Clock::now();
+  g->forward({model::SeqInput{prompt, 0, &table, false}}, cache, logits);
+  const double prefill_s = seconds_since(t0);
+  t0 = Clock::now();
+  for (int i = 0; i < a.gen; ++i) {
+    logits.clear();
+    g->forward({model::SeqInput{{int32_t(i % hp.n_vocab)}, a.prompt + i, &table, false}}, cache, logits);
+  }
+  const double decode_s = seconds_since(t0);
+  const double bw = cuda::measure_copy_bytes_per_s();
+  const double prefill_tps = a.prompt / prefill_s, decode_tps = a.gen / decode_s;
+  const double bound_tps = bw / double(cost.weight_bytes);
+  std::printf("model: %s (%s, %u layers), %.1f MB of weights read per decode token, %.2f GFLOP per token\n",
+              a.model.c_str(), m.spec().name, hp.n_layer, cost.weight_bytes / 1e6, cost.flops / 1e9);
+  std::printf("%s\n", g->memory_report().c_str());
+  std::printf("device: %s, %s KV cache, %s attention; device-to-device copy %.0f GB/s (read + write)\n",
+              g->memory().device.c_str(), cuda::kv_dtype_name(g->kv_dtype()),
+              g->attention() == model::AttentionMode::Sparse ? "sparse" : "dense", bw / 1e9);
+  std::printf("prefill %d tokens: %.1f tokens/s (%.2f TFLOP/s)\n", a.prompt, prefill_tps, prefill_tps * cost.flops / 1e12);
+  std::printf("decode %d tokens:  %.2f tokens/s (%.2f GB/s of weights); bound %.0f tokens/s "
+              "(weight bytes per token / copy rate): %.1f%% of it\n",
+              a.gen, decode_tps, decode_tps * cost.weight_bytes / 1e9, bound_tps, 100.0 * decode_tps / bound_tps);
+  return 0;
+}
+#endif
 
 int run_bench(const BenchArgs& a) {
   if (a.prompt <= 0 || a.gen <= 0) fail("--prompt and --gen must be > 0");
+  check_device_args(a.dev);
   model::ModelOptions o;
   o.threads = a.threads;
   auto m = model::Model::load(a.model, o);
+#if SPARSEMLA_HAVE_CUDA
+  if (a.dev.cuda()) return run_bench_gpu(a, *m);
+#endif
   const auto& hp = m->hparams();
   const model::TokenCost cost = model::token_cost(m->file(), hp);
   const int64_t total = a.prompt + a.gen;
   kv::PagedCache cache(m->cache_shape(int32_t((total + 15) / 16), 16));
   std::vector<int32_t> table;
   cache.reserve(table, total);
-  std::mt19937 rng(1);
-  std::vector<int32_t> prompt(size_t(a.prompt));
-  for (int32_t& t : prompt) t = int32_t(rng() % hp.n_vocab);
+  const std::vector<int32_t> prompt = random_prompt(a.prompt, hp.n_vocab);
 
   std::vector<float> logits;
   auto t0 = Clock::now();
@@ -107,11 +172,12 @@ int run_make_model(const MakeModelArgs& a) {
 
 Runner add_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
-  CLI::App* cmd = app.add_subcommand("bench", "Prefill and decode tokens/s on the CPU, next to the memory-bandwidth bound");
+  CLI::App* cmd = app.add_subcommand("bench", "Prefill and decode tokens/s on the CPU or the GPU, next to the memory-bandwidth bound");
   cmd->add_option("--model,-m", a->model, "GGUF model");
   cmd->add_option("--prompt", a->prompt, "prompt tokens (random ids)");
   cmd->add_option("--gen", a->gen, "decode steps");
   cmd->add_option("--threads,-t", a->threads, "CPU threads (default: all)");
+  add_device_options(cmd, a->dev);
   Runner attention = add_bench_attention(*cmd);
   CLI::App* att = cmd->get_subcommand("attention");
   return [a, att, attention] {

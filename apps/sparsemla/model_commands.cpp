@@ -1,4 +1,4 @@
-// `sparsemla logits` and `sparsemla run`: the CPU engine on token ids.
+// `sparsemla logits` and `sparsemla run`: the engine on token ids, on the CPU or (--device cuda) the GPU.
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "default_model.h"
+#include "device_options.h"
 #include "dist/sharded_model.h"
 #include "kv/paged_cache.h"
 #include "model/model.h"
@@ -26,6 +27,7 @@ struct ModelArgs {
   std::string attention = "sparse";
   int threads = 0;
   int tensor_parallel = 1;
+  DeviceArgs dev;
 };
 
 void add_model_options(CLI::App* cmd, ModelArgs& a, bool model_required = true) {
@@ -40,9 +42,11 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool model_required = true) 
                   "split the model over N ranks (CPU threads and an in-process communicator): a check of the "
                   "multi-GPU sharding; heads, experts and vocabulary must divide by N")
       ->check(CLI::PositiveNumber);
+  add_device_options(cmd, a.dev);
 }
 
 std::unique_ptr<model::Model> load(ModelArgs& a) {
+  check_device_args(a.dev, a.tensor_parallel);
   if (a.model.empty()) a.model = default_model_path();
   model::ModelOptions o;
   o.attention = a.attention == "dense" ? model::AttentionMode::Dense : model::AttentionMode::Sparse;
@@ -78,13 +82,19 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
-// The model's forward, whole or split over --tensor-parallel ranks, with a KV cache that has room
-// for `n_tokens` positions of one sequence.
+// The model's forward: whole on the CPU, split over --tensor-parallel ranks, or on the GPU, with a
+// KV cache that has room for `n_tokens` positions of one sequence.
 class Forward {
  public:
   Forward(model::Model& m, const ModelArgs& a, int64_t n_tokens) : m_(m) {
     const int32_t bs = 16, n_blocks = int32_t((n_tokens + bs - 1) / bs);
-    if (a.tensor_parallel > 1) {
+    if (a.dev.cuda()) {
+#if SPARSEMLA_HAVE_CUDA
+      gpu_ = model::GpuModel::load(m, gpu_options(a.dev, int64_t(n_blocks) * bs, n_tokens));
+      std::fprintf(stderr, "%s\n", gpu_->memory_report().c_str());
+      gpu_cache_.emplace(gpu_->make_cache(n_blocks, bs));
+#endif
+    } else if (a.tensor_parallel > 1) {
       tp_ = std::make_unique<dist::ShardedModel>(m, a.tensor_parallel, a.threads);
       std::fprintf(stderr, "%s\n", tp_->plan().summary().c_str());
       replicas_.emplace(tp_->make_cache(n_blocks, bs));
@@ -92,8 +102,16 @@ class Forward {
       cache_.emplace(m.cache_shape(n_blocks, bs));
     }
   }
-  bool reserve(std::vector<int32_t>& table, int64_t n) { return tp_ ? replicas_->reserve(table, n) : cache_->reserve(table, n); }
+  bool reserve(std::vector<int32_t>& table, int64_t n) {
+#if SPARSEMLA_HAVE_CUDA
+    if (gpu_) return gpu_cache_->reserve(table, n);
+#endif
+    return tp_ ? replicas_->reserve(table, n) : cache_->reserve(table, n);
+  }
   void run(const std::vector<model::SeqInput>& batch, std::vector<float>& logits) {
+#if SPARSEMLA_HAVE_CUDA
+    if (gpu_) return gpu_->forward(batch, *gpu_cache_, logits);
+#endif
     if (tp_) tp_->forward(batch, *replicas_, logits);
     else m_.forward(batch, *cache_, logits);
   }
@@ -103,6 +121,10 @@ class Forward {
   std::unique_ptr<dist::ShardedModel> tp_;
   std::optional<kv::PagedCache> cache_;
   std::optional<dist::ReplicatedCache> replicas_;
+#if SPARSEMLA_HAVE_CUDA
+  std::unique_ptr<model::GpuModel> gpu_;
+  std::optional<model::GpuCache> gpu_cache_;
+#endif
 };
 
 int run_logits(ModelArgs& a, const std::string& tokens_path, const std::string& out_path) {

@@ -1,6 +1,7 @@
 // Collective communication between the ranks of a tensor-parallel group, behind one interface:
 // the in-process group here (one thread per rank, for the CPU check path and the tests) and NCCL
-// (one thread or process per GPU) later. The model code only ever sees a Communicator.
+// (one thread or process per GPU: dist/cuda/nccl_communicator.h). The model code only ever sees a
+// Communicator.
 //
 // Rules every implementation keeps:
 //  - Every rank calls the same collectives in the same order with the same sizes; a mismatch is an
@@ -13,6 +14,9 @@
 //  - Pointers are in the implementation's memory: host memory for the in-process group, device
 //    memory for NCCL, whose calls are enqueued on the stream the communicator was made with (ordered
 //    with the rank's other work on it) rather than complete on return.
+// NCCL keeps the first and third rules only in part: it cannot see a mismatch (so the sequence of
+// collectives is checked on the in-process group first), and its abort is this rank's alone (the
+// others learn of it from the launch, as nccl_communicator.h says).
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -8,7 +8,7 @@
 
 namespace sparsemla::model {
 
-FlatBatch flatten_batch(const std::vector<SeqInput>& batch, const kv::PagedCache& cache, uint32_t n_vocab) {
+FlatBatch flatten_batch(const std::vector<SeqInput>& batch, const kv::BlockAllocator& blocks, uint32_t n_vocab) {
   FlatBatch b;
   for (size_t s = 0; s < batch.size(); ++s) {
     const SeqInput& in = batch[s];
@@ -21,12 +21,29 @@ FlatBatch flatten_batch(const std::vector<SeqInput>& batch, const kv::PagedCache
         fail("forward: token id {} is outside the vocabulary of {} tokens", id, n_vocab);
       const int64_t pos = in.pos0 + int64_t(i);
       if (in.all_logits || i + 1 == in.tokens.size()) b.out_rows.push_back(int64_t(b.toks.size()));
-      b.toks.push_back({int32_t(s), pos, cache.slot(*in.block_table, pos)});
+      b.toks.push_back({int32_t(s), pos, blocks.slot(*in.block_table, pos)});
       b.ids.push_back(id);
     }
   }
   return b;
 }
+
+namespace {
+
+// Checks that recorded choices fit this forward: one entry per token of every layer that needs one.
+void check_forced(const Decisions& d, const HParams& hp, int64_t T, bool sparse,
+                  const std::vector<LayerWeights>& layers) {
+  if (d.layers.size() < hp.n_layer) fail("forward: forced choices for {} layers, the model has {}", d.layers.size(), hp.n_layer);
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    const LayerDecisions& l = d.layers[il];
+    if (sparse && l.selected.size() != size_t(T))
+      fail("forward: forced selection of layer {} covers {} tokens, the batch has {}", il, l.selected.size(), T);
+    if (layers[il].ffn.moe && (l.experts.size() != size_t(T) || l.weights.size() != size_t(T)))
+      fail("forward: forced routing of layer {} covers {} tokens, the batch has {}", il, l.experts.size(), T);
+  }
+}
+
+}  // namespace
 
 void run_layers(const LayerStack& s, const FlatBatch& b, kv::PagedCache& cache, float* h, ops::ThreadPool& pool) {
   const HParams& hp = s.hp;
@@ -39,6 +56,9 @@ void run_layers(const LayerStack& s, const FlatBatch& b, kv::PagedCache& cache, 
   std::vector<float> qr;
   std::vector<std::vector<int32_t>> selected;  // the last full indexer layer's choice, per token
   const bool sparse = s.attention == AttentionMode::Sparse;
+  if (s.force) check_forced(*s.force, hp, T, sparse && hp.has_indexer(), s.layers);
+  if (s.record) s.record->layers.assign(hp.n_layer, LayerDecisions{});
+  std::vector<Routing> routes, forced_routes;
   for (uint32_t il = 0; il < hp.n_layer; ++il) {
     const LayerWeights& L = s.layers[il];
     for (int64_t t = 0; t < T; ++t) ops::rms_norm(h + t * H, L.attn_norm.data(), H, hp.rms_eps, x.data() + t * H);
@@ -52,14 +72,34 @@ void run_layers(const LayerStack& s, const FlatBatch& b, kv::PagedCache& cache, 
     if (sparse && L.indexer.present)
       selected = indexer_select(L.indexer, hp, s.rope, s.spec.indexer_rope, x.data(), qr.data(), b.toks, b.tables, cache,
                                 int32_t(il), pool);
+    if (sparse && hp.has_indexer()) {
+      if (s.force) selected = s.force->layers[il].selected;
+      if (s.record) s.record->layers[il].selected = selected;
+    }
     mla_attend(L.mla, s.attn_hp, s.rope, s.spec.main_rope, x.data(), qr.data(), b.toks, b.tables,
                sparse ? &selected : nullptr, cache, int32_t(il), attn.data(), pool);
     reduce(attn.data());
     for (int64_t i = 0; i < T * H; ++i) h[i] += attn[size_t(i)];
 
     for (int64_t t = 0; t < T; ++t) ops::rms_norm(h + t * H, L.ffn_norm.data(), H, hp.rms_eps, x.data() + t * H);
-    if (L.ffn.moe) moe_forward(L.ffn, hp, x.data(), T, attn.data(), pool, s.experts);
-    else mlp_forward(L.ffn.gate, L.ffn.up, L.ffn.down, x.data(), T, attn.data(), pool);
+    if (L.ffn.moe) {
+      if (s.force) {
+        const LayerDecisions& f = s.force->layers[il];
+        forced_routes.resize(size_t(T));
+        for (int64_t t = 0; t < T; ++t) forced_routes[size_t(t)] = Routing{f.experts[size_t(t)], f.weights[size_t(t)]};
+      }
+      moe_forward(L.ffn, hp, x.data(), T, attn.data(), pool, s.experts, s.force ? &forced_routes : nullptr,
+                  s.record ? &routes : nullptr);
+      if (s.record) {
+        LayerDecisions& r = s.record->layers[il];
+        for (const Routing& rt : routes) {
+          r.experts.push_back(rt.experts);
+          r.weights.push_back(rt.weights);
+        }
+      }
+    } else {
+      mlp_forward(L.ffn.gate, L.ffn.up, L.ffn.down, x.data(), T, attn.data(), pool);
+    }
     reduce(attn.data());
     for (int64_t i = 0; i < T * H; ++i) h[i] += attn[size_t(i)];
   }

@@ -10,6 +10,7 @@
 #include "model/arch/arch.h"
 #include "model/batch.h"
 #include "model/blocks/ffn.h"
+#include "model/decisions.h"
 #include "model/hparams.h"
 #include "model/weights.h"
 #include "ops/cpu/rope.h"
@@ -31,7 +32,8 @@ struct FlatBatch {
 };
 
 // Checks every sequence (block table, tokens, ids < n_vocab) and flattens the batch; throws Error.
-FlatBatch flatten_batch(const std::vector<SeqInput>& batch, const kv::PagedCache& cache, uint32_t n_vocab);
+// `blocks` maps positions to slots: the CPU cache, or the GPU cache (the same slot numbering).
+FlatBatch flatten_batch(const std::vector<SeqInput>& batch, const kv::BlockAllocator& blocks, uint32_t n_vocab);
 
 // What the layer stack runs on: the whole model, or one rank's shard of it.
 struct LayerStack {
@@ -45,6 +47,10 @@ struct LayerStack {
   // Sums a rank's partial attention / FFN output over the ranks, in place: (data [n], n). Empty for
   // the whole model, whose outputs are already complete.
   std::function<void(float*, int64_t)> all_reduce;
+  // Where the discrete choices of this forward are written (null: not recorded), and choices to
+  // follow instead of the model's own (null: none). See model/decisions.h.
+  Decisions* record = nullptr;
+  const Decisions* force = nullptr;
 };
 
 // Runs the main layers over the hidden states, writing every new token's cache rows on the way.

@@ -35,7 +35,8 @@ kv::CacheShape Model::cache_shape(int32_t n_blocks, int32_t block_size) const {
   return s;
 }
 
-void Model::forward(const std::vector<SeqInput>& batch, kv::PagedCache& cache, std::vector<float>& logits) {
+void Model::forward(const std::vector<SeqInput>& batch, kv::PagedCache& cache, std::vector<float>& logits,
+                    const Decisions* force, Decisions* record) {
   const int64_t H = hp_.n_embd;
   const FlatBatch b = flatten_batch(batch, cache, hp_.n_vocab);
   const int64_t T = int64_t(b.toks.size());
@@ -43,7 +44,7 @@ void Model::forward(const std::vector<SeqInput>& batch, kv::PagedCache& cache, s
 
   std::vector<float> h(size_t(T * H));
   for (int64_t t = 0; t < T; ++t) ops::dequantize_row(w_.token_embd, b.ids[size_t(t)], h.data() + t * H);
-  run_layers(LayerStack{hp_, hp_, *spec_, rope_, attention_, w_.layers, {}, {}}, b, cache, h.data(), pool);
+  run_layers(LayerStack{hp_, hp_, *spec_, rope_, attention_, w_.layers, {}, {}, record, force}, b, cache, h.data(), pool);
 
   const int64_t R = int64_t(b.out_rows.size());
   std::vector<float> normed(size_t(R * H));

@@ -38,8 +38,10 @@ class Model {
 
   // Runs the new tokens of every sequence through the model, writing their cache rows, and appends
   // logits rows ([n_vocab] each) in batch order: every token of a sequence with all_logits, else
-  // its last token.
-  void forward(const std::vector<SeqInput>& batch, kv::PagedCache& cache, std::vector<float>& logits);
+  // its last token. `force`: discrete choices to follow instead of the model's own; `record`:
+  // receives the choices made (model/decisions.h); both for tests and debugging.
+  void forward(const std::vector<SeqInput>& batch, kv::PagedCache& cache, std::vector<float>& logits,
+               const Decisions* force = nullptr, Decisions* record = nullptr);
 
  private:
   Model() = default;

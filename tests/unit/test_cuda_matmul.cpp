@@ -224,6 +224,41 @@ TEST_P(CudaMatmul, DecodeIsBatchInvariant) {
   }
 }
 
+// Expert mode: each (token, expert) pair equals the one-token product on that expert's rows, bit
+// for bit, and the CPU product to the decode tolerance; pairs with id -1 leave their rows alone.
+TEST_P(CudaMatmul, ExpertPairsEqualOneTokenProductsOnTheExpertRows) {
+  SPARSEMLA_REQUIRE_GPU();
+  const int64_t E = 5, F = 18, H = 768, tokens = 3, k = 3;
+  const TestWeight w(type(), E * F, H, 21);
+  const std::vector<int32_t> ids = {4, 0, 2, 1, 1, -1, 3, 0, 4};  // [tokens, k]
+  const std::vector<float> x = randn(size_t(tokens * H), 77);
+  const DeviceBuffer dx = to_device(x), dids = to_device(ids);
+  const int64_t P = int64_t(ids.size());
+  std::vector<float> fill(size_t(P * F), 12345.0f);
+  DeviceBuffer dy = to_device(fill);
+  matmul_experts(w.mat, F, dids.as<int32_t>(), P, dx.as<float>(), k, dy.as<float>(), nullptr);
+  synchronize();
+  const std::vector<float> y = to_host<float>(dy, size_t(P * F));
+  for (int64_t p = 0; p < P; ++p) {
+    const int32_t e = ids[size_t(p)];
+    if (e < 0) {
+      for (int64_t r = 0; r < F; ++r) ASSERT_EQ(y[size_t(p * F + r)], 12345.0f) << "unused pair written";
+      continue;
+    }
+    QuantMatrix m = w.mat;
+    m.n_rows = F;
+    m.data = static_cast<const uint8_t*>(w.mat.data) + uint64_t(e) * F * w.mat.row_bytes;
+    const std::vector<float> xt(x.begin() + (p / k) * H, x.begin() + (p / k + 1) * H);
+    const std::vector<float> alone = gpu_product(&matmul_decode, m, xt, 1);
+    ASSERT_EQ(std::memcmp(alone.data(), y.data() + p * F, size_t(F) * sizeof(float)), 0)
+        << GetParam() << " pair " << p << " (expert " << e << ") differs from the one-token product";
+    std::vector<float> want(static_cast<size_t>(F));
+    ops::matmul(w.host.rows(e * F, F), xt.data(), 1, want.data(), pool());
+    const std::vector<float> got(y.begin() + p * F, y.begin() + (p + 1) * F);
+    check_close(got, want, 1, F, kDecodeTol, GetParam() + " expert pair");
+  }
+}
+
 // Row lookup equals the CPU's dequantize_row bit for bit; ids out of range give NaN rows.
 TEST_P(CudaMatmul, DequantizeRowsEqualsCpuBitForBit) {
   SPARSEMLA_REQUIRE_GPU();

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -16,7 +17,17 @@
 namespace sparsemla::test {
 
 inline std::string data_path(const std::string& rel) { return std::string(SPARSEMLA_TEST_DATA) + "/" + rel; }
-inline std::string fixture_path(const std::string& rel) { return std::string(SPARSEMLA_FIXTURES) + "/" + rel; }
+// $SPARSEMLA_FIXTURES_DIR when set (tests run from a copy of the tree elsewhere, as on a GPU
+// machine), else the fixtures of the source tree the tests were built from.
+inline std::string fixture_path(const std::string& rel) {
+  const char* dir = std::getenv("SPARSEMLA_FIXTURES_DIR");
+  return std::string(dir && *dir ? dir : SPARSEMLA_FIXTURES) + "/" + rel;
+}
+// The sparsemla binary: $SPARSEMLA_BINARY_PATH when set, else the one built with the tests.
+inline std::string binary_path() {
+  const char* bin = std::getenv("SPARSEMLA_BINARY_PATH");
+  return bin && *bin ? std::string(bin) : std::string(SPARSEMLA_BINARY);
+}
 
 // A whole file as raw bytes, or as little-endian values of T (int32 token ids, float32 logits).
 inline std::string read_file(const std::string& path) {

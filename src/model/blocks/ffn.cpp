@@ -62,7 +62,7 @@ Routing route(const HParams& hp, const float* logits, const float* bias) {
 }
 
 void moe_forward(const FfnWeights& w, const HParams& hp, const float* y, int64_t T, float* out, ops::ThreadPool& pool,
-                 ExpertRange experts) {
+                 ExpertRange experts, const std::vector<Routing>* forced, std::vector<Routing>* chosen) {
   const int64_t H = hp.n_embd, E = hp.n_expert, Fe = hp.n_ff_exp;
   const int64_t e0 = experts.first, e1 = experts.count < 0 ? E : experts.first + experts.count;
   if (e0 < 0 || e1 > E || e0 > e1) fail("moe_forward: experts [{}, {}) out of range (the model has {})", e0, e1, E);
@@ -70,9 +70,15 @@ void moe_forward(const FfnWeights& w, const HParams& hp, const float* y, int64_t
   std::vector<float> logits(size_t(T * E));
   ops::matmul(w.gate_inp, y, T, logits.data(), pool);
   std::vector<std::vector<std::pair<int64_t, float>>> by_expert(static_cast<size_t>(E));  // (token, weight)
+  if (forced && forced->size() != size_t(T)) fail("moe_forward: forced routing for {} tokens, {} given", forced->size(), T);
+  if (chosen) chosen->resize(size_t(T));
   for (int64_t t = 0; t < T; ++t) {
-    const Routing r = route(hp, logits.data() + t * E, w.exp_probs_b.data());
-    for (size_t i = 0; i < r.experts.size(); ++i) by_expert[size_t(r.experts[i])].emplace_back(t, r.weights[i]);
+    const Routing r = forced ? (*forced)[size_t(t)] : route(hp, logits.data() + t * E, w.exp_probs_b.data());
+    if (chosen) (*chosen)[size_t(t)] = r;
+    for (size_t i = 0; i < r.experts.size(); ++i) {
+      if (r.experts[i] < 0 || r.experts[i] >= E) fail("moe_forward: token {} is routed to expert {} of {}", t, r.experts[i], E);
+      by_expert[size_t(r.experts[i])].emplace_back(t, r.weights[i]);
+    }
   }
 
   // Shared experts over every token, then each routed expert over the tokens routed to it.

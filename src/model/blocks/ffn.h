@@ -32,7 +32,10 @@ struct ExpertRange {
 // MoE layer: routed experts weighted by their routing, plus the shared experts.  y, out: [T, H]
 // The router always sees every expert; only the experts in `experts` are computed, so with a range
 // `out` is that range's part of the sum (plus whatever shared-expert columns `w` holds).
+// forced: [T] routing to follow instead of the router's; chosen: [T] receives the routing used
+// (model/decisions.h). Either may be null.
 void moe_forward(const FfnWeights& w, const HParams& hp, const float* y, int64_t T, float* out, ops::ThreadPool& pool,
-                 ExpertRange experts = {});
+                 ExpertRange experts = {}, const std::vector<Routing>* forced = nullptr,
+                 std::vector<Routing>* chosen = nullptr);
 
 }  // namespace sparsemla::model

@@ -32,6 +32,7 @@ std::vector<std::vector<int32_t>> indexer_select(const IndexerWeights& w, const 
     float* dst = cache.index_key(layer, toks[size_t(t)].slot);
     ops::layer_norm(k.data() + t * dim, w.k_norm_w.data(), w.k_norm_b.data(), dim, 1e-6f, dst);
     rope.apply(dst, toks[size_t(t)].pos, style);
+    cache.round_index_key(layer, toks[size_t(t)].slot);
   }
 
   // queries: qr @ q_b per head, rope on the first rope dims of each head   [T, heads, dim]

@@ -21,6 +21,7 @@ void mla_write_cache(const MlaWeights& w, const HParams& hp, const ops::Rope& ro
     ops::rms_norm(row, w.kv_a_norm.data(), kv_lora, hp.rms_eps, dst);
     for (int64_t i = kv_lora; i < latent; ++i) dst[i] = row[i];
     rope.apply(dst + kv_lora, toks[size_t(t)].pos, style);
+    cache.round_latent(layer, toks[size_t(t)].slot);
   }
 }
 

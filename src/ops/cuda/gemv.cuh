@@ -24,15 +24,30 @@ __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, n_warps = blockDim.x / 32;
   const int n_units = int(a.n_cols / D::kUnit);
   const int64_t row0 = int64_t(blockIdx.x) * R;
+  // Expert mode: this block's pair selects the expert's rows, its activation row and output row;
+  // the product is then the one-token product, summed exactly as a one-token call sums it.
+  const uint8_t* wbase = a.w;
+  const float* xbase = a.x;
+  float* ybase = a.y;
+  int64_t n_tokens = a.n_tokens;
+  if (a.expert_ids) {
+    const int64_t pair = blockIdx.y;
+    const int32_t e = a.expert_ids[pair];
+    if (e < 0) return;  // an unused slot: its output row is not written
+    wbase += uint64_t(e) * uint64_t(a.n_rows) * a.row_bytes;
+    xbase += (pair / a.x_div) * a.n_cols;
+    ybase += pair * a.n_rows;
+    n_tokens = 1;
+  }
   const uint8_t* w[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) w[r] = a.w + uint64_t(min(row0 + r, a.n_rows - 1)) * a.row_bytes;
+  for (int r = 0; r < R; ++r) w[r] = wbase + uint64_t(min(row0 + r, a.n_rows - 1)) * a.row_bytes;
 
-  for (int64_t t0 = 0; t0 < a.n_tokens; t0 += NT) {
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += NT) {
     // Tokens past the end repeat the last one; their sums are not stored.
     const float* x[NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) x[t] = a.x + min(t0 + t, a.n_tokens - 1) * a.n_cols;
+    for (int t = 0; t < NT; ++t) x[t] = xbase + min(t0 + t, n_tokens - 1) * a.n_cols;
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -72,7 +87,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) 
       const int r = tid / NT, t = tid % NT;
       float s = partial[0][tid];
       for (int i = 1; i < n_warps; ++i) s += partial[i][tid];
-      if (row0 + r < a.n_rows && t0 + t < a.n_tokens) a.y[(t0 + t) * a.n_rows + row0 + r] = s;
+      if (row0 + r < a.n_rows && t0 + t < n_tokens) ybase[(t0 + t) * a.n_rows + row0 + r] = s;
     }
     __syncthreads();
   }
@@ -83,7 +98,9 @@ void launch_gemv(const MatArgs& a, cudaStream_t s) {
   const int64_t n_units = a.n_cols / D::kUnit;
   const int threads = int(std::min<int64_t>(kGemvMaxThreads, std::max<int64_t>(32, (n_units + 31) / 32 * 32)));
   const unsigned blocks = unsigned(ceil_div(a.n_rows, kGemvRows));
-  if (a.n_tokens == 1)
+  if (a.expert_ids)
+    gemv_kernel<D, 1><<<dim3(blocks, unsigned(a.n_tokens)), threads, 0, s>>>(a);
+  else if (a.n_tokens == 1)
     gemv_kernel<D, 1><<<blocks, threads, 0, s>>>(a);
   else if (a.n_tokens == 2)
     gemv_kernel<D, 2><<<blocks, threads, 0, s>>>(a);

@@ -179,6 +179,20 @@ void matmul(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, St
     matmul_prefill(w, x, n_tokens, y, s);
 }
 
+void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
+                    const float* x, int64_t x_div, float* y, Stream s) {
+  const TypeKernels& k = kernels_for(w.type, "matmul_experts");
+  if (rows_per_expert <= 0 || w.n_rows % rows_per_expert != 0)
+    fail("cuda::matmul_experts: {} rows are not whole experts of {} rows", w.n_rows, rows_per_expert);
+  if (x_div <= 0) fail("cuda::matmul_experts: x_div must be > 0, got {}", x_div);
+  if (n_pairs < 0 || n_pairs > 65535) fail("cuda::matmul_experts: {} pairs (at most 65535 per call)", n_pairs);
+  MatArgs a = checked_product(w, x, n_pairs, y, "matmul_experts");
+  a.n_rows = rows_per_expert;
+  a.expert_ids = expert_ids;
+  a.x_div = x_div;
+  if (n_pairs > 0) k.decode(a, static_cast<cudaStream_t>(s));
+}
+
 void dequantize_rows(const QuantMatrix& w, const int32_t* rows, int64_t n, float* out, Stream s) {
   const TypeKernels& k = kernels_for(w.type, "dequantize_rows");
   if (n < 0 || n > INT32_MAX) fail("cuda::dequantize_rows: bad row count {}", n);

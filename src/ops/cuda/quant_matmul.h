@@ -48,6 +48,15 @@ void matmul(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, St
 void matmul_decode(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 
+// Mixture-of-experts products without a host round trip (the expert ids stay on the device):
+// for each pair p < n_pairs, y[p] = W_{ids[p]} x[p / x_div], where W_e is rows
+// [e * rows_per_expert, (e + 1) * rows_per_expert) of w (the experts of a 3-D GGUF tensor).
+// x_div = k (experts per token) for gate/up (x: [tokens, n_cols]), 1 for down (x: [pairs, n_cols]).
+// Pairs with a negative id are skipped (their output rows are not written). Each pair is summed
+// exactly as the one-token decode product sums it (batch invariant).   y: [n_pairs, rows_per_expert]
+void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
+                    const float* x, int64_t x_div, float* y, Stream s);
+
 // Embedding lookup: out[i] = row rows[i] of W as fp32, equal bit for bit to ops::dequantize_row.
 // rows: [n] device int32; out: [n, n_cols] device fp32, 16-byte aligned. An id outside
 // [0, n_rows) gives a row of NaN (the ids are on the device, so they cannot be checked here).

@@ -25,6 +25,11 @@ struct MatArgs {
   int64_t n_tokens = 0;
   int sm_count = 0;            // multiprocessors of the device, for the prefill grid
   QuantTables tables;
+  // Expert mode (matmul_experts, decode kernel only): grid row p is one (token, expert) pair; it
+  // reads rows [ids[p] * n_rows, (ids[p] + 1) * n_rows) of w, activation row p / x_div, and writes
+  // output row p. n_tokens is then the number of pairs.
+  const int32_t* expert_ids = nullptr;
+  int64_t x_div = 1;
 };
 
 using MatmulLauncher = void (*)(const MatArgs& a, cudaStream_t s);

@@ -1,0 +1,865 @@
+#include "model/cuda/gpu_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <type_traits>
+#include <unordered_map>
+
+#include "gguf/ggml_types.h"
+#include "model/cuda/gpu_ops.h"
+#include "model/model.h"
+#include "ops/cpu/matmul.h"
+#include "ops/cuda/moe_router.h"
+#include "ops/cuda/small_ops.h"
+#include "ops/device.h"
+#include "util/error.h"
+#include "util/half.h"
+
+namespace sparsemla::model {
+
+using cuda::QuantMatrix;
+
+namespace {
+
+constexpr uint64_t kAlign = 256;  // every device array starts on a 256-byte boundary
+uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Device memory the load and cache checks leave for what they do not count: the CUDA context,
+// cuBLAS's workspace and the attention's split-KV partials.
+constexpr uint64_t kReserve = uint64_t(512) << 20;
+// Indexer scores are computed for as many tokens at once as fit in this many bytes ([tokens, context]).
+constexpr uint64_t kScoreBytes = uint64_t(256) << 20;
+
+std::string bytes_str(uint64_t b) {
+  if (b >= (uint64_t(1) << 30)) return fmt::format("{:.2f} GiB", double(b) / double(uint64_t(1) << 30));
+  if (b >= (uint64_t(1) << 20)) return fmt::format("{:.1f} MiB", double(b) / double(1 << 20));
+  return fmt::format("{:.1f} KiB", double(b) / 1024.0);
+}
+
+// Rows [first, first + count) of a device matrix (one routed expert of a stacked tensor).
+QuantMatrix rows(const QuantMatrix& m, int64_t first, int64_t count) {
+  QuantMatrix r = m;
+  r.data = static_cast<const char*>(m.data) + uint64_t(first) * m.row_bytes;
+  r.n_rows = count;
+  return r;
+}
+
+// The weights in one device allocation. Binding runs twice through the same calls: once to measure
+// (no device memory is touched and every pointer is null), then to upload into the allocation.
+class Arena {
+ public:
+  void begin_upload(cuda::DeviceBuffer& buf) {
+    buf_ = &buf;
+    end_ = 0;
+    quantized = absorption = vectors = 0;
+    placed_.clear();
+  }
+  uint64_t bytes() const { return end_; }
+
+  // A matrix as the file stores it. A tensor bound twice (an output head tied to the embedding)
+  // is uploaded once.
+  QuantMatrix matrix(const ops::Weight& w, const std::string& name) {
+    if (!w.data) fail("GPU model: tensor {} is not bound", name);
+    if (!cuda::supported(w.type))
+      fail("GPU model: {} is stored as {}, which has no CUDA matrix kernel", name, gguf::type_name(w.type));
+    if (!w.contiguous()) fail("GPU model: {} is not a whole tensor", name);
+    QuantMatrix q{w.type, w.n_cols, w.n_rows, w.row_bytes, nullptr};
+    auto it = placed_.find(w.data);
+    if (it != placed_.end()) {
+      q.data = at(it->second);
+      return q;
+    }
+    const uint64_t bytes = uint64_t(w.n_rows) * w.row_bytes;
+    const uint64_t off = place(bytes);
+    placed_[w.data] = off;
+    quantized += bytes;
+    if (buf_) buf_->upload(w.data, bytes, off);
+    q.data = at(off);
+    return q;
+  }
+
+  const float* vec(const std::vector<float>& v) {
+    const uint64_t bytes = v.size() * sizeof(float);
+    const uint64_t off = place(bytes);
+    vectors += bytes;
+    if (buf_ && bytes) buf_->upload(v.data(), bytes, off);
+    return static_cast<const float*>(at(off));
+  }
+
+  // n bf16 values made by `fill` (fp32, rounded to nearest even), only when uploading.
+  const void* bf16(uint64_t n, const std::function<void(float*)>& fill) {
+    const uint64_t off = place(n * 2);
+    absorption += n * 2;
+    if (buf_) {
+      std::vector<float> f(n);
+      fill(f.data());
+      std::vector<uint16_t> b(n);
+      for (uint64_t i = 0; i < n; ++i) b[i] = f32_to_bf16(f[i]);
+      buf_->upload(b.data(), n * 2, off);
+    }
+    return at(off);
+  }
+
+  uint64_t quantized = 0, absorption = 0, vectors = 0;
+
+ private:
+  uint64_t place(uint64_t bytes) {
+    const uint64_t off = end_;
+    end_ = align_up(end_ + bytes);
+    return off;
+  }
+  void* at(uint64_t off) const { return buf_ ? buf_->as<char>() + off : nullptr; }
+
+  cuda::DeviceBuffer* buf_ = nullptr;
+  uint64_t end_ = 0;
+  std::unordered_map<const void*, uint64_t> placed_;
+};
+
+}  // namespace
+
+// ---- the cache ----
+
+uint64_t GpuCache::bytes_per_token(const kv::CacheShape& shape, int32_t kv_lora, cuda::KvDtype dtype,
+                                   const std::vector<bool>& layer_keys) {
+  const int32_t rope = shape.latent_dim - kv_lora;
+  int64_t key_layers = 0;
+  for (int32_t l = 0; l < shape.n_layers; ++l)
+    key_layers += shape.idx_dim > 0 && (layer_keys.empty() || layer_keys[size_t(l)]);
+  uint64_t b = uint64_t(shape.n_layers) * uint64_t(cuda::latent_row_bytes(dtype, kv_lora, rope));
+  if (key_layers) b += uint64_t(key_layers) * uint64_t(cuda::index_key_row_bytes(dtype, shape.idx_dim));
+  return b;
+}
+
+GpuCache::GpuCache(const kv::CacheShape& shape, int32_t kv_lora, cuda::KvDtype dtype, std::vector<bool> layer_keys)
+    : BlockAllocator(kv::checked_cache_shape(shape).block_size, shape.n_blocks), shape_(shape), kv_lora_(kv_lora),
+      dtype_(dtype) {
+  if (kv_lora <= 0 || kv_lora > shape.latent_dim)
+    fail("GPU KV cache: kv_lora {} does not fit the latent row of {}", kv_lora, shape.latent_dim);
+  if (!layer_keys.empty() && layer_keys.size() != size_t(shape.n_layers))
+    fail("GPU KV cache: {} layer flags for {} layers", layer_keys.size(), shape.n_layers);
+  latent_row_ = cuda::latent_row_bytes(dtype, kv_lora, shape.latent_dim - kv_lora);
+  int32_t n_keys = 0;
+  key_index_.assign(size_t(shape.n_layers), -1);
+  for (int32_t l = 0; l < shape.n_layers; ++l)
+    if (shape.idx_dim > 0 && (layer_keys.empty() || layer_keys[size_t(l)])) key_index_[size_t(l)] = n_keys++;
+  if (n_keys) key_row_ = cuda::index_key_row_bytes(dtype, shape.idx_dim);
+  latent_ = cuda::DeviceBuffer(size_t(shape.n_layers) * size_t(n_slots()) * size_t(latent_row_));
+  latent_.zero();
+  if (n_keys) {
+    keys_ = cuda::DeviceBuffer(size_t(n_keys) * size_t(n_slots()) * size_t(key_row_));
+    keys_.zero();
+  }
+}
+
+// ---- device state ----
+
+struct GpuModel::Layer {
+  const float* attn_norm = nullptr;  // [H]
+  const float* ffn_norm = nullptr;   // [H]
+  // MLA
+  QuantMatrix q_a, q_b, q, kv_a_mqa, output;
+  const float* q_a_norm = nullptr;   // [q_lora]
+  const float* kv_a_norm = nullptr;  // [kv_lora]
+  cuda::HeadBatchedGemm uk;          // bf16 [n_head, kv_lora, nope]: W_UK per head
+  cuda::HeadBatchedGemm uv;          // bf16 [n_head, v_head, kv_lora]: W_UV per head
+  // indexer (full-indexer layers in sparse mode)
+  bool indexer = false;
+  QuantMatrix idx_q_b, idx_k, idx_proj;
+  const float* idx_k_norm_w = nullptr;  // [idx_dim]
+  const float* idx_k_norm_b = nullptr;  // [idx_dim]
+  // FFN
+  bool moe = false;
+  QuantMatrix gate, up, down;                 // dense MLP
+  QuantMatrix gate_inp;                       // {H, E} router
+  const float* exp_probs_b = nullptr;         // [E]
+  QuantMatrix gate_exps, up_exps, down_exps;  // experts stacked by rows
+  bool shared = false;
+  QuantMatrix gate_shexp, up_shexp, down_shexp;
+};
+
+struct GpuModel::Workspace {
+  // activations, fp32
+  float* h = nullptr;       // [T, H] residual stream
+  float* x = nullptr;       // [T, H] normed input of the current block
+  float* attn = nullptr;    // [T, H] block output (attention, then FFN)
+  float* qr = nullptr;      // [T, q_lora]
+  float* q = nullptr;       // [T, n_head, nope + rope]
+  float* kv = nullptr;      // [T, kv_lora + rope]
+  float* qfull = nullptr;   // [T, n_head, kv_lora + rope]: absorbed q_nope | q_pe
+  float* olat = nullptr;    // [T, n_head, kv_lora]
+  float* o = nullptr;       // [T, n_head * v_head]
+  float* ik = nullptr;      // [T, idx_dim]
+  float* ikn = nullptr;     // [T, idx_dim]
+  float* iq = nullptr;      // [T, idx_heads, idx_dim]
+  float* iw = nullptr;      // [T, idx_heads]
+  float* scores = nullptr;  // [score_rows, max_ctx]
+  float* g = nullptr;       // [T * ffn_width]
+  float* u = nullptr;       // [T * ffn_width]
+  float* ye = nullptr;      // [T * k, H] tokens gathered by expert
+  float* oe = nullptr;      // [T * k, H] expert outputs, same order
+  float* rlog = nullptr;    // [T, E] router logits
+  float* rw = nullptr;      // [T, k] routing weights
+  float* rows_h = nullptr;  // [R, H]
+  float* rows_n = nullptr;  // [R, H]
+  float* logits = nullptr;  // [R, V]
+  // int32
+  int32_t* sel = nullptr;       // [T, top_k] positions chosen by the last full indexer layer
+  int32_t* ids = nullptr;       // [T] token ids
+  int32_t* seq = nullptr;       // [T] sequence of each token
+  int32_t* nctx = nullptr;      // [T] positions visible to each token (pos + 1)
+  int32_t* tables = nullptr;    // [n_seq, max_blocks]
+  int32_t* out_rows = nullptr;  // [R]
+  int32_t* rids = nullptr;      // [T, k] routed experts
+  int32_t* counts = nullptr;    // [E]
+  int32_t* offsets = nullptr;   // [E + 1]
+  int32_t* perm = nullptr;      // [T * k]
+  int32_t* inv = nullptr;       // [T * k]
+  // int64
+  int64_t* pos = nullptr;    // [T]
+  int64_t* slots = nullptr;  // [T]
+  void* group_ws = nullptr;  // moe_group scratch
+};
+
+namespace {
+
+struct WsDims {
+  int64_t T = 0, R = 0, table_entries = 0, score_rows = 0, max_ctx = 0;
+};
+
+// Places every array of a forward's workspace; with base null it only measures. Returns the bytes.
+uint64_t layout_workspace(const HParams& hp, bool sparse, const WsDims& d, char* base, GpuModel::Workspace* w) {
+  uint64_t end = 0;
+  auto take = [&](auto*& p, int64_t n) {
+    using T = std::remove_pointer_t<std::remove_reference_t<decltype(p)>>;
+    const uint64_t off = end;
+    end = align_up(end + uint64_t(std::max<int64_t>(n, 0)) * sizeof(T));
+    p = base ? reinterpret_cast<T*>(base + off) : nullptr;
+  };
+  GpuModel::Workspace scratch;
+  GpuModel::Workspace& ws = w ? *w : scratch;
+  const int64_t T = d.T, H = hp.n_embd, nh = hp.n_head, kvl = hp.kv_lora_rank, rope = hp.qk_rope;
+  const int64_t qk = hp.qk_nope + rope, E = hp.n_expert, k = hp.n_expert_used;
+  const int64_t ih = sparse ? hp.idx_heads : 0, id = sparse ? hp.idx_dim : 0;
+  const int64_t ffn_width = std::max({int64_t(hp.n_ff), int64_t(hp.n_ff_exp) * hp.n_expert_shared,
+                                      int64_t(hp.n_ff_exp) * k});
+  take(ws.h, T * H);
+  take(ws.x, T * H);
+  take(ws.attn, T * H);
+  take(ws.qr, T * hp.q_lora_rank);
+  take(ws.q, T * nh * qk);
+  take(ws.kv, T * (kvl + rope));
+  take(ws.qfull, T * nh * (kvl + rope));
+  take(ws.olat, T * nh * kvl);
+  take(ws.o, T * nh * hp.v_head);
+  take(ws.ik, T * id);
+  take(ws.ikn, T * id);
+  take(ws.iq, T * ih * id);
+  take(ws.iw, T * ih);
+  take(ws.scores, sparse ? d.score_rows * d.max_ctx : 0);
+  take(ws.g, T * ffn_width);
+  take(ws.u, T * ffn_width);
+  take(ws.ye, T * k * H);
+  take(ws.oe, T * k * H);
+  take(ws.rlog, T * E);
+  take(ws.rw, T * k);
+  take(ws.rows_h, d.R * H);
+  take(ws.rows_n, d.R * H);
+  take(ws.logits, d.R * int64_t(hp.n_vocab));
+  take(ws.sel, sparse ? T * int64_t(hp.idx_top_k) : 0);
+  take(ws.ids, T);
+  take(ws.seq, T);
+  take(ws.nctx, T);
+  take(ws.tables, d.table_entries);
+  take(ws.out_rows, d.R);
+  take(ws.rids, T * k);
+  take(ws.counts, E);
+  take(ws.offsets, E + 1);
+  take(ws.perm, T * k);
+  take(ws.inv, T * k);
+  take(ws.pos, T);
+  take(ws.slots, T);
+  char* group = nullptr;
+  take(group, E > 0 ? int64_t(cuda::moe_group_workspace_bytes(T * k, E)) : 0);
+  ws.group_ws = group;
+  return end;
+}
+
+int64_t score_rows_for(int64_t T, int64_t max_ctx) {
+  return std::clamp<int64_t>(int64_t(kScoreBytes / (uint64_t(std::max<int64_t>(max_ctx, 1)) * 4)), 1, std::max<int64_t>(T, 1));
+}
+
+}  // namespace
+
+struct GpuModel::State {
+  gpu::OwnedStream stream;
+  cuda::DeviceBuffer weights;
+  std::vector<Layer> layers;  // [n_layer]
+  QuantMatrix token_embd, output;
+  const float* output_norm = nullptr;
+  std::unique_ptr<cuda::DeviceRope> rope;
+  cuda::Blas blas;
+  cuda::AttentionWorkspace attn_ws;
+  cuda::TopKWorkspace topk_ws;
+  cuda::IndexerKernel idx_kernel[2] = {cuda::IndexerKernel::Fma, cuda::IndexerKernel::Fma};
+  cuda::AttentionKernel attn_kernel[2] = {cuda::AttentionKernel::Fma, cuda::AttentionKernel::Fma};
+  std::string unusable[2];  // why a cache format has no GPU path ("" when it has one)
+  // the current forward
+  cuda::DeviceBuffer ws_buf;
+  WsDims ws_dims;
+  Workspace ws;
+  int64_t T = 0, max_ctx = 0;
+  int32_t max_blocks = 0, block_size = 0;
+  bool selection_made = false;  // ws.sel holds this forward's selection (a full indexer layer ran)
+  Decisions* record = nullptr;  // the current forward's choices go here when set
+  std::vector<int32_t> host_counts;  // [E]
+  cuda::Stream s() const { return stream.get(); }
+};
+
+namespace {
+
+// Binds every main layer's weights on the device (the next-n layers are not run).
+void bind(Arena& a, const ModelWeights& w, const HParams& hp, bool sparse, GpuModel::State& st) {
+  const int64_t nh = hp.n_head, nope = hp.qk_nope, vh = hp.v_head, kvl = hp.kv_lora_rank;
+  st.token_embd = a.matrix(w.token_embd, "token_embd.weight");
+  st.output = a.matrix(w.output, "output.weight");
+  st.output_norm = a.vec(w.output_norm);
+  st.layers.assign(hp.n_layer, GpuModel::Layer{});
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    const LayerWeights& L = w.layers[il];
+    GpuModel::Layer& d = st.layers[il];
+    auto n = [il](const char* s) { return fmt::format("blk.{}.{}", il, s); };
+    d.attn_norm = a.vec(L.attn_norm);
+    d.ffn_norm = a.vec(L.ffn_norm);
+    const MlaWeights& m = L.mla;
+    if (hp.q_lora_rank > 0) {
+      d.q_a = a.matrix(m.q_a, n("attn_q_a.weight"));
+      d.q_a_norm = a.vec(m.q_a_norm);
+      d.q_b = a.matrix(m.q_b, n("attn_q_b.weight"));
+    } else {
+      d.q = a.matrix(m.q, n("attn_q.weight"));
+    }
+    d.kv_a_mqa = a.matrix(m.kv_a_mqa, n("attn_kv_a_mqa.weight"));
+    d.kv_a_norm = a.vec(m.kv_a_norm);
+    d.output = a.matrix(m.output, n("attn_output.weight"));
+    // W_UK_h [kv_lora][nope] and W_UV_h [v_head][kv_lora] per head, as the CPU's mla_attend uses them.
+    d.uk = {a.bf16(uint64_t(nh * kvl * nope),
+                   [&](float* out) {
+                     if (!m.legacy_kv_b) {
+                       for (int64_t r = 0; r < nh * kvl; ++r) ops::dequantize_row(m.k_b, r, out + r * nope);
+                       return;
+                     }
+                     std::vector<float> row(static_cast<size_t>(kvl));
+                     for (int64_t h = 0; h < nh; ++h)
+                       for (int64_t i = 0; i < nope; ++i) {
+                         ops::dequantize_row(m.kv_b, h * (nope + vh) + i, row.data());
+                         for (int64_t c = 0; c < kvl; ++c) out[(h * kvl + c) * nope + i] = row[size_t(c)];
+                       }
+                   }),
+            int(nh), int(kvl), int(nope)};
+    d.uv = {a.bf16(uint64_t(nh * vh * kvl),
+                   [&](float* out) {
+                     for (int64_t h = 0; h < nh; ++h)
+                       for (int64_t j = 0; j < vh; ++j) {
+                         const int64_t r = m.legacy_kv_b ? h * (nope + vh) + nope + j : h * vh + j;
+                         ops::dequantize_row(m.legacy_kv_b ? m.kv_b : m.v_b, r, out + (h * vh + j) * kvl);
+                       }
+                   }),
+            int(nh), int(vh), int(kvl)};
+    if (sparse && L.indexer.present) {
+      d.indexer = true;
+      d.idx_q_b = a.matrix(L.indexer.q_b, n("indexer.attn_q_b.weight"));
+      d.idx_k = a.matrix(L.indexer.k, n("indexer.attn_k.weight"));
+      d.idx_proj = a.matrix(L.indexer.proj, n("indexer.proj.weight"));
+      d.idx_k_norm_w = a.vec(L.indexer.k_norm_w);
+      d.idx_k_norm_b = a.vec(L.indexer.k_norm_b);
+    }
+    const FfnWeights& f = L.ffn;
+    d.moe = f.moe;
+    if (!f.moe) {
+      d.gate = a.matrix(f.gate, n("ffn_gate.weight"));
+      d.up = a.matrix(f.up, n("ffn_up.weight"));
+      d.down = a.matrix(f.down, n("ffn_down.weight"));
+    } else {
+      d.gate_inp = a.matrix(f.gate_inp, n("ffn_gate_inp.weight"));
+      d.exp_probs_b = a.vec(f.exp_probs_b);
+      d.gate_exps = a.matrix(f.gate_exps, n("ffn_gate_exps.weight"));
+      d.up_exps = a.matrix(f.up_exps, n("ffn_up_exps.weight"));
+      d.down_exps = a.matrix(f.down_exps, n("ffn_down_exps.weight"));
+      d.shared = f.gate_shexp.data != nullptr;
+      if (d.shared) {
+        d.gate_shexp = a.matrix(f.gate_shexp, n("ffn_gate_shexp.weight"));
+        d.up_shexp = a.matrix(f.up_shexp, n("ffn_up_shexp.weight"));
+        d.down_shexp = a.matrix(f.down_shexp, n("ffn_down_shexp.weight"));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+GpuModel::GpuModel() = default;
+GpuModel::~GpuModel() = default;
+
+std::unique_ptr<GpuModel> GpuModel::load(const Model& cpu, const GpuModelOptions& opts) {
+  std::string why;
+  const std::vector<ops::DeviceInfo> devs = ops::list_devices(&why);
+  if (!ops::built_with_cuda()) fail("--device cuda: this build has no CUDA");
+  if (devs.empty()) fail("--device cuda: no CUDA device ({})", why);
+  if (opts.device < 0 || size_t(opts.device) >= devs.size())
+    fail("--device cuda: device {} does not exist ({} found)", opts.device, devs.size());
+  const ops::DeviceInfo& dev = devs[size_t(opts.device)];
+  gpu::set_device(dev.index);
+
+  std::unique_ptr<GpuModel> g(new GpuModel());
+  g->hp_ = cpu.hparams();
+  g->spec_ = &cpu.spec();
+  g->attention_ = cpu.attention();
+  g->opts_ = opts;
+  const HParams& hp = g->hp_;
+  const bool sparse = g->attention_ == AttentionMode::Sparse && hp.has_indexer();
+
+  // Kernels for both cache formats; the options' one must have a GPU path.
+  cuda::IndexerKernel idx_kernel[2] = {};
+  cuda::AttentionKernel attn_kernel[2] = {};
+  std::string unusable[2];
+  for (int f = 0; f < 2; ++f) {
+    const ops::AttentionProblem p = ops::attention_problem(hp, &dev, sparse, f == 1);
+    g->plans_[f] = ops::select_backends(p);
+    const std::string attn = g->plans_[f].get("attention").chosen;
+    if (attn == "cuda-mma") attn_kernel[f] = cuda::AttentionKernel::Mma;
+    else if (attn == "cuda-fma") attn_kernel[f] = cuda::AttentionKernel::Fma;
+    else unusable[f] = "no GPU attention kernel";
+    if (sparse) {
+      const std::string idx = g->plans_[f].get("indexer").chosen;
+      if (idx == "cuda-mma") idx_kernel[f] = cuda::IndexerKernel::Mma;
+      else if (idx == "cuda-fma") idx_kernel[f] = cuda::IndexerKernel::Fma;
+      else unusable[f] = "no GPU indexer kernel";
+      if (g->plans_[f].get("top-k").chosen != "cuda-radix") unusable[f] = "no GPU top-k kernel";
+    }
+    if (opts.precise) {  // the fp32 FMA kernels where they take the shape
+      for (const ops::Candidate& c : g->plans_[f].get("attention").candidates)
+        if (c.name == "cuda-fma" && c.supported) attn_kernel[f] = cuda::AttentionKernel::Fma;
+      if (sparse)
+        for (const ops::Candidate& c : g->plans_[f].get("indexer").candidates)
+          if (c.name == "cuda-fma" && c.supported) idx_kernel[f] = cuda::IndexerKernel::Fma;
+    }
+    if (!unusable[f].empty()) unusable[f] += ":\n" + ops::format_plan(p, g->plans_[f]);
+  }
+  const int fi = opts.kv_cache == cuda::KvDtype::FP8 ? 1 : 0;
+  if (opts.verbose) {
+    std::fprintf(stderr, "%s", ops::format_plan(ops::attention_problem(hp, &dev, sparse, fi == 1), g->plans_[fi]).c_str());
+    if (opts.precise) std::fprintf(stderr, "  precise mode: fp32 matrix products and the fp32 FMA attention / indexer kernels\n");
+  }
+  if (!unusable[fi].empty()) fail("--device cuda with a {} cache: {}", cuda::kv_dtype_name(opts.kv_cache), unusable[fi]);
+
+  // Measure, check against free memory, then upload.
+  Arena measure;
+  auto st = std::make_unique<State>();
+  bind(measure, cpu.weights(), hp, sparse, *st);
+  uint64_t free_b = 0, total_b = 0;
+  gpu::memory_info(&free_b, &total_b);
+  g->mem_.device = fmt::format("GPU {} ({})", dev.index, dev.name);
+  g->mem_.total = total_b;
+  g->mem_.quantized = measure.quantized;
+  g->mem_.absorption = measure.absorption;
+  g->mem_.vectors = measure.vectors;
+  g->mem_.workspace_tokens = std::max<int64_t>(1, opts.max_batch_tokens);
+  {
+    WsDims d;
+    d.T = d.R = g->mem_.workspace_tokens;
+    d.max_ctx = std::max<int64_t>(1, opts.min_cache_tokens);
+    d.table_entries = d.T * ((d.max_ctx + 15) / 16);
+    d.score_rows = score_rows_for(d.T, d.max_ctx);
+    g->mem_.workspace_estimate = layout_workspace(hp, sparse, d, nullptr, nullptr);
+  }
+  const uint64_t min_cache = uint64_t(std::max<int64_t>(0, opts.min_cache_tokens)) * g->cache_bytes_per_token();
+  const uint64_t need = measure.bytes() + min_cache + g->mem_.workspace_estimate + kReserve;
+  if (need > free_b)
+    fail("not enough memory on {}: the model needs {} of weights ({} of matrices as stored, {} of bf16 W_UK/W_UV, "
+         "{} of fp32 vectors) + {} for a KV cache of {} tokens ({}, {} per token) + {} of workspace for "
+         "{}-token forwards + {} of reserve = {}, and {} of its {} are free",
+         g->mem_.device, bytes_str(measure.bytes()), bytes_str(measure.quantized), bytes_str(measure.absorption),
+         bytes_str(measure.vectors), bytes_str(min_cache), opts.min_cache_tokens, cuda::kv_dtype_name(opts.kv_cache),
+         bytes_str(g->cache_bytes_per_token()), bytes_str(g->mem_.workspace_estimate), g->mem_.workspace_tokens,
+         bytes_str(kReserve), bytes_str(need), bytes_str(free_b), bytes_str(total_b));
+
+  st->weights = cuda::DeviceBuffer(measure.bytes());
+  Arena up;
+  up.begin_upload(st->weights);
+  bind(up, cpu.weights(), hp, sparse, *st);
+  st->rope = std::make_unique<cuda::DeviceRope>(cpu.rope());
+  for (int f = 0; f < 2; ++f) {
+    st->idx_kernel[f] = idx_kernel[f];
+    st->attn_kernel[f] = attn_kernel[f];
+    st->unusable[f] = unusable[f];
+  }
+  g->st_ = std::move(st);
+  gpu::memory_info(&free_b, &total_b);
+  g->mem_.free_after_load = free_b;
+  return g;
+}
+
+kv::CacheShape GpuModel::cache_shape(int32_t n_blocks, int32_t block_size) const {
+  kv::CacheShape s;
+  s.n_layers = int32_t(hp_.n_layer);
+  s.latent_dim = int32_t(hp_.kv_lora_rank + hp_.qk_rope);
+  s.idx_dim = hp_.has_indexer() ? int32_t(hp_.idx_dim) : 0;
+  s.block_size = block_size;
+  s.n_blocks = n_blocks;
+  return s;
+}
+
+namespace {
+
+// Layers that store index keys: those that run their own indexer in sparse mode.
+std::vector<bool> key_layers(const HParams& hp, AttentionMode mode) {
+  std::vector<bool> keys(hp.n_layer, false);
+  if (mode != AttentionMode::Sparse || !hp.has_indexer()) return keys;
+  for (uint32_t l = 0; l < hp.n_layer; ++l) keys[l] = l < hp.idx_full.size() ? bool(hp.idx_full[l]) : true;
+  return keys;
+}
+
+}  // namespace
+
+uint64_t GpuModel::cache_bytes_per_token() const {
+  return GpuCache::bytes_per_token(cache_shape(1, 1), int32_t(hp_.kv_lora_rank), opts_.kv_cache,
+                                   key_layers(hp_, attention_));
+}
+
+int64_t GpuModel::cache_capacity_tokens() const {
+  uint64_t free_b = 0, total_b = 0;
+  gpu::memory_info(&free_b, &total_b);
+  const uint64_t held = mem_.workspace_estimate + kReserve;
+  return free_b > held ? int64_t((free_b - held) / cache_bytes_per_token()) : 0;
+}
+
+std::string GpuModel::memory_report() const {
+  const uint64_t per_token = cache_bytes_per_token();
+  return fmt::format(
+      "{}: weights {} ({} matrices as stored, {} bf16 W_UK/W_UV, {} fp32 vectors); KV cache {} per token ({}, {} "
+      "layers), room for {} tokens in the free memory; workspace {} for {}-token forwards; {} of {} free",
+      mem_.device, bytes_str(mem_.weights()), bytes_str(mem_.quantized), bytes_str(mem_.absorption),
+      bytes_str(mem_.vectors), bytes_str(per_token), cuda::kv_dtype_name(opts_.kv_cache), hp_.n_layer,
+      cache_capacity_tokens(), bytes_str(mem_.workspace_estimate), mem_.workspace_tokens,
+      bytes_str([] {
+        uint64_t f = 0, t = 0;
+        gpu::memory_info(&f, &t);
+        return f;
+      }()),
+      bytes_str(mem_.total));
+}
+
+GpuCache GpuModel::make_cache(int32_t n_blocks, int32_t block_size) const {
+  const kv::CacheShape shape = kv::checked_cache_shape(cache_shape(n_blocks, block_size));
+  const int64_t tokens = int64_t(n_blocks) * block_size;
+  const uint64_t bytes = uint64_t(tokens) * cache_bytes_per_token();
+  uint64_t free_b = 0, total_b = 0;
+  gpu::memory_info(&free_b, &total_b);
+  if (bytes + kReserve > free_b)
+    fail("KV cache of {} tokens ({} blocks of {}) needs {} on {} ({}, {} per token), but only {} of {} are free "
+         "beside the weights ({}); at most about {} tokens fit",
+         tokens, n_blocks, block_size, bytes_str(bytes), mem_.device, cuda::kv_dtype_name(opts_.kv_cache),
+         bytes_str(cache_bytes_per_token()), bytes_str(free_b), bytes_str(total_b), bytes_str(mem_.weights()),
+         free_b > kReserve ? (free_b - kReserve) / cache_bytes_per_token() : 0);
+  return GpuCache(shape, int32_t(hp_.kv_lora_rank), opts_.kv_cache, key_layers(hp_, attention_));
+}
+
+// ---- forward ----
+
+void GpuModel::forward(const std::vector<SeqInput>& batch, GpuCache& cache, std::vector<float>& logits,
+                       Decisions* record) {
+  State& st = *st_;
+  const HParams& hp = hp_;
+  const int64_t H = hp.n_embd, V = hp.n_vocab;
+  const kv::CacheShape& cs = cache.shape();
+  if (cs.n_layers != int32_t(hp.n_layer) || cs.latent_dim != int32_t(hp.kv_lora_rank + hp.qk_rope) ||
+      cache.kv_lora() != int32_t(hp.kv_lora_rank))
+    fail("GPU forward: the cache ({} layers, latent {}) was not made for this model ({} layers, latent {})",
+         cs.n_layers, cs.latent_dim, hp.n_layer, hp.kv_lora_rank + hp.qk_rope);
+  const int fi = cache.dtype() == cuda::KvDtype::FP8 ? 1 : 0;
+  if (!st.unusable[fi].empty()) fail("GPU forward with a {} cache: {}", cuda::kv_dtype_name(cache.dtype()), st.unusable[fi]);
+  const FlatBatch b = flatten_batch(batch, cache, hp.n_vocab);
+  const int64_t T = int64_t(b.toks.size()), R = int64_t(b.out_rows.size());
+  if (T == 0) return;
+  const bool sparse = attention_ == AttentionMode::Sparse && hp.has_indexer();
+
+  // Metadata of the batch, on the host first. Every block a sequence reaches must be in the cache.
+  const int32_t bs = cache.block_size();
+  const int64_t n_seq = int64_t(batch.size());
+  int32_t max_blocks = 1;
+  std::vector<int64_t> seq_end(static_cast<size_t>(n_seq), 0);
+  for (int64_t s = 0; s < n_seq; ++s) {
+    seq_end[size_t(s)] = batch[size_t(s)].pos0 + int64_t(batch[size_t(s)].tokens.size());
+    max_blocks = std::max(max_blocks, int32_t((seq_end[size_t(s)] + bs - 1) / bs));
+  }
+  std::vector<int32_t> tables(size_t(n_seq * max_blocks), 0);
+  for (int64_t s = 0; s < n_seq; ++s) {
+    const std::vector<int32_t>& t = *batch[size_t(s)].block_table;
+    const int64_t used = (seq_end[size_t(s)] + bs - 1) / bs;
+    for (int64_t i = 0; i < used; ++i) {
+      if (t[size_t(i)] < 0 || t[size_t(i)] >= cache.n_blocks())
+        fail("forward: sequence {} maps block {} to {}, outside the cache's {} blocks", s, i, t[size_t(i)],
+             cache.n_blocks());
+      tables[size_t(s * max_blocks + i)] = t[size_t(i)];
+    }
+  }
+  std::vector<int32_t> seq(static_cast<size_t>(T)), nctx(static_cast<size_t>(T)), out_rows(static_cast<size_t>(R));
+  std::vector<int64_t> pos(static_cast<size_t>(T)), slots(static_cast<size_t>(T));
+  int64_t max_ctx = 1;
+  for (int64_t t = 0; t < T; ++t) {
+    const TokenRef& tok = b.toks[size_t(t)];
+    seq[size_t(t)] = tok.seq;
+    pos[size_t(t)] = tok.pos;
+    slots[size_t(t)] = tok.slot;
+    if (tok.pos + 1 > INT32_MAX) fail("forward: position {} is too large", tok.pos);
+    nctx[size_t(t)] = int32_t(tok.pos + 1);
+    max_ctx = std::max(max_ctx, tok.pos + 1);
+  }
+  for (int64_t r = 0; r < R; ++r) out_rows[size_t(r)] = int32_t(b.out_rows[size_t(r)]);
+
+  // The workspace, grown when this forward needs more than the last.
+  WsDims d;
+  d.T = T;
+  d.R = R;
+  d.table_entries = n_seq * max_blocks;
+  d.max_ctx = max_ctx;
+  d.score_rows = sparse ? score_rows_for(T, max_ctx) : 0;
+  const uint64_t need = layout_workspace(hp, sparse, d, nullptr, nullptr);
+  if (need > st.ws_buf.bytes()) st.ws_buf = cuda::DeviceBuffer(need + need / 4);
+  layout_workspace(hp, sparse, d, st.ws_buf.as<char>(), &st.ws);
+  st.ws_dims = d;
+  st.T = T;
+  st.max_ctx = max_ctx;
+  st.max_blocks = max_blocks;
+  st.block_size = bs;
+  st.selection_made = false;
+  st.record = record;
+  if (record) record->layers.assign(hp.n_layer, LayerDecisions{});
+  Workspace& w = st.ws;
+  const cuda::Stream s = st.s();
+  gpu::upload_async(w.ids, b.ids.data(), size_t(T) * 4, s);
+  gpu::upload_async(w.seq, seq.data(), size_t(T) * 4, s);
+  gpu::upload_async(w.nctx, nctx.data(), size_t(T) * 4, s);
+  gpu::upload_async(w.tables, tables.data(), tables.size() * 4, s);
+  gpu::upload_async(w.out_rows, out_rows.data(), size_t(R) * 4, s);
+  gpu::upload_async(w.pos, pos.data(), size_t(T) * 8, s);
+  gpu::upload_async(w.slots, slots.data(), size_t(T) * 8, s);
+
+  cuda::dequantize_rows(st.token_embd, w.ids, T, w.h, s);
+  cuda::rms_norm(w.h, H, st.layers[0].attn_norm, T, H, hp.rms_eps, w.x, H, s);
+  for (uint32_t il = 0; il < hp.n_layer; ++il) {
+    const Layer& L = st.layers[il];
+    attention_layer(L, int32_t(il), cache);
+    cuda::add_rms_norm(w.h, w.attn, L.ffn_norm, T, H, hp.rms_eps, w.x, s);
+    ffn(L, int32_t(il));
+    if (il + 1 < hp.n_layer) cuda::add_rms_norm(w.h, w.attn, st.layers[il + 1].attn_norm, T, H, hp.rms_eps, w.x, s);
+    else cuda::add(w.h, w.attn, T * H, s);
+  }
+
+  // The output head, on the requested rows only.
+  if (R == 0) return;
+  gpu::gather_rows(w.h, H, w.out_rows, 1, R, w.rows_h, s);
+  cuda::rms_norm(w.rows_h, H, st.output_norm, R, H, hp.rms_eps, w.rows_n, H, s);
+  product(st.output, w.rows_n, R, w.logits);
+  const size_t base = logits.size();
+  logits.resize(base + size_t(R * V));
+  gpu::download(logits.data() + base, w.logits, size_t(R * V) * sizeof(float), s);
+}
+
+// attn = attention(x) for every new token, after writing their latent rows (and, on full indexer
+// layers, their index keys and the selection that this and the following shared layers use).
+void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
+  State& st = *st_;
+  Workspace& w = st.ws;
+  const HParams& hp = hp_;
+  const cuda::Stream s = st.s();
+  const int64_t T = st.T, nh = hp.n_head, nope = hp.qk_nope, rope = hp.qk_rope, kvl = hp.kv_lora_rank;
+  const int64_t qk = nope + rope, lat = kvl + rope;
+  const bool sparse = attention_ == AttentionMode::Sparse && hp.has_indexer();
+
+  if (hp.q_lora_rank > 0) {
+    const int64_t ql = hp.q_lora_rank;
+    product(L.q_a, w.x, T, w.qr);
+    cuda::rms_norm(w.qr, ql, L.q_a_norm, T, ql, hp.rms_eps, w.qr, ql, s);
+  }
+  // The latent rows [rmsnorm(c) | rope(k_pe)] into the cache.
+  product(L.kv_a_mqa, w.x, T, w.kv);
+  cuda::rms_norm(w.kv, lat, L.kv_a_norm, T, kvl, hp.rms_eps, w.kv, lat, s);
+  st.rope->apply(w.kv + kvl, T, 1, lat, w.pos, spec_->main_rope, s);
+  cuda::write_latent_rows(w.kv, w.slots, T, cache.dtype(), int(kvl), int(rope), cache.latent(il),
+                          cache.latent_row_bytes(), s);
+
+  if (sparse && L.indexer) {
+    indexer(L, il, cache);
+    st.selection_made = true;
+  }
+  if (sparse && !st.selection_made)
+    fail("GPU forward: layer {} shares the indexer selection, but no earlier layer has an indexer", il);
+  if (sparse && st.record) {
+    const int64_t k = hp.idx_top_k;
+    std::vector<int32_t> sel(size_t(T * k));
+    gpu::download(sel.data(), w.sel, sel.size() * sizeof(int32_t), s);
+    auto& out = st.record->layers[size_t(il)].selected;
+    out.assign(size_t(T), {});
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < k; ++i)
+        if (sel[size_t(t * k + i)] >= 0) out[size_t(t)].push_back(sel[size_t(t * k + i)]);
+  }
+
+  // q per head [q_nope | rope(q_pe)], absorbed into the latent space: qfull = [W_UK_h q_nope | q_pe].
+  if (hp.q_lora_rank > 0) product(L.q_b, w.qr, T, w.q);
+  else product(L.q, w.x, T, w.q);
+  st.rope->apply(w.q + nope, T, nh, qk, w.pos, spec_->main_rope, s);
+  st.blas.per_head(L.uk, w.q, qk, T, w.qfull, lat, s);
+  gpu::copy_columns(w.q + nope, qk, w.qfull + kvl, lat, rope, T * nh, s);
+
+  cuda::AttentionArgs a;
+  a.q = w.qfull;
+  a.T = T;
+  a.heads = int(nh);
+  a.kv_lora = int(kvl);
+  a.rope = int(rope);
+  a.scale = hp.softmax_scale();
+  a.seq = w.seq;
+  a.n_ctx = w.nctx;
+  a.selected = sparse ? w.sel : nullptr;
+  a.top_k = sparse ? int(hp.idx_top_k) : 0;
+  a.max_ctx = st.max_ctx;
+  a.latent = {cache.latent(il), cache.latent_row_bytes(), w.tables, st.max_blocks, st.block_size};
+  a.dtype = cache.dtype();
+  a.out = w.olat;
+  cuda::sparse_mla(a, st.attn_kernel[cache.dtype() == cuda::KvDtype::FP8 ? 1 : 0], st.attn_ws, s);
+
+  // Out of the latent space per head, then the output projection.
+  st.blas.per_head(L.uv, w.olat, kvl, T, w.o, hp.v_head, s);
+  product(L.output, w.o, T, w.attn);
+}
+
+// The lightning indexer of a full layer: writes the new tokens' index keys, then selects for each
+// token the top-k positions of its sequence into ws.sel.
+void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
+  State& st = *st_;
+  Workspace& w = st.ws;
+  const HParams& hp = hp_;
+  const cuda::Stream s = st.s();
+  const int64_t T = st.T, heads = hp.idx_heads, dim = hp.idx_dim;
+  if (!cache.has_keys(il)) fail("GPU forward: the cache holds no index keys for layer {}", il);
+
+  // keys: layernorm(x @ attn_k), rope on the first rope dims
+  product(L.idx_k, w.x, T, w.ik);
+  cuda::layer_norm(w.ik, L.idx_k_norm_w, L.idx_k_norm_b, T, dim, 1e-6f, w.ikn, s);
+  st.rope->apply(w.ikn, T, 1, dim, w.pos, spec_->indexer_rope, s);
+  cuda::write_index_keys(w.ikn, w.slots, T, cache.dtype(), int(dim), cache.keys(il), cache.key_row_bytes(), s);
+
+  // queries: qr @ q_b, rope on the first rope dims of each head; weights with both scales folded in
+  product(L.idx_q_b, w.qr, T, w.iq);
+  st.rope->apply(w.iq, T, heads, dim, w.pos, spec_->indexer_rope, s);
+  product(L.idx_proj, w.x, T, w.iw);
+  cuda::scale(w.iw, 1.0f / std::sqrt(float(heads) * float(dim)), T * heads, s);
+
+  const int fi = cache.dtype() == cuda::KvDtype::FP8 ? 1 : 0;
+  const int64_t chunk = st.ws_dims.score_rows;
+  const int k = int(hp.idx_top_k);
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    const int64_t n = std::min(chunk, T - t0);
+    cuda::IndexerArgs a;
+    a.q = w.iq + t0 * heads * dim;
+    a.w = w.iw + t0 * heads;
+    a.T = n;
+    a.heads = int(heads);
+    a.dim = int(dim);
+    a.seq = w.seq + t0;
+    a.n_ctx = w.nctx + t0;
+    a.max_ctx = st.max_ctx;
+    a.keys = {cache.keys(il), cache.key_row_bytes(), w.tables, st.max_blocks, st.block_size};
+    a.dtype = cache.dtype();
+    a.scores = w.scores;
+    a.score_stride = st.max_ctx;
+    cuda::indexer_scores(a, st.idx_kernel[fi], s);
+    cuda::top_k(w.scores, n, st.max_ctx, w.nctx + t0, k, w.sel + t0 * k, s, &st.topk_ws);
+  }
+}
+
+void GpuModel::product(const QuantMatrix& w, const float* x, int64_t T, float* y) {
+  if (opts_.precise) cuda::matmul_decode(w, x, T, y, st_->s());
+  else cuda::matmul(w, x, T, y, st_->s());
+}
+
+void GpuModel::mlp(const QuantMatrix& gate, const QuantMatrix& up, const QuantMatrix& down, const float* y, int64_t T,
+                   float* out) {
+  State& st = *st_;
+  const cuda::Stream s = st.s();
+  const int64_t F = gate.n_rows;
+  product(gate, y, T, st.ws.g);
+  product(up, y, T, st.ws.u);
+  cuda::silu_mul(st.ws.g, st.ws.u, T * F, s);
+  product(down, st.ws.g, T, out);
+}
+
+// attn = ffn(x): the dense MLP, or the routed experts plus the shared ones.
+//
+// First version of the routed experts: the per-expert token counts are read back to the host (one
+// synchronization per MoE layer) and each expert with tokens runs cuda::matmul over its rows of
+// the stacked expert tensors, on the tokens gathered for it. Grouped GEMMs that read the counts on
+// the device would remove the synchronization.
+void GpuModel::ffn(const Layer& L, int32_t il) {
+  State& st = *st_;
+  Workspace& w = st.ws;
+  const HParams& hp = hp_;
+  const cuda::Stream s = st.s();
+  const int64_t T = st.T, H = hp.n_embd;
+  if (!L.moe) {
+    mlp(L.gate, L.up, L.down, w.x, T, w.attn);
+    return;
+  }
+  const int64_t E = hp.n_expert, k = hp.n_expert_used, Fe = hp.n_ff_exp;
+  // Router logits in fp32 at every batch size (the decode kernel): the routing is a discrete
+  // choice, and fp32 keeps it where the CPU's is.
+  cuda::matmul_decode(L.gate_inp, w.x, T, w.rlog, s);
+  cuda::moe_route(hp, w.rlog, L.exp_probs_b, T, w.rids, w.rw, s);
+  if (st.record) {
+    std::vector<int32_t> ids(size_t(T * k));
+    std::vector<float> wts(size_t(T * k));
+    gpu::download(ids.data(), w.rids, ids.size() * sizeof(int32_t), s);
+    gpu::download(wts.data(), w.rw, wts.size() * sizeof(float), s);
+    LayerDecisions& d = st.record->layers[size_t(il)];
+    for (int64_t t = 0; t < T; ++t) {
+      d.experts.emplace_back(ids.begin() + t * k, ids.begin() + (t + 1) * k);
+      d.weights.emplace_back(wts.begin() + t * k, wts.begin() + (t + 1) * k);
+    }
+  }
+  cuda::moe_group(w.rids, T * k, E, w.counts, w.offsets, w.perm, w.group_ws, s);
+  st.host_counts.resize(size_t(E));
+  gpu::download(st.host_counts.data(), w.counts, size_t(E) * sizeof(int32_t), s);
+
+  if (L.shared) mlp(L.gate_shexp, L.up_shexp, L.down_shexp, w.x, T, w.attn);
+  else gpu::fill_bytes(w.attn, 0, size_t(T * H) * sizeof(float), s);
+
+  int64_t n_routed = 0;
+  for (int32_t c : st.host_counts) n_routed += c;
+  if (n_routed == 0) return;
+  gpu::gather_rows(w.x, H, w.perm, int32_t(k), n_routed, w.ye, s);
+  int64_t off = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = st.host_counts[size_t(e)];
+    if (n == 0) continue;
+    product(rows(L.gate_exps, e * Fe, Fe), w.ye + off * H, n, w.g + off * Fe);
+    product(rows(L.up_exps, e * Fe, Fe), w.ye + off * H, n, w.u + off * Fe);
+    off += n;
+  }
+  cuda::silu_mul(w.g, w.u, n_routed * Fe, s);
+  off = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = st.host_counts[size_t(e)];
+    if (n == 0) continue;
+    product(rows(L.down_exps, e * H, H), w.g + off * Fe, n, w.oe + off * H);
+    off += n;
+  }
+  gpu::moe_combine(w.oe, w.perm, n_routed, w.rids, w.rw, T, int(k), H, w.inv, w.attn, s);
+}
+
+}  // namespace sparsemla::model

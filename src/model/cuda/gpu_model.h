@@ -1,0 +1,155 @@
+// The whole model on one GPU: the same forward as model::Model (model/forward.cpp), every layer on
+// the device, over a paged bf16 or fp8 KV cache in device memory. Plain C++ (no CUDA headers);
+// built only with CUDA (SPARSEMLA_HAVE_CUDA).
+//
+// Weights are uploaded once, as the GGUF file stores them (quantized matrices are read in place by
+// cuda::matmul); the per-head absorption matrices W_UK / W_UV become bf16 for cuBLAS; norms and
+// biases are fp32. Activations are fp32 between the operations.
+//
+// Host synchronization: one per MoE layer (the per-expert token counts are read back to size the
+// expert products) and one at the end (the logits are copied to the host).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kv/block_allocator.h"
+#include "kv/paged_cache.h"
+#include "model/arch/arch.h"
+#include "model/batch.h"
+#include "model/decisions.h"
+#include "model/forward.h"
+#include "model/hparams.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/buffer.h"
+#include "ops/cuda/quant_matmul.h"
+#include "ops/select/select.h"
+
+namespace sparsemla::model {
+
+class Model;
+
+// The KV cache in device memory: per layer and slot a latent row and (on layers that run their own
+// indexer) an index key, in the formats of ops/cuda/attention.h. Blocks, slots and block tables are
+// kv::PagedCache's (the same BlockAllocator), so a host block table means the same slots in both.
+class GpuCache : public kv::BlockAllocator {
+ public:
+  // layer_keys[l]: layer l stores index keys (empty: every layer does when shape.idx_dim > 0).
+  GpuCache(const kv::CacheShape& shape, int32_t kv_lora, cuda::KvDtype dtype, std::vector<bool> layer_keys = {});
+
+  const kv::CacheShape& shape() const { return shape_; }
+  cuda::KvDtype dtype() const { return dtype_; }
+  int32_t kv_lora() const { return kv_lora_; }
+  int64_t latent_row_bytes() const { return latent_row_; }
+  int64_t key_row_bytes() const { return key_row_; }
+  bool has_keys(int32_t layer) const { return key_index_[size_t(layer)] >= 0; }
+  void* latent(int32_t layer) const {  // [n_slots, latent_row_bytes]
+    return latent_.as<char>() + int64_t(layer) * n_slots() * latent_row_;
+  }
+  void* keys(int32_t layer) const {  // [n_slots, key_row_bytes]; null without keys
+    const int32_t k = key_index_[size_t(layer)];
+    return k < 0 ? nullptr : keys_.as<char>() + int64_t(k) * n_slots() * key_row_;
+  }
+  uint64_t bytes() const { return latent_.bytes() + keys_.bytes(); }
+  // Device bytes of one token's rows over all layers.
+  static uint64_t bytes_per_token(const kv::CacheShape& shape, int32_t kv_lora, cuda::KvDtype dtype,
+                                  const std::vector<bool>& layer_keys);
+
+ private:
+  kv::CacheShape shape_;
+  int32_t kv_lora_ = 0;
+  cuda::KvDtype dtype_;
+  int64_t latent_row_ = 0, key_row_ = 0;
+  std::vector<int32_t> key_index_;  // [n_layers] index into keys_, -1 without keys
+  cuda::DeviceBuffer latent_;       // [n_layers, n_slots, latent_row]
+  cuda::DeviceBuffer keys_;         // [layers with keys, n_slots, key_row]
+};
+
+struct GpuModelOptions {
+  cuda::KvDtype kv_cache = cuda::KvDtype::BF16;  // the format make_cache() uses
+  int device = 0;
+  bool verbose = false;            // print the backend table at load
+  int64_t min_cache_tokens = 1024; // load refuses unless a cache of this many tokens fits beside the weights
+  int64_t max_batch_tokens = 512;  // the forward size the workspace estimate at load is made for
+  // fp32 matrix products at every batch size (the decode kernels) and the fp32 FMA attention and
+  // indexer kernels, instead of bf16 tensor-core products for prefill: slower, and the closest the
+  // GPU comes to the CPU's arithmetic (what the tests compare strictly). The caches stay as chosen.
+  bool precise = false;
+};
+
+// What the GPU holds, in bytes, as measured at load.
+struct GpuMemory {
+  std::string device;
+  uint64_t total = 0;
+  uint64_t quantized = 0;         // matrices as the file stores them
+  uint64_t absorption = 0;        // bf16 W_UK / W_UV
+  uint64_t vectors = 0;           // fp32 norms and biases
+  uint64_t weights() const { return quantized + absorption + vectors; }
+  uint64_t free_after_load = 0;
+  uint64_t workspace_estimate = 0;  // one forward of max_batch_tokens tokens
+  int64_t workspace_tokens = 0;
+};
+
+class GpuModel {
+ public:
+  // Uploads `cpu`'s weights (its attention mode, hyperparameters and arch too); `cpu` need not
+  // outlive the GpuModel. Throws Error before allocating anything when the weights, a cache of
+  // min_cache_tokens and the workspace do not fit in the device's free memory, when a weight's
+  // type has no CUDA kernel, or when the device has no GPU kernel for an attention operation.
+  static std::unique_ptr<GpuModel> load(const Model& cpu, const GpuModelOptions& opts = {});
+  ~GpuModel();
+  GpuModel(const GpuModel&) = delete;
+  GpuModel& operator=(const GpuModel&) = delete;
+
+  const HParams& hparams() const { return hp_; }
+  AttentionMode attention() const { return attention_; }
+  cuda::KvDtype kv_dtype() const { return opts_.kv_cache; }
+  const ops::BackendPlan& plan(cuda::KvDtype d) const { return plans_[d == cuda::KvDtype::FP8 ? 1 : 0]; }
+  const GpuMemory& memory() const { return mem_; }
+
+  // Cache geometry, device bytes per token, and the tokens of cache that free memory holds now
+  // (after the workspace estimate), in the format of the options.
+  kv::CacheShape cache_shape(int32_t n_blocks, int32_t block_size = 16) const;
+  uint64_t cache_bytes_per_token() const;
+  int64_t cache_capacity_tokens() const;
+  // One line on the device's memory: weights, cache per token and capacity in tokens, workspace.
+  std::string memory_report() const;
+
+  // A device cache of n_blocks blocks in the options' format; throws Error with the numbers when it
+  // does not fit in free memory.
+  GpuCache make_cache(int32_t n_blocks, int32_t block_size = 16) const;
+
+  // Model::forward on the GPU: runs the new tokens of every sequence, writing their cache rows, and
+  // appends logits rows ([n_vocab] each, copied to the host) in batch order: every token of a
+  // sequence with all_logits, else its last token. `record` receives the discrete choices the GPU
+  // made (model/decisions.h: the CPU forward can follow them); recording reads them back to the
+  // host layer by layer, for tests and debugging.
+  void forward(const std::vector<SeqInput>& batch, GpuCache& cache, std::vector<float>& logits,
+               Decisions* record = nullptr);
+
+  struct Layer;      // one layer's device weights
+  struct Workspace;  // activations and metadata of one forward, in one device allocation
+  struct State;      // the device objects: stream, weights, RoPE table, cuBLAS, workspace
+
+ private:
+  GpuModel();
+  void attention_layer(const Layer& L, int32_t il, GpuCache& cache);
+  void indexer(const Layer& L, int32_t il, GpuCache& cache);
+  void ffn(const Layer& L, int32_t il);
+  // out = down(silu(gate y) * up y)   y, out: [T, H]
+  // y = x W^T by the options' kernels.   x: [T, w.n_cols]   y: [T, w.n_rows]
+  void product(const cuda::QuantMatrix& w, const float* x, int64_t T, float* y);
+  void mlp(const cuda::QuantMatrix& gate, const cuda::QuantMatrix& up, const cuda::QuantMatrix& down, const float* y,
+           int64_t T, float* out);
+
+  HParams hp_;
+  const ArchSpec* spec_ = nullptr;
+  AttentionMode attention_ = AttentionMode::Sparse;
+  GpuModelOptions opts_;
+  ops::BackendPlan plans_[2];  // bf16, fp8 cache
+  GpuMemory mem_;
+  std::unique_ptr<State> st_;
+};
+
+}  // namespace sparsemla::model

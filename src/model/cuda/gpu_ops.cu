@@ -1,0 +1,130 @@
+#include "model/cuda/gpu_ops.h"
+
+#include <algorithm>
+
+#include "ops/cuda/check.cuh"
+
+namespace sparsemla::model::gpu {
+namespace {
+
+cudaStream_t st(cuda::Stream s) { return static_cast<cudaStream_t>(s); }
+
+unsigned blocks_for(int64_t n, int threads) {
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>((n + threads - 1) / threads, 65535)));
+}
+
+__global__ void gather_rows_kernel(const float* __restrict__ x, int64_t width, const int32_t* __restrict__ idx,
+                                   int32_t divisor, float* __restrict__ out) {
+  const float* src = x + int64_t(idx[blockIdx.x] / divisor) * width;
+  float* dst = out + int64_t(blockIdx.x) * width;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[c] = src[c];
+}
+
+__global__ void inverse_perm_kernel(const int32_t* __restrict__ perm, int64_t n, int32_t* __restrict__ inv) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    inv[perm[i]] = int32_t(i);
+}
+
+constexpr int kMaxSlots = 64;  // moe_route takes at most 64 experts per token
+
+// One block per token: its slots ordered by expert id (insertion sort by one thread; k is small),
+// then each thread adds them to its columns in that order.
+__global__ void moe_combine_kernel(const float* __restrict__ expert_out, const int32_t* __restrict__ ids,
+                                   const float* __restrict__ weights, const int32_t* __restrict__ inv, int k,
+                                   int64_t width, float* __restrict__ out) {
+  __shared__ int32_t order[kMaxSlots];
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < k; ++s) {
+      int i = s;
+      while (i > 0 && ids[t * k + order[i - 1]] > ids[t * k + s]) {
+        order[i] = order[i - 1];
+        --i;
+      }
+      order[i] = s;
+    }
+  }
+  __syncthreads();
+  float* dst = out + t * width;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) {
+    float acc = dst[c];
+    for (int s = 0; s < k; ++s) {
+      const int64_t j = t * k + order[s];
+      const int32_t p = inv[j];
+      if (p >= 0) acc += weights[j] * expert_out[int64_t(p) * width + c];
+    }
+    dst[c] = acc;
+  }
+}
+
+}  // namespace
+
+void set_device(int device) {
+  const cudaError_t err = cudaSetDevice(device);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    fail("CUDA device {}: {}", device, cudaGetErrorString(err));
+  }
+}
+
+void memory_info(uint64_t* free_bytes, uint64_t* total_bytes) {
+  size_t f = 0, t = 0;
+  SPARSEMLA_CUDA_CHECK(cudaMemGetInfo(&f, &t));
+  *free_bytes = f;
+  *total_bytes = t;
+}
+
+OwnedStream::OwnedStream() {
+  cudaStream_t s = nullptr;
+  SPARSEMLA_CUDA_CHECK(cudaStreamCreate(&s));
+  s_ = s;
+}
+
+OwnedStream::~OwnedStream() {
+  if (s_) cudaStreamDestroy(st(s_));
+}
+
+void OwnedStream::synchronize() const { SPARSEMLA_CUDA_CHECK(cudaStreamSynchronize(st(s_))); }
+
+void upload_async(void* dst, const void* host, size_t bytes, cuda::Stream s) {
+  if (bytes) SPARSEMLA_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, st(s)));
+}
+
+void download(void* host, const void* src, size_t bytes, cuda::Stream s) {
+  if (bytes) SPARSEMLA_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, st(s)));
+  SPARSEMLA_CUDA_CHECK(cudaStreamSynchronize(st(s)));
+}
+
+void fill_bytes(void* dst, int value, size_t bytes, cuda::Stream s) {
+  if (bytes) SPARSEMLA_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, st(s)));
+}
+
+void copy_columns(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t n, int64_t rows,
+                  cuda::Stream s) {
+  if (rows == 0 || n == 0) return;
+  SPARSEMLA_CUDA_CHECK(cudaMemcpy2DAsync(dst, size_t(dst_stride) * 4, src, size_t(src_stride) * 4, size_t(n) * 4,
+                                         size_t(rows), cudaMemcpyDeviceToDevice, st(s)));
+}
+
+void gather_rows(const float* x, int64_t width, const int32_t* idx, int32_t divisor, int64_t n, float* out,
+                 cuda::Stream s) {
+  if (n == 0) return;
+  if (n > INT32_MAX || divisor <= 0) fail("gather_rows: {} rows, divisor {}", n, divisor);
+  gather_rows_kernel<<<unsigned(n), 128, 0, st(s)>>>(x, width, idx, divisor, out);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+void moe_combine(const float* expert_out, const int32_t* perm, int64_t n_routed, const int32_t* ids,
+                 const float* weights, int64_t T, int k, int64_t width, int32_t* inv, float* out, cuda::Stream s) {
+  if (T == 0) return;
+  if (k <= 0 || k > kMaxSlots || T > INT32_MAX) fail("moe_combine: {} tokens with {} experts each", T, k);
+  fill_bytes(inv, 0xff, size_t(T) * size_t(k) * sizeof(int32_t), s);  // -1: not routed
+  if (n_routed > 0) {
+    inverse_perm_kernel<<<blocks_for(n_routed, 256), 256, 0, st(s)>>>(perm, n_routed, inv);
+    SPARSEMLA_CUDA_LAUNCH_CHECK();
+  }
+  moe_combine_kernel<<<unsigned(T), 256, 0, st(s)>>>(expert_out, ids, weights, inv, k, width, out);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace sparsemla::model::gpu

@@ -1,0 +1,55 @@
+// The few device operations the GPU model needs beyond ops/cuda: its stream, copies on it, the
+// device's memory, and the row gather and weighted combine around the routed experts. Plain C++
+// (no CUDA headers); every pointer is a device pointer unless it says host.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ops/cuda/buffer.h"
+
+namespace sparsemla::model::gpu {
+
+// Makes `device` current for this thread; throws Error naming the device on failure.
+void set_device(int device);
+// Free and total memory of the current device, in bytes.
+void memory_info(uint64_t* free_bytes, uint64_t* total_bytes);
+
+// A CUDA stream owned by the host object that holds it (blocking: it orders with the legacy
+// default stream that DeviceBuffer's copies use).
+class OwnedStream {
+ public:
+  OwnedStream();
+  ~OwnedStream();
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  cuda::Stream get() const { return s_; }
+  void synchronize() const;
+
+ private:
+  cuda::Stream s_ = nullptr;
+};
+
+void upload_async(void* dst, const void* host, size_t bytes, cuda::Stream s);
+// Copies to the host and waits for it (and for everything before it on the stream).
+void download(void* host, const void* src, size_t bytes, cuda::Stream s);
+void fill_bytes(void* dst, int value, size_t bytes, cuda::Stream s);
+
+// dst[r][0..n) = src[r][0..n) for r < rows.   src: [rows, src_stride]   dst: [rows, dst_stride] fp32
+void copy_columns(const float* src, int64_t src_stride, float* dst, int64_t dst_stride, int64_t n, int64_t rows,
+                  cuda::Stream s);
+
+// out[i] = x[idx[i] / divisor] for i < n (divisor k turns a routed entry t * k + slot into its token).
+//   x: [*, width]   idx: [n] int32   out: [n, width]
+void gather_rows(const float* x, int64_t width, const int32_t* idx, int32_t divisor, int64_t n, float* out,
+                 cuda::Stream s);
+
+// The routed experts' outputs added into `out`, each token's in ascending expert order as the CPU's
+// moe_forward adds them: out[t] += sum_slot weights[t][slot] * expert_out[pos(t * k + slot)], where
+// pos inverts perm (perm[pos] = entry) over its first n_routed entries; entries outside it add
+// nothing.   expert_out: [n_routed, width] (grouped by expert)   perm: [n_routed]
+//   ids, weights: [T, k]   inv: [T * k] int32 scratch   out: [T, width]
+void moe_combine(const float* expert_out, const int32_t* perm, int64_t n_routed, const int32_t* ids,
+                 const float* weights, int64_t T, int k, int64_t width, int32_t* inv, float* out, cuda::Stream s);
+
+}  // namespace sparsemla::model::gpu

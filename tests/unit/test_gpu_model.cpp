@@ -1,0 +1,462 @@
+// The whole model on the GPU (model::GpuModel) against the CPU engine, and against transformers'
+// logits, on every fixture: prompts in sparse and dense mode with bf16 and fp8 caches, greedy
+// generation through the GPU cache, and a batch of sequences at different stages.
+//
+// How GPU and CPU are compared. The fixtures are small random models whose discrete choices (the
+// indexer's top-k, the router's experts) have near ties: rounding the CPU's own cache rows to bf16,
+// as the GPU cache stores them, already flips some of them and moves logits by up to 0.9 of their
+// range. So the checks compare the GPU with a CPU forward that makes the GPU's choices
+// (model/decisions.h) over a cache rounded as the GPU's (kv::RowRounding): the two then compute the
+// same function, and what remains is rounding. Strictly in precise mode (fp32 products, fp32 FMA
+// attention); with a bound for the default fast kernels, whose bf16 prefill products these models
+// amplify to a few percent even with the same choices. The free-running comparisons (GPU vs CPU vs
+// transformers, each with its own choices) are printed, with only a gross-error bound.
+#include <gtest/gtest.h>
+
+#include "gpu_test_util.h"
+
+#if SPARSEMLA_HAVE_CUDA
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "gguf/reader.h"
+#include "gguf/writer.h"
+#include "model/cuda/gpu_model.h"
+#include "model/cuda/gpu_ops.h"
+#include "model/model.h"
+#include "ops/cuda/buffer.h"
+#include "test_util.h"
+#include "util/error.h"
+
+namespace sparsemla::model {
+namespace {
+
+using cuda::KvDtype;
+
+// GPU vs the CPU making the GPU's choices over the same cache format: max |diff| <= tol * max |ref|.
+// Precise mode, bf16 cache: 2e-2. fp8: one e4m3 step is 1/16 to 1/8 of a value, and a value the two
+// engines compute a rounding apart can land on the next code, so a few percent of the CPU's fp8
+// values differ from the GPU's by a whole step. The fast kernels round activations and weights of
+// every prefill product to bf16 (2e-3 each), which these models amplify to 4e-2 (bf16 cache) and
+// 1.2e-1 (fp8) on the CPU alone (the same rounding applied to the CPU's own products).
+double strict_tol(KvDtype d, bool precise) {
+  if (precise) return d == KvDtype::FP8 ? 1e-1 : 2e-2;
+  return d == KvDtype::FP8 ? 2.5e-1 : 1e-1;
+}
+constexpr double kMinArgmax = 0.99;       // rows whose argmax agrees (near ties of the reference excepted)
+constexpr double kFreeMinArgmax = 0.5;    // free-running: a gross-error bound only
+
+struct Agreement {
+  double rel = 0;         // max |got - ref| / max |ref|
+  double median = 0;      // median over rows of max |got - ref| / max |ref|
+  double argmax = 0;      // share of rows whose argmax agrees
+  double argmax_tie = 0;  // the same, counting rows where the reference's top two are within 2 tol as agreeing
+  bool finite = true;
+};
+
+Agreement compare(const std::vector<float>& got, const std::vector<float>& ref, int64_t V, int64_t rows, double tol) {
+  Agreement a;
+  if (got.size() < size_t(rows * V) || ref.size() < size_t(rows * V) || rows == 0) {
+    a.rel = INFINITY;
+    return a;
+  }
+  double max_ref = 0;
+  for (int64_t i = 0; i < rows * V; ++i) {
+    if (!std::isfinite(got[size_t(i)])) a.finite = false;
+    max_ref = std::max(max_ref, std::fabs(double(ref[size_t(i)])));
+  }
+  max_ref = std::max(max_ref, 1e-30);
+  std::vector<double> row_err;
+  int64_t same = 0, same_tie = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = got.data() + r * V;
+    const float* f = ref.data() + r * V;
+    double d = 0;
+    for (int64_t i = 0; i < V; ++i) d = std::max(d, std::fabs(double(g[i]) - f[i]));
+    row_err.push_back(d / max_ref);
+    const int32_t ag = test::argmax(g, V), af = test::argmax(f, V);
+    same += ag == af;
+    same_tie += ag == af || double(f[af]) - f[ag] <= 2 * tol * max_ref;
+  }
+  a.rel = a.finite ? *std::max_element(row_err.begin(), row_err.end()) : INFINITY;
+  std::nth_element(row_err.begin(), row_err.begin() + rows / 2, row_err.end());
+  a.median = row_err[size_t(rows / 2)];
+  a.argmax = double(same) / double(rows);
+  a.argmax_tie = double(same_tie) / double(rows);
+  return a;
+}
+
+void print(const Agreement& a, const std::string& what) {
+  std::printf("  %-46s max rel err %.2e (median row %.1e), argmax agrees %5.1f%% (%5.1f%% near ties excepted)\n",
+              what.c_str(), a.rel, a.median, 100.0 * a.argmax, 100.0 * a.argmax_tie);
+}
+
+// The GPU against the CPU that made the GPU's choices.
+void expect_same_choices(const std::vector<float>& got, const std::vector<float>& ref, int64_t V, int64_t rows,
+                         KvDtype d, bool precise, const std::string& what) {
+  const double tol = strict_tol(d, precise);
+  const Agreement a = compare(got, ref, V, rows, tol);
+  print(a, what);
+  EXPECT_TRUE(a.finite) << what << ": non-finite logits";
+  EXPECT_LE(a.rel, tol) << what;
+  EXPECT_GE(a.argmax_tie, kMinArgmax) << what;
+}
+
+// Free-running engines: printed; only a gross error (most argmaxes different) fails.
+void expect_free(const std::vector<float>& got, const std::vector<float>& ref, int64_t V, int64_t rows,
+                 const std::string& what) {
+  const Agreement a = compare(got, ref, V, rows, 2e-2);
+  print(a, what);
+  EXPECT_TRUE(a.finite) << what << ": non-finite logits";
+  EXPECT_GE(a.argmax, kFreeMinArgmax) << what;
+}
+
+const char* dtype_name(KvDtype d) { return cuda::kv_dtype_name(d); }
+const char* mode_name(AttentionMode m) { return m == AttentionMode::Sparse ? "sparse" : "dense"; }
+const char* precision_name(bool precise) { return precise ? "precise" : "fast"; }
+// Every cache format, in precise and in fast mode.
+const std::pair<KvDtype, bool> kFormats[] = {
+    {KvDtype::BF16, true}, {KvDtype::BF16, false}, {KvDtype::FP8, true}, {KvDtype::FP8, false}};
+kv::RowRounding rounding_of(KvDtype d) { return d == KvDtype::FP8 ? kv::RowRounding::FP8 : kv::RowRounding::BF16; }
+
+std::string fixture_dir(const std::string& name) { return test::fixture_path(name); }
+// llama.cpp's converter named its output model-f32.gguf; the project's fixtures are model.gguf.
+std::string fixture_model(const std::string& name) {
+  const std::string converted = fixture_dir(name) + "/model-f32.gguf";
+  return std::filesystem::exists(converted) ? converted : fixture_dir(name) + "/model.gguf";
+}
+
+GpuModelOptions options(KvDtype d, bool precise = false) {
+  GpuModelOptions o;
+  o.kv_cache = d;
+  o.precise = precise;
+  o.min_cache_tokens = 256;
+  o.max_batch_tokens = 128;
+  return o;
+}
+
+// One fixture's engines for one cache format: the GPU model, the CPU over a cache rounded as the
+// GPU's (to follow the GPU's choices), and the CPU over its exact fp32 cache (free-running).
+struct Engines {
+  Engines(const Model& m, KvDtype d, bool precise)
+      : gpu(GpuModel::load(m, options(d, precise))), gpu_cache(gpu->make_cache(64, 4)), emu_cache(m.cache_shape(64, 4)),
+        ref_cache(m.cache_shape(64, 4)) {
+    emu_cache.set_rounding(rounding_of(d), int32_t(m.hparams().kv_lora_rank));
+  }
+  std::unique_ptr<GpuModel> gpu;
+  GpuCache gpu_cache;
+  kv::PagedCache emu_cache, ref_cache;
+};
+
+// Every position's logits of one prompt, through fresh block tables: the GPU's (and its choices),
+// the CPU's following them, and the CPU's own.
+struct PromptRun {
+  std::vector<float> gpu, cpu_following, cpu_free;
+};
+PromptRun run_prompt(Engines& e, Model& cpu, const std::vector<int32_t>& ids) {
+  PromptRun r;
+  Decisions d;
+  std::vector<int32_t> tg, te, tr;
+  EXPECT_TRUE(e.gpu_cache.reserve(tg, int64_t(ids.size())));
+  EXPECT_TRUE(e.emu_cache.reserve(te, int64_t(ids.size())));
+  EXPECT_TRUE(e.ref_cache.reserve(tr, int64_t(ids.size())));
+  e.gpu->forward({SeqInput{ids, 0, &tg, true}}, e.gpu_cache, r.gpu, &d);
+  cpu.forward({SeqInput{ids, 0, &te, true}}, e.emu_cache, r.cpu_following, &d);
+  cpu.forward({SeqInput{ids, 0, &tr, true}}, e.ref_cache, r.cpu_free);
+  e.gpu_cache.release(tg);
+  e.emu_cache.release(te);
+  e.ref_cache.release(tr);
+  return r;
+}
+
+class GpuModelFixture : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::vector<int32_t> tokens(const char* seq) const {
+    return test::read_values<int32_t>(fixture_dir(GetParam()) + "/" + seq + ".tokens");
+  }
+  std::vector<float> reference(const std::string& file) const {
+    const std::string path = fixture_dir(GetParam()) + "/" + file;
+    return std::filesystem::exists(path) ? test::read_values<float>(path) : std::vector<float>{};
+  }
+};
+
+// Prompts of 1, 5 and 16 tokens (the decode matrix kernels, every position inside top-k or just
+// past it) and the two fixture prompts (the prefill kernels, the indexer selecting), in sparse and
+// dense mode, with both cache formats, precise and fast.
+TEST_P(GpuModelFixture, LogitsMatchTheCpuAndTransformers) {
+  SPARSEMLA_REQUIRE_GPU();
+  for (AttentionMode mode : {AttentionMode::Sparse, AttentionMode::Dense}) {
+    auto cpu = Model::load(fixture_model(GetParam()), {mode, 4});
+    const int64_t V = cpu->hparams().n_vocab;
+    for (const auto& [d, precise] : kFormats) {
+      Engines e(*cpu, d, precise);
+      const auto seq0 = tokens("seq0");
+      const std::string tag = fmt::format("{} {} {} {}", GetParam(), mode_name(mode), dtype_name(d), precision_name(precise));
+      for (int64_t n : {int64_t(1), int64_t(5), int64_t(16)}) {
+        const PromptRun r = run_prompt(e, *cpu, std::vector<int32_t>(seq0.begin(), seq0.begin() + n));
+        expect_same_choices(r.gpu, r.cpu_following, V, n, d, precise, fmt::format("{} {} tokens, same choices", tag, n));
+      }
+      for (const char* seq : {"seq0", "seq1"}) {
+        const auto ids = tokens(seq);
+        const int64_t n = int64_t(ids.size());
+        const PromptRun r = run_prompt(e, *cpu, ids);
+        expect_same_choices(r.gpu, r.cpu_following, V, n, d, precise, fmt::format("{} {}, same choices", tag, seq));
+        if (precise) continue;
+        expect_free(r.gpu, r.cpu_free, V, n, fmt::format("{} {} vs CPU, free", tag, seq));
+        const std::vector<float> ref =
+            reference(std::string(seq) + (mode == AttentionMode::Sparse ? ".logits.f32" : ".dense.logits.f32"));
+        if (!ref.empty()) expect_free(r.gpu, ref, V, n, fmt::format("{} {} vs transformers", tag, seq));
+      }
+    }
+  }
+}
+
+// Greedy decoding through the GPU cache: at every step the CPU, fed the same tokens and making the
+// GPU's choices over its own rounded cache, picks the GPU's token (near ties excepted). The free-
+// running greedy tokens of GPU, CPU and transformers are printed.
+TEST_P(GpuModelFixture, GreedyGenerationThroughTheGpuCacheMatchesTheCpu) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::ifstream file(fixture_dir(GetParam()) + "/greedy.json");
+  const auto j = nlohmann::json::parse(file);
+  const std::vector<int32_t> prompt = j["prompt"], want = j["greedy"];
+  auto cpu = Model::load(fixture_model(GetParam()), {AttentionMode::Sparse, 4});
+  const int64_t V = cpu->hparams().n_vocab;
+  const int64_t total = int64_t(prompt.size() + want.size());
+
+  std::vector<int32_t> free_cpu;  // the CPU's own greedy tokens
+  {
+    kv::PagedCache c(cpu->cache_shape(64, 4));
+    std::vector<int32_t> t;
+    ASSERT_TRUE(c.reserve(t, total));
+    SeqInput in{prompt, 0, &t, false};
+    for (size_t i = 0; i < want.size(); ++i) {
+      std::vector<float> l;
+      cpu->forward({in}, c, l);
+      free_cpu.push_back(test::argmax(l.data(), V));
+      in = SeqInput{{free_cpu.back()}, in.pos0 + int64_t(in.tokens.size()), &t, false};
+    }
+  }
+  for (const auto& [d, precise] : kFormats) {
+    Engines e(*cpu, d, precise);
+    const double tol = strict_tol(d, precise);
+    std::vector<int32_t> tg, te;
+    ASSERT_TRUE(e.gpu_cache.reserve(tg, total));
+    ASSERT_TRUE(e.emu_cache.reserve(te, total));
+    std::vector<int32_t> gpu_tokens;
+    std::vector<int32_t> in_tokens = prompt;
+    int64_t pos0 = 0;
+    int agree = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      std::vector<float> lg, lc;
+      Decisions dec;
+      e.gpu->forward({SeqInput{in_tokens, pos0, &tg, false}}, e.gpu_cache, lg, &dec);
+      cpu->forward({SeqInput{in_tokens, pos0, &te, false}}, e.emu_cache, lc, &dec);
+      const Agreement a = compare(lg, lc, V, 1, tol);
+      EXPECT_LE(a.rel, tol) << dtype_name(d) << " " << precision_name(precise) << " step " << i;
+      EXPECT_EQ(a.argmax_tie, 1.0) << dtype_name(d) << " " << precision_name(precise) << " step " << i
+                                   << ": the CPU, making the GPU's choices, picks "
+                                   << test::argmax(lc.data(), V) << ", the GPU " << test::argmax(lg.data(), V);
+      agree += a.argmax == 1.0;
+      gpu_tokens.push_back(test::argmax(lg.data(), V));
+      pos0 += int64_t(in_tokens.size());
+      in_tokens = {gpu_tokens.back()};
+    }
+    size_t same = 0;
+    while (same < gpu_tokens.size() && gpu_tokens[same] == free_cpu[same]) ++same;
+    std::printf("  %s %s %s greedy: CPU with the GPU's choices picks the GPU's token at %d of %zu steps; "
+                "free-running, the first %zu of %zu GPU tokens equal the CPU's (CPU equals transformers: %s)\n",
+                GetParam().c_str(), dtype_name(d), precision_name(precise), agree, want.size(), same, want.size(),
+                free_cpu == want ? "yes" : "no");
+  }
+}
+
+// Several sequences in one forward, at different stages (prefill chunks, a decode token, a short
+// prompt): the GPU batch against the CPU making the batch's choices, and against each sequence
+// alone on the GPU (printed).
+TEST_P(GpuModelFixture, BatchedForwardEqualsEachSequenceAlone) {
+  SPARSEMLA_REQUIRE_GPU();
+  auto cpu = Model::load(fixture_model(GetParam()), {AttentionMode::Sparse, 4});
+  const int64_t V = cpu->hparams().n_vocab;
+  const auto a = tokens("seq0"), b = tokens("seq1");
+  const std::vector<int32_t> c = {b[3], b[9], a[1], 7, 11};
+  for (const auto& [d, precise] : kFormats) {
+    Engines e(*cpu, d, precise);
+    const PromptRun ra = run_prompt(e, *cpu, a), rb = run_prompt(e, *cpu, b), rc = run_prompt(e, *cpu, c);
+    std::vector<int32_t> ta, tb, tc, ea, eb, ec;
+    ASSERT_TRUE(e.gpu_cache.reserve(ta, int64_t(a.size())) && e.emu_cache.reserve(ea, int64_t(a.size())));
+    ASSERT_TRUE(e.gpu_cache.reserve(tb, int64_t(b.size())) && e.emu_cache.reserve(eb, int64_t(b.size())));
+    ASSERT_TRUE(e.gpu_cache.reserve(tc, int64_t(c.size())) && e.emu_cache.reserve(ec, int64_t(c.size())));
+    // step 1: a's first 30 tokens, b's first 20, and a short third prompt
+    auto step1 = [&](std::vector<int32_t>& x, std::vector<int32_t>& y, std::vector<int32_t>& z) {
+      return std::vector<SeqInput>{SeqInput{{a.begin(), a.begin() + 30}, 0, &x, true},
+                                   SeqInput{{b.begin(), b.begin() + 20}, 0, &y, true}, SeqInput{c, 0, &z, false}};
+    };
+    // step 2: the rest of a as one chunk, one decode token of b, nothing of c
+    auto step2 = [&](std::vector<int32_t>& x, std::vector<int32_t>& y) {
+      return std::vector<SeqInput>{SeqInput{{a.begin() + 30, a.end()}, 30, &x, true}, SeqInput{{b[20]}, 20, &y, false}};
+    };
+    std::vector<float> g1, g2, c1, c2;
+    Decisions d1, d2;
+    e.gpu->forward(step1(ta, tb, tc), e.gpu_cache, g1, &d1);
+    cpu->forward(step1(ea, eb, ec), e.emu_cache, c1, &d1);
+    e.gpu->forward(step2(ta, tb), e.gpu_cache, g2, &d2);
+    cpu->forward(step2(ea, eb), e.emu_cache, c2, &d2);
+    ASSERT_EQ(g1.size(), size_t(51 * V));
+    ASSERT_EQ(g2.size(), size_t(int64_t(a.size() - 30 + 1) * V));
+    const std::string tag = fmt::format("{} {} {} batched", GetParam(), dtype_name(d), precision_name(precise));
+    expect_same_choices(g1, c1, V, 51, d, precise, tag + " step 1, same choices");
+    expect_same_choices(g2, c2, V, int64_t(a.size()) - 30 + 1, d, precise, tag + " step 2, same choices");
+
+    std::vector<float> got_a(g1.begin(), g1.begin() + 30 * V);
+    got_a.insert(got_a.end(), g2.begin(), g2.begin() + int64_t(a.size() - 30) * V);
+    std::vector<float> got_b(g1.begin() + 30 * V, g1.begin() + 50 * V);
+    got_b.insert(got_b.end(), g2.end() - V, g2.end());
+    const std::vector<float> got_c(g1.end() - V, g1.end());
+    expect_free(got_a, ra.gpu, V, int64_t(a.size()), tag + " a vs alone");
+    expect_free(got_b, rb.gpu, V, 21, tag + " b vs alone");
+    expect_free(got_c, std::vector<float>(rc.gpu.end() - V, rc.gpu.end()), V, 1, tag + " c vs alone");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModelFixture,
+                         ::testing::Values("glm_pub", "dsv32_pub", "glm_share", "glm_share_q8_0", "dsv32_groups",
+                                           "glm_q4_k"));
+
+// The legacy fused attn_kv_b is split per head into the same bf16 W_UK / W_UV: the GPU gives the
+// CPU's logits on a file rewritten that way.
+TEST(GpuModel, LegacyKvBGivesTheCpuLogits) {
+  SPARSEMLA_REQUIRE_GPU();
+  test::TempDir dir("gpu-kvb");
+  auto f = gguf::File::open(fixture_model("glm_pub"));
+  const HParams hp = load_hparams(*f);
+  gguf::Writer w(f->alignment());
+  for (const auto& [k, v] : f->metadata()) w.set(k, v);
+  const int64_t nope = hp.qk_nope, vh = hp.v_head, kvl = hp.kv_lora_rank, nh = hp.n_head;
+  for (const auto& t : f->tensors()) {
+    const std::string& n = t.name;
+    if (n.find("attn_v_b") != std::string::npos) continue;
+    if (n.find("attn_k_b") != std::string::npos) {
+      const std::string blk = n.substr(0, n.find("attn_k_b"));
+      const float* kb = reinterpret_cast<const float*>(t.data);                                    // [nh][kvl][nope]
+      const float* vb = reinterpret_cast<const float*>(f->tensor(blk + "attn_v_b.weight")->data);  // [nh][vh][kvl]
+      std::vector<float> kvb(size_t(nh * (nope + vh) * kvl));                                      // [nh*(nope+vh)][kvl]
+      for (int64_t h = 0; h < nh; ++h) {
+        for (int64_t i = 0; i < nope; ++i)
+          for (int64_t c = 0; c < kvl; ++c) kvb[size_t((h * (nope + vh) + i) * kvl + c)] = kb[(h * kvl + c) * nope + i];
+        for (int64_t j = 0; j < vh; ++j)
+          for (int64_t c = 0; c < kvl; ++c) kvb[size_t((h * (nope + vh) + nope + j) * kvl + c)] = vb[(h * vh + j) * kvl + c];
+      }
+      w.add_tensor(blk + "attn_kv_b.weight", gguf::GgmlType::F32, {kvl, nh * (nope + vh)}, kvb);
+      continue;
+    }
+    w.add_tensor_bytes(n, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims),
+                       std::vector<uint8_t>(t.data, t.data + t.nbytes));
+  }
+  w.write(dir.file("legacy.gguf"));
+  auto cpu = Model::load(dir.file("legacy.gguf"), {AttentionMode::Sparse, 4});
+  ASSERT_TRUE(cpu->weights().layers[0].mla.legacy_kv_b);
+  Engines e(*cpu, KvDtype::BF16, true);
+  const auto ids = test::read_values<int32_t>(fixture_dir("glm_pub") + "/seq0.tokens");
+  const PromptRun r = run_prompt(e, *cpu, ids);
+  expect_same_choices(r.gpu, r.cpu_following, hp.n_vocab, int64_t(ids.size()), KvDtype::BF16, true,
+                      "glm_pub legacy kv_b precise, same choices");
+}
+
+// Load refuses, before allocating, a model whose weights and minimum cache do not fit, naming the numbers.
+TEST(GpuModel, LoadRefusesWhatDoesNotFitWithTheNumbers) {
+  SPARSEMLA_REQUIRE_GPU();
+  auto cpu = Model::load(fixture_model("glm_pub"), {AttentionMode::Sparse, 2});
+  GpuModelOptions o = options(KvDtype::BF16);
+  o.min_cache_tokens = int64_t(1) << 40;
+  const std::string msg = test::error_of([&] { GpuModel::load(*cpu, o); });
+  EXPECT_NE(msg.find("not enough memory on GPU"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("for a KV cache of 1099511627776 tokens"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("are free"), std::string::npos) << msg;
+  auto g = GpuModel::load(*cpu, options(KvDtype::FP8));
+  EXPECT_GT(g->memory().weights(), 0u);
+  EXPECT_GT(g->cache_capacity_tokens(), 1000);
+  std::printf("  %s\n", g->memory_report().c_str());
+  const std::string cache_msg = test::error_of([&] { g->make_cache(int32_t(1) << 30, 1024); });
+  EXPECT_NE(cache_msg.find("KV cache of"), std::string::npos) << cache_msg;
+  EXPECT_NE(cache_msg.find("are free"), std::string::npos) << cache_msg;
+}
+
+// The GPU cache hands out blocks and slots exactly as the CPU cache does.
+TEST(GpuModel, CacheBlocksAndSlotsFollowTheCpuCache) {
+  SPARSEMLA_REQUIRE_GPU();
+  auto cpu = Model::load(fixture_model("glm_share"), {AttentionMode::Sparse, 2});
+  auto g = GpuModel::load(*cpu, options(KvDtype::FP8));
+  kv::PagedCache cc(cpu->cache_shape(8, 4));
+  GpuCache gc = g->make_cache(8, 4);
+  std::vector<int32_t> a, b, ga, gb;
+  for (int64_t n : {3, 9, 17}) {
+    ASSERT_EQ(cc.reserve(a, n), gc.reserve(ga, n));
+    ASSERT_EQ(a, ga);
+  }
+  ASSERT_EQ(cc.reserve(b, 40), gc.reserve(gb, 40));  // too many: refused by both
+  cc.release(a);
+  gc.release(ga);
+  ASSERT_TRUE(cc.reserve(b, 10) && gc.reserve(gb, 10));
+  EXPECT_EQ(b, gb);
+  EXPECT_EQ(cc.slot(b, 6), gc.slot(gb, 6));
+  // IndexShare: only the layers with their own indexer keep index keys.
+  for (int32_t l = 0; l < int32_t(cpu->hparams().n_layer); ++l)
+    EXPECT_EQ(gc.has_keys(l), cpu->weights().layers[size_t(l)].indexer.present) << l;
+}
+
+// The row gather and the weighted combine of the routed experts against a host computation.
+TEST(GpuModel, ExpertGatherAndCombineMatchTheHost) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int64_t T = 7, k = 3, W = 40, E = 5;
+  std::vector<float> x(size_t(T * W)), base(size_t(T * W)), wts(size_t(T * k));
+  for (float& v : x) v = u(rng);
+  for (float& v : base) v = u(rng);
+  for (float& v : wts) v = u(rng);
+  std::vector<int32_t> ids(size_t(T * k));
+  for (int64_t t = 0; t < T; ++t)  // k distinct experts per token, in a scrambled order
+    for (int64_t s = 0; s < k; ++s) ids[size_t(t * k + s)] = int32_t((t + 2 * s + 1) % E);
+  std::vector<int32_t> perm;  // entries grouped by expert, ascending within an expert
+  for (int32_t e = 0; e < E; ++e)
+    for (int64_t j = 0; j < T * k; ++j)
+      if (ids[size_t(j)] == e) perm.push_back(int32_t(j));
+  const int64_t n = int64_t(perm.size());
+  std::vector<float> expert_out(size_t(n * W));
+  for (float& v : expert_out) v = u(rng);
+  cuda::DeviceBuffer dx = cuda::to_device(x), dperm = cuda::to_device(perm), dids = cuda::to_device(ids),
+                     dw = cuda::to_device(wts), deo = cuda::to_device(expert_out), dout = cuda::to_device(base),
+                     dg(size_t(n * W) * 4), dinv(size_t(T * k) * 4);
+  gpu::gather_rows(dx.as<float>(), W, dperm.as<int32_t>(), int32_t(k), n, dg.as<float>(), nullptr);
+  gpu::moe_combine(deo.as<float>(), dperm.as<int32_t>(), n, dids.as<int32_t>(), dw.as<float>(), T, int(k), W,
+                   dinv.as<int32_t>(), dout.as<float>(), nullptr);
+  const std::vector<float> g = cuda::to_host<float>(dg, size_t(n * W)), out = cuda::to_host<float>(dout, size_t(T * W));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < W; ++c) ASSERT_EQ(g[size_t(i * W + c)], x[size_t(perm[size_t(i)] / k * W + c)]);
+  std::vector<int64_t> pos_of(size_t(T * k));
+  for (int64_t i = 0; i < n; ++i) pos_of[size_t(perm[size_t(i)])] = i;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < W; ++c) {
+      double want = base[size_t(t * W + c)];
+      for (int64_t s = 0; s < k; ++s) {
+        const int64_t j = t * k + s;
+        want += double(wts[size_t(j)]) * expert_out[size_t(pos_of[size_t(j)] * W + c)];
+      }
+      ASSERT_NEAR(out[size_t(t * W + c)], want, 1e-5) << t << " " << c;
+    }
+}
+
+}  // namespace
+}  // namespace sparsemla::model
+
+#else
+
+TEST(GpuModel, NeedsCuda) { GTEST_SKIP() << "built without CUDA"; }
+
+#endif
