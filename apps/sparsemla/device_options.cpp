@@ -9,8 +9,9 @@ void add_device_options(CLI::App* cmd, DeviceArgs& a) {
   cmd->add_option("--device", a.device, "cpu (default) or cuda: every layer on the first GPU")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--kv-cache", a.kv_cache,
-                  "GPU KV cache format: bf16 (default) or fp8 (e4m3, one scale per 128 values); --device cuda only")
-      ->check(CLI::IsMember({"bf16", "fp8"}));
+                  "GPU KV cache format: bf16 (default), fp8 (e4m3, one scale per 128 values) or f32 (the reference "
+                  "format: exact rows, FMA kernels); --device cuda only")
+      ->check(CLI::IsMember({"bf16", "fp8", "f32"}));
   cmd->add_flag("--verbose", a.verbose, "print the GPU kernel selection and memory report");
 }
 
@@ -30,7 +31,7 @@ void check_device_args(const DeviceArgs& a, int tensor_parallel) {
 #if SPARSEMLA_HAVE_CUDA
 model::GpuModelOptions gpu_options(const DeviceArgs& a, int64_t cache_tokens, int64_t batch_tokens) {
   model::GpuModelOptions o;
-  o.kv_cache = a.kv_cache == "fp8" ? cuda::KvDtype::FP8 : cuda::KvDtype::BF16;
+  o.kv_cache = a.kv_cache == "fp8" ? cuda::KvDtype::FP8 : a.kv_cache == "f32" ? cuda::KvDtype::F32 : cuda::KvDtype::BF16;
   o.verbose = a.verbose;
   o.min_cache_tokens = cache_tokens;
   o.max_batch_tokens = batch_tokens;

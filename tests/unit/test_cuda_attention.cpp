@@ -130,7 +130,9 @@ GpuCache make_cache(const std::vector<float>& rows, int64_t n_slots, int n_fp8, 
     float* out = c.decoded.data() + s * n;
     for (int i = 0; i < n; ++i) {
       uint16_t h;
-      if (dtype == KvDtype::BF16) {
+      if (dtype == KvDtype::F32) {
+        std::memcpy(&out[i], row + 4 * i, 4);
+      } else if (dtype == KvDtype::BF16) {
         std::memcpy(&h, row + 2 * i, 2);
         out[i] = bf16_to_f32(h);
       } else if (i < n_fp8) {
@@ -156,6 +158,8 @@ TEST(CudaAttention, CacheWritesMatchTheCpuConversions) {
     const bool latent = n_tail > 0;
     GpuCache bf = make_cache(rows, n_slots, n_fp8, n_tail, KvDtype::BF16, latent);
     for (size_t i = 0; i < rows.size(); ++i) ASSERT_EQ(bf.decoded[i], round_bf16(rows[i])) << i;
+    GpuCache f32 = make_cache(rows, n_slots, n_fp8, n_tail, KvDtype::F32, latent);
+    ASSERT_EQ(f32.decoded, rows);
     GpuCache f8 = make_cache(rows, n_slots, n_fp8, n_tail, KvDtype::FP8, latent);
     const int n = n_fp8 + n_tail;
     for (int64_t s = 0; s < n_slots; ++s)
@@ -251,7 +255,8 @@ TEST(CudaAttention, IndexerScoresMatchTheCpuReference) {
   for (const IndexerCase& c : kIndexerCases)
     for (KvDtype d : {KvDtype::BF16, KvDtype::FP8})
       for (cuda::IndexerKernel k : {cuda::IndexerKernel::Mma, cuda::IndexerKernel::Fma}) check_indexer(c, d, k, rng);
-  // Shapes only the fma kernel takes.
+  // f32 keys (the reference format: fma only), and shapes only the fma kernel takes.
+  for (const IndexerCase& c : kIndexerCases) check_indexer(c, KvDtype::F32, cuda::IndexerKernel::Fma, rng);
   check_indexer({6, 40, {9, 70}, 2, 16}, KvDtype::BF16, cuda::IndexerKernel::Fma, rng);
   check_indexer({3, 96, {50}, 1, 8}, KvDtype::FP8, cuda::IndexerKernel::Fma, rng);
 }
@@ -497,6 +502,8 @@ TEST(CudaAttention, SparseMlaMatchesTheCpuReference) {
   // Dense over a long context through many splits, and a forced split count.
   check_mla({32, 512, 64, {small_mode() ? 3000 : 20000}, 0, 1, 64}, KvDtype::BF16, cuda::AttentionKernel::Mma, 0, rng);
   check_mla({64, 512, 64, {4096, 4000}, 2048, 2, 64}, KvDtype::FP8, cuda::AttentionKernel::Mma, 7, rng);
+  // f32 latent rows: the fma kernel, which then agrees with the CPU to fp32 rounding.
+  for (const MlaCase& c : kMlaCases) check_mla(c, KvDtype::F32, cuda::AttentionKernel::Fma, 1, rng);
   // Rope of 4 with latent 20: only the fma kernel takes it.
   check_mla({3, 20, 4, {30}, 12, 1, 16}, KvDtype::BF16, cuda::AttentionKernel::Fma, 1, rng);
 }
@@ -538,6 +545,29 @@ TEST(CudaAttention, AbsorptionProductsMatchTheCpu) {
         for (int r = rows; r < out_stride; ++r) ASSERT_EQ(got[(size_t(t) * heads + h) * out_stride + r], 0.0f);
       }
     std::printf("  absorption %d heads %dx%d, %d tokens: max error %.2e\n", heads, rows, cols, T, worst);
+    // The fp32 path (precise mode): fp32 weights and activations, against double to fp32 rounding.
+    std::vector<float> w32 = random_vec(w.size(), rng, 0.05f);
+    DeviceBuffer d_w32b = cuda::to_device(w32), d_out32(size_t(T) * heads * out_stride * 4);
+    blas.per_head({d_w32b.get(), heads, rows, cols, true}, d_x.as<float>(), x_stride, T, d_out32.as<float>(), out_stride,
+                  nullptr);
+    const std::vector<float> got32 = cuda::to_host<float>(d_out32, size_t(T) * heads * out_stride);
+    double worst32 = 0;
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < heads; ++h) {
+        double mx = 0;
+        std::vector<double> ref(static_cast<size_t>(rows));
+        for (int r = 0; r < rows; ++r) {
+          double acc = 0;
+          for (int c2 = 0; c2 < cols; ++c2)
+            acc += double(w32[(size_t(h) * rows + r) * cols + c2]) * x[(size_t(t) * heads + h) * x_stride + c2];
+          ref[size_t(r)] = acc;
+          mx = std::max(mx, std::fabs(acc));
+        }
+        for (int r = 0; r < rows; ++r)
+          worst32 = std::max(worst32, std::fabs(got32[(size_t(t) * heads + h) * out_stride + r] - ref[size_t(r)]) / mx);
+      }
+    EXPECT_LE(worst32, 2e-6) << "fp32 absorption " << heads << " heads";
+    std::printf("  absorption fp32 %d heads %dx%d, %d tokens: max error %.2e\n", heads, rows, cols, T, worst32);
   }
 }
 

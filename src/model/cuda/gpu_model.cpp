@@ -90,19 +90,26 @@ class Arena {
     return static_cast<const float*>(at(off));
   }
 
-  // n bf16 values made by `fill` (fp32, rounded to nearest even), only when uploading.
-  const void* bf16(uint64_t n, const std::function<void(float*)>& fill) {
-    const uint64_t off = place(n * 2);
-    absorption += n * 2;
+  // n absorption weights made by `fill`: bf16 (rounded to nearest even), or fp32 as made when
+  // f32_absorption (precise mode); only computed when uploading.
+  const void* absorb(uint64_t n, const std::function<void(float*)>& fill) {
+    const uint64_t size = f32_absorption ? 4 : 2;
+    const uint64_t off = place(n * size);
+    absorption += n * size;
     if (buf_) {
       std::vector<float> f(n);
       fill(f.data());
-      std::vector<uint16_t> b(n);
-      for (uint64_t i = 0; i < n; ++i) b[i] = f32_to_bf16(f[i]);
-      buf_->upload(b.data(), n * 2, off);
+      if (f32_absorption) {
+        buf_->upload(f.data(), n * 4, off);
+      } else {
+        std::vector<uint16_t> b(n);
+        for (uint64_t i = 0; i < n; ++i) b[i] = f32_to_bf16(f[i]);
+        buf_->upload(b.data(), n * 2, off);
+      }
     }
     return at(off);
   }
+  bool f32_absorption = false;
 
   uint64_t quantized = 0, absorption = 0, vectors = 0;
 
@@ -164,7 +171,7 @@ struct GpuModel::Layer {
   QuantMatrix q_a, q_b, q, kv_a_mqa, output;
   const float* q_a_norm = nullptr;   // [q_lora]
   const float* kv_a_norm = nullptr;  // [kv_lora]
-  cuda::HeadBatchedGemm uk;          // bf16 [n_head, kv_lora, nope]: W_UK per head
+  cuda::HeadBatchedGemm uk;          // bf16 (fp32 in precise mode) [n_head, kv_lora, nope]: W_UK per head
   cuda::HeadBatchedGemm uv;          // bf16 [n_head, v_head, kv_lora]: W_UV per head
   // indexer (full-indexer layers in sparse mode)
   bool indexer = false;
@@ -304,9 +311,10 @@ struct GpuModel::State {
   cuda::Blas blas;
   cuda::AttentionWorkspace attn_ws;
   cuda::TopKWorkspace topk_ws;
-  cuda::IndexerKernel idx_kernel[2] = {cuda::IndexerKernel::Fma, cuda::IndexerKernel::Fma};
-  cuda::AttentionKernel attn_kernel[2] = {cuda::AttentionKernel::Fma, cuda::AttentionKernel::Fma};
-  std::string unusable[2];  // why a cache format has no GPU path ("" when it has one)
+  cuda::IndexerKernel idx_kernel[kFormats] = {cuda::IndexerKernel::Fma, cuda::IndexerKernel::Fma, cuda::IndexerKernel::Fma};
+  cuda::AttentionKernel attn_kernel[kFormats] = {cuda::AttentionKernel::Fma, cuda::AttentionKernel::Fma,
+                                                 cuda::AttentionKernel::Fma};
+  std::string unusable[kFormats];  // why a cache format has no GPU path ("" when it has one)
   // the current forward
   cuda::DeviceBuffer ws_buf;
   WsDims ws_dims;
@@ -346,7 +354,7 @@ void bind(Arena& a, const ModelWeights& w, const HParams& hp, bool sparse, GpuMo
     d.kv_a_norm = a.vec(m.kv_a_norm);
     d.output = a.matrix(m.output, n("attn_output.weight"));
     // W_UK_h [kv_lora][nope] and W_UV_h [v_head][kv_lora] per head, as the CPU's mla_attend uses them.
-    d.uk = {a.bf16(uint64_t(nh * kvl * nope),
+    d.uk = {a.absorb(uint64_t(nh * kvl * nope),
                    [&](float* out) {
                      if (!m.legacy_kv_b) {
                        for (int64_t r = 0; r < nh * kvl; ++r) ops::dequantize_row(m.k_b, r, out + r * nope);
@@ -359,8 +367,8 @@ void bind(Arena& a, const ModelWeights& w, const HParams& hp, bool sparse, GpuMo
                          for (int64_t c = 0; c < kvl; ++c) out[(h * kvl + c) * nope + i] = row[size_t(c)];
                        }
                    }),
-            int(nh), int(kvl), int(nope)};
-    d.uv = {a.bf16(uint64_t(nh * vh * kvl),
+            int(nh), int(kvl), int(nope), a.f32_absorption};
+    d.uv = {a.absorb(uint64_t(nh * vh * kvl),
                    [&](float* out) {
                      for (int64_t h = 0; h < nh; ++h)
                        for (int64_t j = 0; j < vh; ++j) {
@@ -368,7 +376,7 @@ void bind(Arena& a, const ModelWeights& w, const HParams& hp, bool sparse, GpuMo
                          ops::dequantize_row(m.legacy_kv_b ? m.kv_b : m.v_b, r, out + (h * vh + j) * kvl);
                        }
                    }),
-            int(nh), int(vh), int(kvl)};
+            int(nh), int(vh), int(kvl), a.f32_absorption};
     if (sparse && L.indexer.present) {
       d.indexer = true;
       d.idx_q_b = a.matrix(L.indexer.q_b, n("indexer.attn_q_b.weight"));
@@ -422,12 +430,17 @@ std::unique_ptr<GpuModel> GpuModel::load(const Model& cpu, const GpuModelOptions
   const HParams& hp = g->hp_;
   const bool sparse = g->attention_ == AttentionMode::Sparse && hp.has_indexer();
 
-  // Kernels for both cache formats; the options' one must have a GPU path.
-  cuda::IndexerKernel idx_kernel[2] = {};
-  cuda::AttentionKernel attn_kernel[2] = {};
-  std::string unusable[2];
-  for (int f = 0; f < 2; ++f) {
-    const ops::AttentionProblem p = ops::attention_problem(hp, &dev, sparse, f == 1);
+  // Kernels for every cache format; the options' one must have a GPU path.
+  cuda::IndexerKernel idx_kernel[kFormats] = {};
+  cuda::AttentionKernel attn_kernel[kFormats] = {};
+  std::string unusable[kFormats];
+  auto problem = [&](int f) {
+    ops::AttentionProblem p = ops::attention_problem(hp, &dev, sparse, format_of(f) == cuda::KvDtype::FP8);
+    p.f32_cache = format_of(f) == cuda::KvDtype::F32;
+    return p;
+  };
+  for (int f = 0; f < kFormats; ++f) {
+    const ops::AttentionProblem p = problem(f);
     g->plans_[f] = ops::select_backends(p);
     const std::string attn = g->plans_[f].get("attention").chosen;
     if (attn == "cuda-mma") attn_kernel[f] = cuda::AttentionKernel::Mma;
@@ -449,15 +462,16 @@ std::unique_ptr<GpuModel> GpuModel::load(const Model& cpu, const GpuModelOptions
     }
     if (!unusable[f].empty()) unusable[f] += ":\n" + ops::format_plan(p, g->plans_[f]);
   }
-  const int fi = opts.kv_cache == cuda::KvDtype::FP8 ? 1 : 0;
+  const int fi = format_index(opts.kv_cache);
   if (opts.verbose) {
-    std::fprintf(stderr, "%s", ops::format_plan(ops::attention_problem(hp, &dev, sparse, fi == 1), g->plans_[fi]).c_str());
+    std::fprintf(stderr, "%s", ops::format_plan(problem(fi), g->plans_[fi]).c_str());
     if (opts.precise) std::fprintf(stderr, "  precise mode: fp32 matrix products and the fp32 FMA attention / indexer kernels\n");
   }
   if (!unusable[fi].empty()) fail("--device cuda with a {} cache: {}", cuda::kv_dtype_name(opts.kv_cache), unusable[fi]);
 
   // Measure, check against free memory, then upload.
   Arena measure;
+  measure.f32_absorption = opts.precise;
   auto st = std::make_unique<State>();
   bind(measure, cpu.weights(), hp, sparse, *st);
   uint64_t free_b = 0, total_b = 0;
@@ -479,7 +493,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const Model& cpu, const GpuModelOptions
   const uint64_t min_cache = uint64_t(std::max<int64_t>(0, opts.min_cache_tokens)) * g->cache_bytes_per_token();
   const uint64_t need = measure.bytes() + min_cache + g->mem_.workspace_estimate + kReserve;
   if (need > free_b)
-    fail("not enough memory on {}: the model needs {} of weights ({} of matrices as stored, {} of bf16 W_UK/W_UV, "
+    fail("not enough memory on {}: the model needs {} of weights ({} of matrices as stored, {} of W_UK/W_UV (bf16; fp32 in precise mode), "
          "{} of fp32 vectors) + {} for a KV cache of {} tokens ({}, {} per token) + {} of workspace for "
          "{}-token forwards + {} of reserve = {}, and {} of its {} are free",
          g->mem_.device, bytes_str(measure.bytes()), bytes_str(measure.quantized), bytes_str(measure.absorption),
@@ -489,10 +503,11 @@ std::unique_ptr<GpuModel> GpuModel::load(const Model& cpu, const GpuModelOptions
 
   st->weights = cuda::DeviceBuffer(measure.bytes());
   Arena up;
+  up.f32_absorption = opts.precise;
   up.begin_upload(st->weights);
   bind(up, cpu.weights(), hp, sparse, *st);
   st->rope = std::make_unique<cuda::DeviceRope>(cpu.rope());
-  for (int f = 0; f < 2; ++f) {
+  for (int f = 0; f < kFormats; ++f) {
     st->idx_kernel[f] = idx_kernel[f];
     st->attn_kernel[f] = attn_kernel[f];
     st->unusable[f] = unusable[f];
@@ -540,7 +555,7 @@ int64_t GpuModel::cache_capacity_tokens() const {
 std::string GpuModel::memory_report() const {
   const uint64_t per_token = cache_bytes_per_token();
   return fmt::format(
-      "{}: weights {} ({} matrices as stored, {} bf16 W_UK/W_UV, {} fp32 vectors); KV cache {} per token ({}, {} "
+      "{}: weights {} ({} matrices as stored, {} W_UK/W_UV, {} fp32 vectors); KV cache {} per token ({}, {} "
       "layers), room for {} tokens in the free memory; workspace {} for {}-token forwards; {} of {} free",
       mem_.device, bytes_str(mem_.weights()), bytes_str(mem_.quantized), bytes_str(mem_.absorption),
       bytes_str(mem_.vectors), bytes_str(per_token), cuda::kv_dtype_name(opts_.kv_cache), hp_.n_layer,
@@ -580,7 +595,7 @@ void GpuModel::forward(const std::vector<SeqInput>& batch, GpuCache& cache, std:
       cache.kv_lora() != int32_t(hp.kv_lora_rank))
     fail("GPU forward: the cache ({} layers, latent {}) was not made for this model ({} layers, latent {})",
          cs.n_layers, cs.latent_dim, hp.n_layer, hp.kv_lora_rank + hp.qk_rope);
-  const int fi = cache.dtype() == cuda::KvDtype::FP8 ? 1 : 0;
+  const int fi = format_index(cache.dtype());
   if (!st.unusable[fi].empty()) fail("GPU forward with a {} cache: {}", cuda::kv_dtype_name(cache.dtype()), st.unusable[fi]);
   const FlatBatch b = flatten_batch(batch, cache, hp.n_vocab);
   const int64_t T = int64_t(b.toks.size()), R = int64_t(b.out_rows.size());
@@ -732,7 +747,7 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   a.latent = {cache.latent(il), cache.latent_row_bytes(), w.tables, st.max_blocks, st.block_size};
   a.dtype = cache.dtype();
   a.out = w.olat;
-  cuda::sparse_mla(a, st.attn_kernel[cache.dtype() == cuda::KvDtype::FP8 ? 1 : 0], st.attn_ws, s);
+  cuda::sparse_mla(a, st.attn_kernel[format_index(cache.dtype())], st.attn_ws, s);
 
   // Out of the latent space per head, then the output projection.
   st.blas.per_head(L.uv, w.olat, kvl, T, w.o, hp.v_head, s);
@@ -761,7 +776,7 @@ void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
   product(L.idx_proj, w.x, T, w.iw);
   cuda::scale(w.iw, 1.0f / std::sqrt(float(heads) * float(dim)), T * heads, s);
 
-  const int fi = cache.dtype() == cuda::KvDtype::FP8 ? 1 : 0;
+  const int fi = format_index(cache.dtype());
   const int64_t chunk = st.ws_dims.score_rows;
   const int k = int(hp.idx_top_k);
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {

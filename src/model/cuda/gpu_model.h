@@ -66,6 +66,13 @@ class GpuCache : public kv::BlockAllocator {
   cuda::DeviceBuffer keys_;         // [layers with keys, n_slots, key_row]
 };
 
+// The GPU cache formats, indexed: bf16, fp8, f32.
+inline constexpr int kFormats = 3;
+inline int format_index(cuda::KvDtype d) { return d == cuda::KvDtype::FP8 ? 1 : d == cuda::KvDtype::F32 ? 2 : 0; }
+inline cuda::KvDtype format_of(int i) {
+  return i == 1 ? cuda::KvDtype::FP8 : i == 2 ? cuda::KvDtype::F32 : cuda::KvDtype::BF16;
+}
+
 struct GpuModelOptions {
   cuda::KvDtype kv_cache = cuda::KvDtype::BF16;  // the format make_cache() uses
   int device = 0;
@@ -105,7 +112,7 @@ class GpuModel {
   const HParams& hparams() const { return hp_; }
   AttentionMode attention() const { return attention_; }
   cuda::KvDtype kv_dtype() const { return opts_.kv_cache; }
-  const ops::BackendPlan& plan(cuda::KvDtype d) const { return plans_[d == cuda::KvDtype::FP8 ? 1 : 0]; }
+  const ops::BackendPlan& plan(cuda::KvDtype d) const { return plans_[format_index(d)]; }
   const GpuMemory& memory() const { return mem_; }
 
   // Cache geometry, device bytes per token, and the tokens of cache that free memory holds now
@@ -147,7 +154,7 @@ class GpuModel {
   const ArchSpec* spec_ = nullptr;
   AttentionMode attention_ = AttentionMode::Sparse;
   GpuModelOptions opts_;
-  ops::BackendPlan plans_[2];  // bf16, fp8 cache
+  ops::BackendPlan plans_[kFormats];  // per cache format (format_index)
   GpuMemory mem_;
   std::unique_ptr<State> st_;
 };

@@ -52,6 +52,17 @@ void Blas::per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, 
   if (T == 0) return;
   auto h = static_cast<cublasHandle_t>(handle_);
   auto st = static_cast<cudaStream_t>(s);
+  const float one = 1.0f, zero = 0.0f;
+  if (g.f32) {  // x read in place: head h's columns start at h * x_stride, tokens heads * x_stride apart
+    SPARSEMLA_CUBLAS_CHECK(cublasSetStream(h, st));
+    SPARSEMLA_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));
+    SPARSEMLA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        h, CUBLAS_OP_T, CUBLAS_OP_N, g.rows, int(T), g.cols, &one, g.w, CUDA_R_32F, g.cols,
+        int64_t(g.rows) * g.cols, x, CUDA_R_32F, int64_t(g.heads) * x_stride, x_stride, &zero, out, CUDA_R_32F,
+        int64_t(g.heads) * out_stride, out_stride, g.heads, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+    SPARSEMLA_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    return;
+  }
   const int64_t n = T * g.heads * g.cols;
   if (xbf_.bytes() < size_t(n) * 2) xbf_ = DeviceBuffer(size_t(n) * 2);
   pack_bf16_kernel<<<grid_for(n), 256, 0, st>>>(x, T * g.heads, g.cols, x_stride, xbf_.as<__nv_bfloat16>());
@@ -60,7 +71,6 @@ void Blas::per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, 
   // cuBLAS is column-major. W_h, row-major [rows][cols], is column-major cols x rows: op(A) = A^T is
   // rows x cols. B = x_h is column-major cols x T (tokens H * cols apart); C = out_h is rows x T
   // (tokens H * out_stride apart). Heads are the batch: strides rows*cols, cols and out_stride.
-  const float one = 1.0f, zero = 0.0f;
   SPARSEMLA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
       h, CUBLAS_OP_T, CUBLAS_OP_N, g.rows, int(T), g.cols, &one, g.w, CUDA_R_16BF, g.cols,
       int64_t(g.rows) * g.cols, xbf_.get(), CUDA_R_16BF, int64_t(g.heads) * g.cols, g.cols, &zero, out, CUDA_R_32F,

@@ -7,6 +7,7 @@
 //                 (656 bytes: 512 + 4*4 + 64*2)
 //   index key, bf16: dim bf16 values (256 bytes)
 //   index key, fp8:  dim e4m3 | one fp32 scale per 128 values, padded to 4 bytes (132 bytes)
+//   f32 (either):    the values as fp32
 #pragma once
 #include <cstdint>
 #include <string>
@@ -15,7 +16,11 @@
 
 namespace sparsemla::cuda {
 
-enum class KvDtype { BF16, FP8 };
+enum class KvDtype {
+  BF16,
+  FP8,
+  F32,  // fp32 rows: twice bf16's bytes; the reference format (the FMA kernels only)
+};
 const char* kv_dtype_name(KvDtype d);
 
 inline constexpr int kFp8Group = 128;  // values sharing one fp32 scale in the fp8 formats
@@ -116,8 +121,9 @@ namespace sparsemla::cuda {
 // as GGUF stores them). x is fp32 [T, H, x_stride] (its first `cols` values per head are used);
 // out is fp32 [T, H, out_stride] (its first `rows` values per head are written).
 struct HeadBatchedGemm {
-  const void* w = nullptr;  // bf16 [H, rows, cols]
+  const void* w = nullptr;  // bf16 [H, rows, cols] (fp32 when f32)
   int heads = 0, rows = 0, cols = 0;
+  bool f32 = false;  // fp32 weights and activations, fp32 products (the reference's arithmetic)
 };
 class Blas {
  public:

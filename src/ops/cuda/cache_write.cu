@@ -7,18 +7,20 @@
 
 namespace sparsemla::cuda {
 
-const char* kv_dtype_name(KvDtype d) { return d == KvDtype::FP8 ? "fp8" : "bf16"; }
+const char* kv_dtype_name(KvDtype d) { return d == KvDtype::FP8 ? "fp8" : d == KvDtype::F32 ? "f32" : "bf16"; }
 
 static int fp8_groups(int n) { return (n + kFp8Group - 1) / kFp8Group; }
 
 int64_t latent_row_bytes(KvDtype d, int kv_lora, int rope) {
   if (d == KvDtype::BF16) return 2 * int64_t(kv_lora + rope);
+  if (d == KvDtype::F32) return 4 * int64_t(kv_lora + rope);
   const int64_t b = kv_lora + 4 * int64_t(fp8_groups(kv_lora)) + 2 * int64_t(rope);
   return (b + 15) / 16 * 16;
 }
 
 int64_t index_key_row_bytes(KvDtype d, int dim) {
   if (d == KvDtype::BF16) return 2 * int64_t(dim);
+  if (d == KvDtype::F32) return 4 * int64_t(dim);
   const int64_t b = dim + 4 * int64_t(fp8_groups(dim));
   return (b + 3) / 4 * 4;
 }
@@ -54,11 +56,19 @@ __global__ void write_bf16_rows(const float* rows, const int64_t* slots, int n, 
   for (int c = threadIdx.x; c < n; c += blockDim.x) dst[c] = __float2bfloat16(x[c]);
 }
 
+__global__ void write_f32_rows(const float* rows, const int64_t* slots, int n, float* cache, int64_t row_elems) {
+  const float* x = rows + int64_t(blockIdx.x) * n;
+  float* dst = cache + slots[blockIdx.x] * row_elems;
+  for (int c = threadIdx.x; c < n; c += blockDim.x) dst[c] = x[c];
+}
+
 void write_rows(const float* rows, const int64_t* slots, int64_t T, KvDtype d, int n_fp8, int n_tail, void* cache,
                 int64_t row_bytes, Stream s) {
   if (T == 0) return;
   auto st = static_cast<cudaStream_t>(s);
-  if (d == KvDtype::BF16) {
+  if (d == KvDtype::F32) {
+    write_f32_rows<<<unsigned(T), 128, 0, st>>>(rows, slots, n_fp8 + n_tail, static_cast<float*>(cache), row_bytes / 4);
+  } else if (d == KvDtype::BF16) {
     write_bf16_rows<<<unsigned(T), 128, 0, st>>>(rows, slots, n_fp8 + n_tail, static_cast<__nv_bfloat16*>(cache),
                                                   row_bytes / 2);
   } else {

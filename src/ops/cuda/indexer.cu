@@ -14,12 +14,14 @@ namespace {
 constexpr int kKeysPerTile = 64;  // keys in shared memory at a time (16 per warp)
 constexpr int kTilesPerBlock = 4;  // tiles per block: the queries are staged once for 256 keys
 
-// Loads key `p` of token t's sequence into registers' worth of floats: value c of the row.
-template <bool FP8>
+// Value c of a key row stored as `D` (KvDtype).
+template <KvDtype D>
 __device__ __forceinline__ float key_value(const uint8_t* row, int c, int dim) {
-  if constexpr (FP8) {
+  if constexpr (D == KvDtype::FP8) {
     const float* scales = reinterpret_cast<const float*>(row + dim);
     return fp8_to_float(row[c]) * scales[c / kFp8Group];
+  } else if constexpr (D == KvDtype::F32) {
+    return reinterpret_cast<const float*>(row)[c];
   } else {
     return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row)[c]);
   }
@@ -146,8 +148,8 @@ __global__ void __launch_bounds__(128) indexer_mma_kernel(IndexerArgs a) {
   }
 }
 
-// One warp per key: any head count and dimension, bf16 or fp8 keys.
-template <bool FP8>
+// One warp per key: any head count and dimension, any key format.
+template <KvDtype D>
 __global__ void indexer_fma_kernel(IndexerArgs a) {
   const int t = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int p = blockIdx.x * (blockDim.x / 32) + warp;
@@ -158,7 +160,7 @@ __global__ void indexer_fma_kernel(IndexerArgs a) {
   float score = 0.0f;
   for (int h = 0; h < a.heads; ++h) {
     float dot = 0.0f;
-    for (int c = lane; c < a.dim; c += 32) dot += q[h * a.dim + c] * key_value<FP8>(row, c, a.dim);
+    for (int c = lane; c < a.dim; c += 32) dot += q[h * a.dim + c] * key_value<D>(row, c, a.dim);
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     score += a.w[int64_t(t) * a.heads + h] * fmaxf(dot, 0.0f);
   }
@@ -185,13 +187,15 @@ void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s) {
   const bool fp8 = a.dtype == KvDtype::FP8;
   if (fp8 && a.dim > kFp8Group) fail("indexer: fp8 keys need dim <= {} (one scale per key), got {}", kFp8Group, a.dim);
   if (k == IndexerKernel::Mma) {
+    if (a.dtype == KvDtype::F32) fail("indexer: the mma kernel takes bf16 or fp8 keys, not f32");
     if (a.dim == 128) return fp8 ? launch_mma<128, true>(a, st) : launch_mma<128, false>(a, st);
     if (a.dim == 64) return fp8 ? launch_mma<64, true>(a, st) : launch_mma<64, false>(a, st);
     fail("indexer: the mma kernel takes dim 64 or 128, got {}", a.dim);
   }
   const dim3 grid(unsigned(ceil_div(a.max_ctx, 4)), unsigned(a.T));
-  if (fp8) indexer_fma_kernel<true><<<grid, 128, 0, st>>>(a);
-  else indexer_fma_kernel<false><<<grid, 128, 0, st>>>(a);
+  if (fp8) indexer_fma_kernel<KvDtype::FP8><<<grid, 128, 0, st>>>(a);
+  else if (a.dtype == KvDtype::F32) indexer_fma_kernel<KvDtype::F32><<<grid, 128, 0, st>>>(a);
+  else indexer_fma_kernel<KvDtype::BF16><<<grid, 128, 0, st>>>(a);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 

@@ -364,9 +364,11 @@ __global__ void __launch_bounds__(256) mla_combine_kernel(AttentionArgs a, int s
 
 // One block per (token, head): 128 rows at a time, one row per thread for the logits, then every
 // thread accumulates its output dims over the chunk.
-template <bool FP8>
+template <KvDtype DT>
 __device__ __forceinline__ float latent_value(const AttentionArgs& a, const uint8_t* row, int c) {
-  if constexpr (FP8) {
+  if constexpr (DT == KvDtype::F32) {
+    return reinterpret_cast<const float*>(row)[c];
+  } else if constexpr (DT == KvDtype::FP8) {
     if (c < a.kv_lora)
       return fp8_to_float(row[c]) * reinterpret_cast<const float*>(row + a.kv_lora)[c / kFp8Group];
     return __bfloat162float(
@@ -378,7 +380,7 @@ __device__ __forceinline__ float latent_value(const AttentionArgs& a, const uint
 
 constexpr int kFmaThreads = 128, kFmaMaxOut = 8;  // kv_lora <= 1024
 
-template <bool FP8>
+template <KvDtype DT>
 __global__ void __launch_bounds__(kFmaThreads) mla_fma_kernel(AttentionArgs a) {
   __shared__ float sP[kFmaThreads];
   __shared__ int64_t sSlot[kFmaThreads];
@@ -396,7 +398,7 @@ __global__ void __launch_bounds__(kFmaThreads) mla_fma_kernel(AttentionArgs a) {
     if (slot >= 0) {
       const uint8_t* row = base + slot * a.latent.row_bytes;
       float dot = 0.0f;
-      for (int c = 0; c < D; ++c) dot += q[c] * latent_value<FP8>(a, row, c);
+      for (int c = 0; c < D; ++c) dot += q[c] * latent_value<DT>(a, row, c);
       logit = dot * a.scale;
     }
     float mx = logit;
@@ -420,7 +422,7 @@ __global__ void __launch_bounds__(kFmaThreads) mla_fma_kernel(AttentionArgs a) {
       if (c >= a.kv_lora) break;
       float v = acc[i] * alpha;
       for (int j = 0; j < kFmaThreads; ++j)
-        if (sSlot[j] >= 0) v += sP[j] * latent_value<FP8>(a, base + sSlot[j] * a.latent.row_bytes, c);
+        if (sSlot[j] >= 0) v += sP[j] * latent_value<DT>(a, base + sSlot[j] * a.latent.row_bytes, c);
       acc[i] = v;
     }
     __syncthreads();
@@ -499,11 +501,13 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
   if (k == AttentionKernel::Fma) {
     if (a.kv_lora > kFmaThreads * kFmaMaxOut) fail("sparse_mla: kv_lora {} > {}", a.kv_lora, kFmaThreads * kFmaMaxOut);
     const dim3 grid(unsigned(a.heads), unsigned(a.T));
-    if (fp8) mla_fma_kernel<true><<<grid, kFmaThreads, 0, st>>>(a);
-    else mla_fma_kernel<false><<<grid, kFmaThreads, 0, st>>>(a);
+    if (fp8) mla_fma_kernel<KvDtype::FP8><<<grid, kFmaThreads, 0, st>>>(a);
+    else if (a.dtype == KvDtype::F32) mla_fma_kernel<KvDtype::F32><<<grid, kFmaThreads, 0, st>>>(a);
+    else mla_fma_kernel<KvDtype::BF16><<<grid, kFmaThreads, 0, st>>>(a);
     SPARSEMLA_CUDA_LAUNCH_CHECK();
     return;
   }
+  if (a.dtype == KvDtype::F32) fail("sparse_mla: the mma kernel takes bf16 or fp8 latent rows, not f32");
   if ((a.kv_lora + a.rope) % 8 != 0 || a.kv_lora % 8 != 0 || a.rope % 2 != 0)
     fail("sparse_mla: the mma kernel needs kv_lora and kv_lora + rope multiples of 8 (got {} + {})", a.kv_lora, a.rope);
   Geometry geo;

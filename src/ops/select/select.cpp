@@ -36,6 +36,7 @@ std::string need_cuda(const AttentionProblem& p) {
 
 std::string idx_mma(const AttentionProblem& p) {
   if (auto r = need_cuda(p); !r.empty()) return r;
+  if (p.f32_cache) return "takes bf16 or fp8 keys, the cache is f32";
   if (p.idx_dim != 64 && p.idx_dim != 128) return fmt::format("index dim {} is not 64 or 128", p.idx_dim);
   return "";
 }
@@ -47,6 +48,7 @@ std::string idx_fma(const AttentionProblem& p) {
 std::string any(const AttentionProblem&) { return ""; }
 std::string attn_mma(const AttentionProblem& p) {
   if (auto r = need_cuda(p); !r.empty()) return r;
+  if (p.f32_cache) return "takes bf16 or fp8 latent rows, the cache is f32";
   if (p.kv_lora % 8 || (p.kv_lora + p.rope) % 8)
     return fmt::format("kv_lora {} and kv_lora + rope {} must be multiples of 8", p.kv_lora, p.kv_lora + p.rope);
   if (p.kv_lora > 512) return fmt::format("kv_lora {} > 512", p.kv_lora);
@@ -143,7 +145,7 @@ std::string format_plan(const AttentionProblem& p, const BackendPlan& plan) {
                                 p.cuda ? fmt::format(" (compute capability {}.{})", p.cc_major, p.cc_minor) : "",
                                 p.heads, p.kv_lora, p.rope);
   out += p.sparse ? fmt::format("sparse (indexer {} heads x {})", p.idx_heads, p.idx_dim) : std::string("dense");
-  out += fmt::format(", {} cache\n", p.cuda ? (p.fp8_cache ? "fp8" : "bf16") : "fp32 (the CPU cache is always fp32)");
+  out += fmt::format(", {} cache\n", p.cuda ? (p.fp8_cache ? "fp8" : p.f32_cache ? "f32" : "bf16") : "fp32 (the CPU cache is always fp32)");
   for (const Selection& s : plan.ops) {
     out += fmt::format("  {}:\n", s.op);
     for (const Candidate& c : s.candidates)

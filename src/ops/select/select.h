@@ -27,6 +27,7 @@ struct AttentionProblem {
   int idx_heads = 0, idx_dim = 0;  // 0 without an indexer
   bool sparse = true;
   bool fp8_cache = false;          // fp8 latent rows and index keys, else bf16 (fp32 on the CPU)
+  bool f32_cache = false;          // fp32 rows on the GPU (the reference format: FMA kernels only)
 };
 
 AttentionProblem attention_problem(const model::HParams& hp, const DeviceInfo* dev, bool sparse, bool fp8_cache,
