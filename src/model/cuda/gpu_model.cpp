@@ -301,6 +301,9 @@ int64_t score_rows_for(int64_t T, int64_t max_ctx) {
 
 }  // namespace
 
+// Decode-sized MoE batches up to this many (token, expert) pairs take the path without a host sync.
+constexpr int64_t kSyncFreePairs = 64;
+
 struct GpuModel::State {
   gpu::OwnedStream stream;
   cuda::DeviceBuffer weights;
@@ -324,6 +327,7 @@ struct GpuModel::State {
   bool selection_made = false;  // ws.sel holds this forward's selection (a full indexer layer ran)
   Decisions* record = nullptr;  // the current forward's choices go here when set
   std::vector<int32_t> host_counts;  // [E]
+  std::vector<int32_t> iota;         // 0, 1, 2, ...: the identity permutation of the sync-free MoE path
   cuda::Stream s() const { return stream.get(); }
 };
 
@@ -817,10 +821,15 @@ void GpuModel::mlp(const QuantMatrix& gate, const QuantMatrix& up, const QuantMa
 
 // attn = ffn(x): the dense MLP, or the routed experts plus the shared ones.
 //
-// First version of the routed experts: the per-expert token counts are read back to the host (one
-// synchronization per MoE layer) and each expert with tokens runs cuda::matmul over its rows of
-// the stacked expert tensors, on the tokens gathered for it. Grouped GEMMs that read the counts on
-// the device would remove the synchronization.
+// Routed experts, two ways:
+//  - decode-sized batches (at most kSyncFreePairs (token, expert) pairs): every pair's gate, up and
+//    down products in one launch each (cuda::matmul_experts reads the expert ids on the device), so
+//    the layer has no host synchronization. Each pair is summed as the one-token decode product, so
+//    the result is the same bits the grouped path gives when every expert has <= 16 tokens.
+//  - larger batches: the per-expert token counts are read back to the host (one synchronization
+//    per MoE layer) and each expert with tokens runs cuda::matmul over its rows of the stacked
+//    expert tensors, on the tokens gathered for it. Grouped GEMMs that read the counts on the
+//    device would remove that synchronization too.
 void GpuModel::ffn(const Layer& L, int32_t il) {
   State& st = *st_;
   Workspace& w = st.ws;
@@ -846,6 +855,23 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
       d.experts.emplace_back(ids.begin() + t * k, ids.begin() + (t + 1) * k);
       d.weights.emplace_back(wts.begin() + t * k, wts.begin() + (t + 1) * k);
     }
+  }
+  if (T * k <= kSyncFreePairs) {
+    const int64_t P = T * k;
+    if (L.shared) mlp(L.gate_shexp, L.up_shexp, L.down_shexp, w.x, T, w.attn);
+    else gpu::fill_bytes(w.attn, 0, size_t(T * H) * sizeof(float), s);
+    cuda::matmul_experts(L.gate_exps, Fe, w.rids, P, w.x, k, w.g, s);
+    cuda::matmul_experts(L.up_exps, Fe, w.rids, P, w.x, k, w.u, s);
+    cuda::silu_mul(w.g, w.u, P * Fe, s);
+    cuda::matmul_experts(L.down_exps, H, w.rids, P, w.g, 1, w.oe, s);
+    // Outputs are in pair order: the combine's permutation is the identity.
+    if (st.iota.size() < size_t(P)) {
+      st.iota.resize(size_t(P));
+      for (size_t i = 0; i < st.iota.size(); ++i) st.iota[i] = int32_t(i);
+    }
+    gpu::upload_async(w.perm, st.iota.data(), size_t(P) * sizeof(int32_t), s);
+    gpu::moe_combine(w.oe, w.perm, P, w.rids, w.rw, T, int(k), H, w.inv, w.attn, s);
+    return;
   }
   cuda::moe_group(w.rids, T * k, E, w.counts, w.offsets, w.perm, w.group_ws, s);
   st.host_counts.resize(size_t(E));
