@@ -1,4 +1,4 @@
-// --device, --kv-cache and --verbose: where `logits`, `run` and `bench` run the model.
+// --device, --kv-cache, --precise and --verbose: where `logits`, `run` and `bench` run the model.
 #pragma once
 #include <CLI/CLI.hpp>
 
@@ -13,7 +13,8 @@ namespace sparsemla::app {
 
 struct DeviceArgs {
   std::string device = "cpu";
-  std::string kv_cache;  // "" (bf16 on the GPU), "bf16" or "fp8"
+  std::string kv_cache;  // "" (bf16 on the GPU), "bf16", "fp8" or "f32"
+  bool precise = false;  // fp32 products and the FMA attention kernels on the GPU
   bool verbose = false;
   bool cuda() const { return device == "cuda"; }
 };

@@ -38,6 +38,9 @@ TEST(DeviceCli, KvCacheNeedsDeviceCuda) {
                           " -o " + dir.file("l.f32") + " --kv-cache fp8");
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_TRUE(contains(r.out, "--kv-cache fp8: only with --device cuda")) << r.out;
+  const CliResult precise = cli("run -m " + model() + " --tokens \"5 9\" --precise");
+  EXPECT_EQ(precise.status, 1) << precise.out;
+  EXPECT_TRUE(contains(precise.out, "--precise: only with --device cuda")) << precise.out;
   const CliResult bad = cli("run -m " + model() + " --tokens \"5 9\" --device tpu");
   EXPECT_NE(bad.status, 0) << bad.out;
   EXPECT_TRUE(contains(bad.out, "--device")) << bad.out;
