@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -46,6 +47,7 @@ struct BenchArgs {
   int prompt = 128;
   int gen = 32;
   int threads = 0;
+  std::string attention = "sparse";
   DeviceArgs dev;
 };
 
@@ -110,6 +112,7 @@ int run_bench(const BenchArgs& a) {
   check_device_args(a.dev);
   model::ModelOptions o;
   o.threads = a.threads;
+  o.attention = a.attention == "dense" ? model::AttentionMode::Dense : model::AttentionMode::Sparse;
   auto m = model::Model::load(a.model, o);
 #if SPARSEMLA_HAVE_CUDA
   if (a.dev.cuda()) return run_bench_gpu(a, *m);
@@ -153,6 +156,8 @@ struct MakeModelArgs {
   std::string type = "q8_0";
   int layers = 0;
   std::string arch = "glm-dsa";
+  bool q4_k_m = false;
+  bool zeros = false;
 };
 
 int run_make_model(const MakeModelArgs& a) {
@@ -160,9 +165,12 @@ int run_make_model(const MakeModelArgs& a) {
                                                     : model::SyntheticSpec::glm5_small();
   if (a.layers) s.n_layer = uint32_t(a.layers);
   if (!model::arch_from_name(a.arch, &s.arch)) fail("--arch: '{}' is not glm-dsa or deepseek32", a.arch);
-  const auto t = gguf::type_from_name(a.type);
+  const bool mix = a.type == "q4_k_m";
+  const auto t = mix ? std::optional<gguf::GgmlType>(gguf::GgmlType::Q4_K) : gguf::type_from_name(a.type);
   if (!t) fail("--type: unknown ggml type '{}'", a.type);
   s.matrix_type = *t;
+  s.q4_k_m = mix;
+  s.zero_matrices = a.zeros;
   model::write_synthetic_model(s, a.output);
   std::printf("wrote %s\n", a.output.c_str());
   return 0;
@@ -176,6 +184,8 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("--model,-m", a->model, "GGUF model");
   cmd->add_option("--prompt", a->prompt, "prompt tokens (random ids)");
   cmd->add_option("--gen", a->gen, "decode steps");
+  cmd->add_option("--attention", a->attention, "sparse (the model's DSA top-k, default) or dense (every position)")
+      ->check(CLI::IsMember({"sparse", "dense"}));
   cmd->add_option("--threads,-t", a->threads, "CPU threads (default: all)");
   add_device_options(cmd, a->dev);
   Runner attention = add_bench_attention(*cmd);
@@ -193,7 +203,11 @@ Runner add_make_model(CLI::App& app) {
   cmd->add_option("--preset", a->preset, "small (GLM-5 shaped, ~40M parameters) or glm5-width (GLM-5's real widths)")
       ->check(CLI::IsMember({"small", "glm5-width"}));
   cmd->add_option("--layers", a->layers, "main layers (the first is dense)");
-  cmd->add_option("--type", a->type, "matrix type: f32, f16, bf16, q8_0");
+  cmd->add_option("--type", a->type,
+                  "matrix type: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, or q4_k_m (Q4_K with Q6_K for "
+                  "ffn_down/attn_v_b/output and Q8_0 where rows are not whole 256-blocks)");
+  cmd->add_flag("--zeros", a->zeros,
+                "write the matrices as zero bytes (sparse, instant): for timing GLM-5-width layers, not for outputs");
   cmd->add_option("--arch", a->arch, "glm-dsa or deepseek32");
   cmd->add_option("--output,-o", a->output, "output .gguf")->required();
   return [a] { return run_make_model(*a); };

@@ -83,10 +83,18 @@ void write_synthetic_model(const SyntheticSpec& s, const std::string& path) {
     for (float& x : v) x = nd(rng);
     w.add_tensor(name, type, ne, v);
   };
-  const auto M = s.matrix_type;
   const auto F32 = gguf::GgmlType::F32;
+  auto type_of = [&](const std::string& name, int64_t ne0) {
+    if (!s.q4_k_m) return s.matrix_type;
+    if (ne0 % 256 != 0) return gguf::GgmlType::Q8_0;
+    const bool high = name.find("ffn_down") != std::string::npos || name.find("attn_v_b") != std::string::npos ||
+                      name == "output.weight";
+    return high ? gguf::GgmlType::Q6_K : gguf::GgmlType::Q4_K;
+  };
   auto mat = [&](const std::string& name, int64_t in, std::vector<int64_t> ne) {
-    tensor(name, std::move(ne), M, 1.0f / std::sqrt(float(in)));
+    const gguf::GgmlType t = type_of(name, ne[0]);
+    if (s.zero_matrices) w.add_tensor_zeros(name, t, ne);
+    else tensor(name, std::move(ne), t, 1.0f / std::sqrt(float(in)));
   };
   auto norm = [&](const std::string& name, int64_t n) { tensor(name, {n}, F32, 0.05f, 1.0f); };
   const int64_t H = s.n_embd, V = s.n_vocab;

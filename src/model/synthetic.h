@@ -25,6 +25,12 @@ struct SyntheticSpec {
   uint32_t n_ctx = 4096;
   float rope_theta = 1e6f;
   gguf::GgmlType matrix_type = gguf::GgmlType::Q8_0;  // every 2-D+ weight but the router and norms
+  // Q4_K_M's mix instead of matrix_type: Q6_K for ffn_down / ffn_down_exps / attn_v_b / output, Q4_K
+  // elsewhere, Q8_0 where rows are not whole 256-value blocks (as llama.cpp falls back).
+  bool q4_k_m = false;
+  // Matrices written as zero bytes (sparse holes: instant, no memory) instead of random values, for
+  // timing GLM-5-width layers; norms, biases and the router stay random, so the routing varies.
+  bool zero_matrices = false;
   uint32_t seed = 1;
 
   // GLM-5's real widths (MODEL_SPEC.md) with `layers` main layers, the first dense.
