@@ -1,0 +1,63 @@
+// Synthetic models (make-model): the Q4_K_M mix puts each tensor in the type llama.cpp's Q4_K_M
+// would, zero matrices are written as holes and still load and run, and GLM-5's widths come out as
+// MODEL_SPEC.md gives them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sys/stat.h>
+
+#include "gguf/reader.h"
+#include "model/model.h"
+#include "model/synthetic.h"
+#include "test_util.h"
+
+namespace sparsemla::model {
+namespace {
+
+TEST(SyntheticModel, Q4KMMixAndZeroMatricesLoadAndRun) {
+  test::TempDir dir("synth");
+  SyntheticSpec s = SyntheticSpec::glm5_small();
+  s.n_layer = 2;
+  s.q4_k_m = true;
+  s.zero_matrices = true;
+  const std::string path = dir.file("m.gguf");
+  write_synthetic_model(s, path);
+  auto f = gguf::File::open(path);
+  const auto type = [&](const std::string& name) { return f->tensor(name)->type; };
+  EXPECT_EQ(type("blk.1.ffn_down_exps.weight"), gguf::GgmlType::Q6_K);
+  EXPECT_EQ(type("blk.0.ffn_down.weight"), gguf::GgmlType::Q6_K);
+  EXPECT_EQ(type("output.weight"), gguf::GgmlType::Q6_K);
+  EXPECT_EQ(type("blk.1.ffn_gate_exps.weight"), gguf::GgmlType::Q4_K);
+  EXPECT_EQ(type("blk.0.attn_q_a.weight"), gguf::GgmlType::Q4_K);
+  // attn_k_b rows hold qk_nope = 64 values: not a whole 256-block, so Q8_0.
+  EXPECT_EQ(type("blk.0.attn_k_b.weight"), gguf::GgmlType::Q8_0);
+  EXPECT_EQ(type("blk.1.ffn_gate_inp.weight"), gguf::GgmlType::F32);  // the router stays random fp32
+  // Holes: the file's blocks on disk are far fewer than its size.
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_LT(uint64_t(st.st_blocks) * 512, uint64_t(st.st_size) / 2);
+
+  auto m = Model::load(path, {AttentionMode::Sparse, 2});
+  kv::PagedCache cache(m->cache_shape(4, 16));
+  std::vector<int32_t> table;
+  ASSERT_TRUE(cache.reserve(table, 8));
+  std::vector<float> logits;
+  m->forward({SeqInput{{1, 2, 3, 4, 5}, 0, &table, true}}, cache, logits);
+  ASSERT_EQ(logits.size(), size_t(5) * m->hparams().n_vocab);
+  for (float x : logits) ASSERT_EQ(x, 0.0f);  // zero output head: every logit is exactly 0
+}
+
+TEST(SyntheticModel, Glm5WidthIsGlm5sShape) {
+  const SyntheticSpec s = SyntheticSpec::glm5_width(4);
+  EXPECT_EQ(s.n_embd, 6144u);
+  EXPECT_EQ(s.n_head, 64u);
+  EXPECT_EQ(s.kv_lora + s.qk_rope, 576u);
+  EXPECT_EQ(s.n_expert, 256u);
+  EXPECT_EQ(s.n_expert_used, 8u);
+  EXPECT_EQ(s.idx_heads, 32u);
+  EXPECT_EQ(s.idx_dim, 128u);
+  EXPECT_EQ(s.idx_top_k, 2048u);
+}
+
+}  // namespace
+}  // namespace sparsemla::model
