@@ -31,6 +31,7 @@
 #include "model/cuda/gpu_ops.h"
 #include "model/model.h"
 #include "ops/cuda/buffer.h"
+#include "legacy_kv_b.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -378,32 +379,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModelFixture,
 TEST(GpuModel, LegacyKvBGivesTheCpuLogits) {
   SPARSEMLA_REQUIRE_GPU();
   test::TempDir dir("gpu-kvb");
-  auto f = gguf::File::open(fixture_model("glm_pub"));
-  const HParams hp = load_hparams(*f);
-  gguf::Writer w(f->alignment());
-  for (const auto& [k, v] : f->metadata()) w.set(k, v);
-  const int64_t nope = hp.qk_nope, vh = hp.v_head, kvl = hp.kv_lora_rank, nh = hp.n_head;
-  for (const auto& t : f->tensors()) {
-    const std::string& n = t.name;
-    if (n.find("attn_v_b") != std::string::npos) continue;
-    if (n.find("attn_k_b") != std::string::npos) {
-      const std::string blk = n.substr(0, n.find("attn_k_b"));
-      const float* kb = reinterpret_cast<const float*>(t.data);                                    // [nh][kvl][nope]
-      const float* vb = reinterpret_cast<const float*>(f->tensor(blk + "attn_v_b.weight")->data);  // [nh][vh][kvl]
-      std::vector<float> kvb(size_t(nh * (nope + vh) * kvl));                                      // [nh*(nope+vh)][kvl]
-      for (int64_t h = 0; h < nh; ++h) {
-        for (int64_t i = 0; i < nope; ++i)
-          for (int64_t c = 0; c < kvl; ++c) kvb[size_t((h * (nope + vh) + i) * kvl + c)] = kb[(h * kvl + c) * nope + i];
-        for (int64_t j = 0; j < vh; ++j)
-          for (int64_t c = 0; c < kvl; ++c) kvb[size_t((h * (nope + vh) + nope + j) * kvl + c)] = vb[(h * vh + j) * kvl + c];
-      }
-      w.add_tensor(blk + "attn_kv_b.weight", gguf::GgmlType::F32, {kvl, nh * (nope + vh)}, kvb);
-      continue;
-    }
-    w.add_tensor_bytes(n, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims),
-                       std::vector<uint8_t>(t.data, t.data + t.nbytes));
-  }
-  w.write(dir.file("legacy.gguf"));
+  const HParams hp = load_hparams(*gguf::File::open(fixture_model("glm_pub")));
+  test::write_legacy_kv_b(fixture_model("glm_pub"), dir.file("legacy.gguf"));
   auto cpu = Model::load(dir.file("legacy.gguf"), {AttentionMode::Sparse, 4});
   ASSERT_TRUE(cpu->weights().layers[0].mla.legacy_kv_b);
   Engines e(*cpu, KvDtype::BF16, true);
