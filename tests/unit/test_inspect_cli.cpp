@@ -15,21 +15,8 @@
 namespace sparsemla {
 namespace {
 
-struct Result {
-  int status;
-  std::string out;
-};
-
-Result run(const std::string& args) {
-  const std::string cmd = std::string(SPARSEMLA_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using Result = test::CliResult;
+Result run(const std::string& args) { return test::run_cli(args); }
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

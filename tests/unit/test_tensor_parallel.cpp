@@ -708,20 +708,8 @@ TEST(TensorParallel, LegacyFusedKvBIsSplitByHead) {
 }
 
 // `sparsemla logits` and `sparsemla run` with --tensor-parallel, as a user runs them.
-struct CliResult {
-  int status;
-  std::string out;
-};
-CliResult cli(const std::string& args) {
-  const std::string cmd = std::string(SPARSEMLA_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using test::CliResult;
+CliResult cli(const std::string& args) { return test::run_cli(args); }
 
 TEST(TensorParallelCli, LogitsAndRunGiveTheUnshardedResults) {
   test::TempDir dir("tp-cli");

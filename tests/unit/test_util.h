@@ -10,7 +10,10 @@
 #include <string>
 #include <vector>
 
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 #include "util/error.h"
 
@@ -27,6 +30,23 @@ inline std::string fixture_path(const std::string& rel) {
 inline std::string binary_path() {
   const char* bin = std::getenv("SPARSEMLA_BINARY_PATH");
   return bin && *bin ? std::string(bin) : std::string(SPARSEMLA_BINARY);
+}
+
+// Runs the sparsemla binary with `args` (stderr folded into the output), as a user would.
+struct CliResult {
+  int status;  // exit status, -1 when killed by a signal
+  std::string out;
+};
+inline CliResult run_cli(const std::string& args) {
+  const std::string cmd = binary_path() + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  if (!p) return {-1, "popen failed"};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
 // A whole file as raw bytes, or as little-endian values of T (int32 token ids, float32 logits).
