@@ -327,7 +327,7 @@ struct GpuModel::State {
   bool selection_made = false;  // ws.sel holds this forward's selection (a full indexer layer ran)
   Decisions* record = nullptr;  // the current forward's choices go here when set
   std::vector<int32_t> host_counts;  // [E]
-  std::vector<int32_t> iota;         // 0, 1, 2, ...: the identity permutation of the sync-free MoE path
+  cuda::DeviceBuffer iota;           // [kSyncFreePairs] 0, 1, 2, ...: the sync-free MoE path's identity permutation
   cuda::Stream s() const { return stream.get(); }
 };
 
@@ -864,13 +864,13 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     cuda::matmul_experts(L.up_exps, Fe, w.rids, P, w.x, k, w.u, s);
     cuda::silu_mul(w.g, w.u, P * Fe, s);
     cuda::matmul_experts(L.down_exps, H, w.rids, P, w.g, 1, w.oe, s);
-    // Outputs are in pair order: the combine's permutation is the identity.
-    if (st.iota.size() < size_t(P)) {
-      st.iota.resize(size_t(P));
-      for (size_t i = 0; i < st.iota.size(); ++i) st.iota[i] = int32_t(i);
+    // Outputs are in pair order: the combine's permutation is the identity, uploaded once.
+    if (st.iota.bytes() == 0) {
+      std::vector<int32_t> iota(static_cast<size_t>(kSyncFreePairs));
+      for (size_t i = 0; i < iota.size(); ++i) iota[i] = int32_t(i);
+      st.iota = cuda::to_device(iota);
     }
-    gpu::upload_async(w.perm, st.iota.data(), size_t(P) * sizeof(int32_t), s);
-    gpu::moe_combine(w.oe, w.perm, P, w.rids, w.rw, T, int(k), H, w.inv, w.attn, s);
+    gpu::moe_combine(w.oe, st.iota.as<int32_t>(), P, w.rids, w.rw, T, int(k), H, w.inv, w.attn, s);
     return;
   }
   cuda::moe_group(w.rids, T * k, E, w.counts, w.offsets, w.perm, w.group_ws, s);

@@ -107,8 +107,6 @@ struct AttentionWorkspace {
 };
 // `splits` 0: chosen from the device's SM count and the work; 1: no split.
 void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits = 0);
-// Shared memory one block of the mma kernel needs (the selector compares it with the device limit).
-size_t attention_mma_smem_bytes(int kv_lora, int rope);
 
 }  // namespace sparsemla::cuda
 

@@ -13,15 +13,17 @@
 #include <cmath>
 
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_smem.h"
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/mma.cuh"
 
 namespace sparsemla::cuda {
 namespace {
 
-constexpr int kRows = 32;     // latent rows per tile
-constexpr int kChunk = 1024;  // slots of a chunk of rows, looked up before its tiles
-constexpr int kSStride = 33;
+using mla_smem::kChunk;
+using mla_smem::kRows;
+using mla_smem::kSStride;
+using mla_smem::nv_tiles;
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct Geometry {
@@ -435,27 +437,9 @@ __global__ void __launch_bounds__(kFmaThreads) mla_fma_kernel(AttentionArgs a) {
   }
 }
 
-// Output tiles of 8 dims per warp half: the smallest even count covering kv_lora / 2.
-int nv_tiles(int kv_lora) {
-  int nv = 2;
-  while (nv * 16 < kv_lora) nv *= 2;
-  return nv;
-}
-
-size_t mma_smem_bytes(int hg, int stages, bool fp8, int stride, int64_t row_bytes) {
-  return size_t(hg) * 16 * stride * 2 + size_t(fp8 ? 1 : stages) * kRows * stride * 2 +
-         (fp8 && stages == 2 ? size_t(2) * kRows * row_bytes : 0) + size_t(hg) * 2 * 16 * kSStride * 4 +
-         size_t(kChunk) * 8;
-}
-
-int smem_stride(int kv_lora, int rope) {
-  const int d_pad = (kv_lora + rope + 31) / 32 * 32;
-  return std::max(d_pad, nv_tiles(kv_lora) * 16) + 8;
-}
-
 template <int NV, bool FP8, int HG, int STAGES>
 void launch_mma(const AttentionArgs& a, const Geometry& geo, float* part, cudaStream_t st) {
-  const size_t smem = mma_smem_bytes(HG, STAGES, FP8, geo.stride, a.latent.row_bytes);
+  const size_t smem = mla_smem::bytes(HG, STAGES, FP8, geo.stride, a.latent.row_bytes);
   // GLM-5 / DeepSeek rows (512 + 64) get the k-loop unrolled: 18 k-steps of 16 per half of 288.
   auto kernel = NV == 32 && geo.d_pad == 576 ? mla_mma_kernel<NV, FP8, HG, STAGES, (NV == 32 ? 18 : 0)>
                                              : mla_mma_kernel<NV, FP8, HG, STAGES, 0>;
@@ -489,10 +473,6 @@ void dispatch_mma(const AttentionArgs& a, const Geometry& geo, float* part, cuda
 
 }  // namespace
 
-size_t attention_mma_smem_bytes(int kv_lora, int rope) {
-  // The smallest variant (32 heads, one stage), which every device from SM80 must be able to run.
-  return mma_smem_bytes(2, 1, false, smem_stride(kv_lora, rope), 2 * int64_t(kv_lora + rope));
-}
 
 void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits) {
   if (a.T == 0) return;
@@ -513,7 +493,7 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
   Geometry geo;
   geo.d = a.kv_lora + a.rope;
   geo.d_pad = (geo.d + 31) / 32 * 32;
-  geo.stride = smem_stride(a.kv_lora, a.rope);
+  geo.stride = mla_smem::stride(a.kv_lora, a.rope);
   if (ws.sm_count == 0) {
     int dev = 0;
     SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
@@ -524,11 +504,11 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
   // stages (the next tile loads while this one is computed) where shared memory allows.
   geo.hg = a.heads > 32 ? 4 : 2;
   geo.stages = 2;
-  while (mma_smem_bytes(geo.hg, geo.stages, fp8, geo.stride, a.latent.row_bytes) > size_t(ws.smem_optin)) {
+  while (mla_smem::bytes(geo.hg, geo.stages, fp8, geo.stride, a.latent.row_bytes) > size_t(ws.smem_optin)) {
     if (geo.stages == 2) geo.stages = 1;
     else if (geo.hg == 4) geo.hg = 2, geo.stages = 2;
     else fail("sparse_mla: the mma kernel needs {} bytes of shared memory, the device allows {}",
-              mma_smem_bytes(2, 1, fp8, geo.stride, a.latent.row_bytes), ws.smem_optin);
+              mla_smem::bytes(2, 1, fp8, geo.stride, a.latent.row_bytes), ws.smem_optin);
   }
   const int64_t rows = a.selected ? a.top_k : a.max_ctx;
   const int tiles = std::max(1, ceil_div(rows, kRows));

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "model/hparams.h"
+#include "ops/cuda/attention_smem.h"
 #include "ops/device.h"
 #include "util/error.h"
 
@@ -52,11 +53,7 @@ std::string attn_mma(const AttentionProblem& p) {
   if (p.kv_lora % 8 || (p.kv_lora + p.rope) % 8)
     return fmt::format("kv_lora {} and kv_lora + rope {} must be multiples of 8", p.kv_lora, p.kv_lora + p.rope);
   if (p.kv_lora > 512) return fmt::format("kv_lora {} > 512", p.kv_lora);
-  const int d_pad = (p.kv_lora + p.rope + 31) / 32 * 32;
-  int nv = 2;
-  while (nv * 16 < p.kv_lora) nv *= 2;
-  // the smallest variant: 32 heads, one stage (src/ops/cuda/sparse_mla.cu, mma_smem_bytes)
-  const uint64_t smem = uint64_t(64) * (std::max(d_pad, nv * 16) + 8) * 2 + 4 * 16 * 33 * 4 + 1024 * 8;
+  const uint64_t smem = cuda::mla_smem::min_bytes(p.kv_lora, p.rope);  // the kernel's smallest variant
   if (p.smem_optin && smem > p.smem_optin)
     return fmt::format("needs {} bytes of shared memory per block, the device allows {}", smem, p.smem_optin);
   return "";

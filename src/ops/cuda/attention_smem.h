@@ -1,0 +1,40 @@
+// The shared-memory geometry of the mma attention kernel (sparse_mla.cu), in plain C++ so that the
+// backend selector (ops/select), built with or without CUDA, checks a device against the same
+// numbers the kernel launches with.
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+namespace sparsemla::cuda::mla_smem {
+
+constexpr int kRows = 32;     // latent rows per tile
+constexpr int kChunk = 1024;  // slots of a chunk of rows, looked up before its tiles
+constexpr int kSStride = 33;  // row stride of the score exchange, in floats
+
+// Output tiles of 8 dims per warp half: the smallest power of 2 (>= 2) whose 16 * n covers kv_lora.
+inline int nv_tiles(int kv_lora) {
+  int nv = 2;
+  while (nv * 16 < kv_lora) nv *= 2;
+  return nv;
+}
+
+// Row stride in bf16 values of the q and latent tiles: both halves of whole k-steps, +8 to stagger banks.
+inline int stride(int kv_lora, int rope) {
+  const int d_pad = (kv_lora + rope + 31) / 32 * 32;
+  return std::max(d_pad, nv_tiles(kv_lora) * 16) + 8;
+}
+
+// Bytes of one block: q (hg * 16 heads), the bf16 tile(s), the fp8 staging tiles, scores, slots.
+inline size_t bytes(int hg, int stages, bool fp8, int row_stride, int64_t row_bytes) {
+  return size_t(hg) * 16 * row_stride * 2 + size_t(fp8 ? 1 : stages) * kRows * row_stride * 2 +
+         (fp8 && stages == 2 ? size_t(2) * kRows * size_t(row_bytes) : 0) + size_t(hg) * 2 * 16 * kSStride * 4 +
+         size_t(kChunk) * 8;
+}
+
+// The smallest variant (32 heads, one tile, bf16 rows): what every device must hold.
+inline size_t min_bytes(int kv_lora, int rope) {
+  return bytes(2, 1, false, stride(kv_lora, rope), 2 * int64_t(kv_lora + rope));
+}
+
+}  // namespace sparsemla::cuda::mla_smem
