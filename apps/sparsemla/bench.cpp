@@ -1,18 +1,19 @@
-// `sparsemla bench`: prefill and decode tokens/s of a model on this machine (CPU or --device cuda)
-// next to its bound, and
+// `sparsemla bench`: prefill and decode tokens/s of a model on this machine (CPU or --device cuda,
+// whole or split over --tensor-parallel ranks) next to its bound, and
 // `sparsemla make-model`: random-weight models of chosen widths to benchmark.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <optional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "commands.h"
 #include "device_options.h"
+#include "engine/backend.h"
 #include "gguf/ggml_types.h"
-#include "kv/paged_cache.h"
 #include "model/cost.h"
 #include "model/model.h"
 #include "model/synthetic.h"
@@ -58,55 +59,9 @@ std::vector<int32_t> random_prompt(int n, uint32_t n_vocab) {
   return prompt;
 }
 
-#if SPARSEMLA_HAVE_CUDA
-// The same measurement with every layer on the GPU; the bound is the device's copy rate.
-int run_bench_gpu(const BenchArgs& a, model::Model& m) {
-  const auto& hp = m.hparams();
-  const model::TokenCost cost = model::token_cost(m.file(), hp);
-  const int64_t total = a.prompt + a.gen;
-  const int32_t n_blocks = int32_t((total + 15) / 16) + 2;
-  auto g = model::GpuModel::load(m, gpu_options(a.dev, int64_t(n_blocks) * 16, a.prompt));
-  model::GpuCache cache = g->make_cache(n_blocks, 16);
-  std::vector<float> logits;
-  {  // warm-up: first launches, cuBLAS's setup, the workspace at its largest
-    std::vector<int32_t> warm;
-    cache.reserve(warm, std::min<int64_t>(a.prompt, 32) + 1);
-    const std::vector<int32_t> ids = random_prompt(int(std::min<int64_t>(a.prompt, 32)), hp.n_vocab);
-    g->forward({model::SeqInput{ids, 0, &warm, false}}, cache, logits);
-    logits.clear();
-    g->forward({model::SeqInput{{ids[0]}, int64_t(ids.size()), &warm, false}}, cache, logits);
-    cache.release(warm);
-  }
-  std::vector<int32_t> table;
-  if (!cache.reserve(table, total)) fail("bench: KV cache too small");
-  const std::vector<int32_t> prompt = random_prompt(a.prompt, hp.n_vocab);
-  logits.clear();
-  auto t0 = Clock::now();
-  g->forward({model::SeqInput{prompt, 0, &table, false}}, cache, logits);
-  const double prefill_s = seconds_since(t0);
-  t0 = Clock::now();
-  for (int i = 0; i < a.gen; ++i) {
-    logits.clear();
-    g->forward({model::SeqInput{{int32_t(i % hp.n_vocab)}, a.prompt + i, &table, false}}, cache, logits);
-  }
-  const double decode_s = seconds_since(t0);
-  const double bw = cuda::measure_copy_bytes_per_s();
-  const double prefill_tps = a.prompt / prefill_s, decode_tps = a.gen / decode_s;
-  const double bound_tps = bw / double(cost.weight_bytes);
-  std::printf("model: %s (%s, %u layers), %.1f MB of weights read per decode token, %.2f GFLOP per token\n",
-              a.model.c_str(), m.spec().name, hp.n_layer, cost.weight_bytes / 1e6, cost.flops / 1e9);
-  std::printf("%s\n", g->memory_report().c_str());
-  std::printf("device: %s, %s KV cache, %s attention; device-to-device copy %.0f GB/s (read + write)\n",
-              g->memory().device.c_str(), cuda::kv_dtype_name(g->kv_dtype()),
-              g->attention() == model::AttentionMode::Sparse ? "sparse" : "dense", bw / 1e9);
-  std::printf("prefill %d tokens: %.1f tokens/s (%.2f TFLOP/s)\n", a.prompt, prefill_tps, prefill_tps * cost.flops / 1e12);
-  std::printf("decode %d tokens:  %.2f tokens/s (%.2f GB/s of weights); bound %.0f tokens/s "
-              "(weight bytes per token / copy rate): %.1f%% of it\n",
-              a.gen, decode_tps, decode_tps * cost.weight_bytes / 1e9, bound_tps, 100.0 * decode_tps / bound_tps);
-  return 0;
-}
-#endif
-
+// Prefill of --prompt random tokens, then --gen decode steps, on the backend the device options name.
+// The bound is the weight bytes one decode token reads over the copy rate: one CPU thread's memcpy
+// (the ranks of a split CPU model share the memory), or the device-to-device copy of each GPU.
 int run_bench(const BenchArgs& a) {
   if (a.prompt <= 0 || a.gen <= 0) fail("--prompt and --gen must be > 0");
   check_device_args(a.dev);
@@ -114,39 +69,65 @@ int run_bench(const BenchArgs& a) {
   o.threads = a.threads;
   o.attention = a.attention == "dense" ? model::AttentionMode::Dense : model::AttentionMode::Sparse;
   auto m = model::Model::load(a.model, o);
-#if SPARSEMLA_HAVE_CUDA
-  if (a.dev.cuda()) return run_bench_gpu(a, *m);
-#endif
   const auto& hp = m->hparams();
   const model::TokenCost cost = model::token_cost(m->file(), hp);
-  const int64_t total = a.prompt + a.gen;
-  kv::PagedCache cache(m->cache_shape(int32_t((total + 15) / 16), 16));
-  std::vector<int32_t> table;
-  cache.reserve(table, total);
-  const std::vector<int32_t> prompt = random_prompt(a.prompt, hp.n_vocab);
-
+  const int64_t total = int64_t(a.prompt) + a.gen;
+  auto backend = engine::make_backend(*m, backend_options(a.dev, a.threads), int32_t((total + 15) / 16), 16, a.prompt);
+  kv::BlockAllocator& blocks = backend->blocks();
   std::vector<float> logits;
+  {  // warm-up: first launches, cuBLAS's setup, the GPU workspace at its largest; pages of the weights
+    const int warm_n = std::min(a.prompt, 32);
+    std::vector<int32_t> warm;
+    blocks.reserve(warm, warm_n + 1);
+    const std::vector<int32_t> ids = random_prompt(warm_n, hp.n_vocab);
+    backend->forward({model::SeqInput{ids, 0, &warm, false}}, logits);
+    logits.clear();
+    backend->forward({model::SeqInput{{ids[0]}, warm_n, &warm, false}}, logits);
+    blocks.release(warm);
+  }
+  std::vector<int32_t> table;
+  if (!blocks.reserve(table, total)) fail("bench: KV cache too small");
+  const std::vector<int32_t> prompt = random_prompt(a.prompt, hp.n_vocab);
+  logits.clear();
   auto t0 = Clock::now();
-  m->forward({model::SeqInput{prompt, 0, &table, false}}, cache, logits);
+  backend->forward({model::SeqInput{prompt, 0, &table, false}}, logits);
   const double prefill_s = seconds_since(t0);
   t0 = Clock::now();
   for (int i = 0; i < a.gen; ++i) {
     logits.clear();
-    m->forward({model::SeqInput{{int32_t(i % hp.n_vocab)}, a.prompt + i, &table, false}}, cache, logits);
+    backend->forward({model::SeqInput{{int32_t(i % hp.n_vocab)}, a.prompt + i, &table, false}}, logits);
   }
   const double decode_s = seconds_since(t0);
-  const double bw = memcpy_rate();
   const double prefill_tps = a.prompt / prefill_s, decode_tps = a.gen / decode_s;
-  const double bound_tps = bw / double(cost.weight_bytes);
   std::printf("model: %s (%s, %u layers), %.1f MB of weights read per decode token, %.2f GFLOP per token\n",
               a.model.c_str(), m->spec().name, hp.n_layer, cost.weight_bytes / 1e6, cost.flops / 1e9);
-  std::printf("threads: %d, memcpy: %.2f GB/s\n", int(o.threads ? o.threads : int(std::thread::hardware_concurrency())),
-              bw / 1e9);
-  std::printf("prefill %d tokens: %.1f tokens/s (%.2f GFLOP/s)\n", a.prompt, prefill_tps,
-              prefill_tps * cost.flops / 1e9);
-  std::printf("decode %d tokens:  %.2f tokens/s (%.2f GB/s of weights); bound %.2f tokens/s "
-              "(weight bytes per token / memcpy rate): %.0f%% of it\n",
-              a.gen, decode_tps, decode_tps * cost.weight_bytes / 1e9, bound_tps, 100.0 * decode_tps / bound_tps);
+  std::printf("%s\n", backend->description().c_str());
+  double bw = 0;
+  std::string bound_of;
+  if (a.dev.cuda()) {
+#if SPARSEMLA_HAVE_CUDA
+    const int gpus = a.dev.tensor_parallel;
+    bw = cuda::measure_copy_bytes_per_s() * gpus;
+    bound_of = gpus > 1 ? fmt::format("weight bytes per token / copy rate of {} GPUs", gpus)
+                        : "weight bytes per token / copy rate";
+    std::printf("device: %s KV cache, %s attention; device-to-device copy %.0f GB/s (read + write)%s\n",
+                a.dev.kv_cache.empty() ? "bf16" : a.dev.kv_cache.c_str(), a.attention.c_str(), bw / gpus / 1e9,
+                gpus > 1 ? " per GPU" : "");
+    std::printf("prefill %d tokens: %.1f tokens/s (%.2f TFLOP/s)\n", a.prompt, prefill_tps,
+                prefill_tps * cost.flops / 1e12);
+#endif
+  } else {
+    bw = memcpy_rate();
+    bound_of = "weight bytes per token / memcpy rate";
+    std::printf("threads: %d, memcpy: %.2f GB/s\n",
+                int(o.threads ? o.threads : int(std::thread::hardware_concurrency())), bw / 1e9);
+    std::printf("prefill %d tokens: %.1f tokens/s (%.2f GFLOP/s)\n", a.prompt, prefill_tps,
+                prefill_tps * cost.flops / 1e9);
+  }
+  const double bound_tps = bw / double(cost.weight_bytes);
+  std::printf("decode %d tokens:  %.2f tokens/s (%.2f GB/s of weights); bound %.2f tokens/s (%s): %.1f%% of it\n",
+              a.gen, decode_tps, decode_tps * cost.weight_bytes / 1e9, bound_tps, bound_of.c_str(),
+              100.0 * decode_tps / bound_tps);
   return 0;
 }
 

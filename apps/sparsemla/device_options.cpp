@@ -6,8 +6,13 @@
 namespace sparsemla::app {
 
 void add_device_options(CLI::App* cmd, DeviceArgs& a) {
-  cmd->add_option("--device", a.device, "cpu (default) or cuda: every layer on the first GPU")
+  cmd->add_option("--device", a.device,
+                  "cpu (default) or cuda: every layer on the GPU (the first one; with --tensor-parallel N, GPUs 0..N-1)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--tensor-parallel", a.tensor_parallel,
+                  "split the model over N ranks: CPU threads with an in-process communicator, or with --device cuda "
+                  "one GPU per rank (NCCL); heads, experts and vocabulary must divide by N")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--kv-cache", a.kv_cache,
                   "GPU KV cache format: bf16 (default), fp8 (e4m3, one scale per 128 values) or f32 (the reference "
                   "format: exact rows, FMA kernels); --device cuda only")
@@ -18,7 +23,7 @@ void add_device_options(CLI::App* cmd, DeviceArgs& a) {
   cmd->add_flag("--verbose", a.verbose, "print the GPU kernel selection and memory report");
 }
 
-void check_device_args(const DeviceArgs& a, int tensor_parallel) {
+void check_device_args(const DeviceArgs& a) {
   if (!a.cuda()) {
     if (!a.kv_cache.empty()) fail("--kv-cache {}: only with --device cuda (the CPU cache is always fp32)", a.kv_cache);
     if (a.precise) fail("--precise: only with --device cuda (the CPU engine is the fp32 reference already)");
@@ -29,19 +34,21 @@ void check_device_args(const DeviceArgs& a, int tensor_parallel) {
          "with the CUDA toolkit or use --device cpu");
   std::string why;
   if (ops::list_devices(&why).empty()) fail("--device cuda: no CUDA device is usable here ({})", why);
-  if (tensor_parallel > 1) fail("--tensor-parallel {} with --device cuda: the GPU model runs on one GPU for now", tensor_parallel);
 }
 
+engine::BackendOptions backend_options(const DeviceArgs& a, int threads) {
+  engine::BackendOptions o;
+  o.device = a.cuda() ? engine::Device::Cuda : engine::Device::Cpu;
+  o.tensor_parallel = a.tensor_parallel;
+  o.threads = threads;
 #if SPARSEMLA_HAVE_CUDA
-model::GpuModelOptions gpu_options(const DeviceArgs& a, int64_t cache_tokens, int64_t batch_tokens) {
-  model::GpuModelOptions o;
-  o.kv_cache = a.kv_cache == "fp8" ? cuda::KvDtype::FP8 : a.kv_cache == "f32" ? cuda::KvDtype::F32 : cuda::KvDtype::BF16;
-  o.verbose = a.verbose;
-  o.precise = a.precise;
-  o.min_cache_tokens = cache_tokens;
-  o.max_batch_tokens = batch_tokens;
+  o.gpu.kv_cache = a.kv_cache == "fp8"   ? cuda::KvDtype::FP8
+                   : a.kv_cache == "f32" ? cuda::KvDtype::F32
+                                         : cuda::KvDtype::BF16;
+  o.gpu.verbose = a.verbose;
+  o.gpu.precise = a.precise;
+#endif
   return o;
 }
-#endif
 
 }  // namespace sparsemla::app

@@ -1,10 +1,10 @@
-// `sparsemla logits` and `sparsemla run`: the engine on token ids, on the CPU or (--device cuda) the GPU.
+// `sparsemla logits` and `sparsemla run`: the engine on token ids, through the backend the device
+// options name (CPU or GPU, whole or split over --tensor-parallel ranks).
 #include <climits>
 #include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <fstream>
-#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -12,8 +12,7 @@
 #include "commands.h"
 #include "default_model.h"
 #include "device_options.h"
-#include "dist/sharded_model.h"
-#include "kv/paged_cache.h"
+#include "engine/backend.h"
 #include "model/model.h"
 #include "server/chat_format.h"
 #include "tokenizer/tokenizer.h"
@@ -26,7 +25,6 @@ struct ModelArgs {
   std::string model;
   std::string attention = "sparse";
   int threads = 0;
-  int tensor_parallel = 1;
   DeviceArgs dev;
 };
 
@@ -38,15 +36,11 @@ void add_model_options(CLI::App* cmd, ModelArgs& a, bool model_required = true) 
   cmd->add_option("--attention", a.attention, "sparse (the model's DSA top-k, default) or dense (every position)")
       ->check(CLI::IsMember({"sparse", "dense"}));
   cmd->add_option("--threads,-t", a.threads, "CPU threads (default: all)");
-  cmd->add_option("--tensor-parallel", a.tensor_parallel,
-                  "split the model over N ranks (CPU threads and an in-process communicator): a check of the "
-                  "multi-GPU sharding; heads, experts and vocabulary must divide by N")
-      ->check(CLI::PositiveNumber);
   add_device_options(cmd, a.dev);
 }
 
 std::unique_ptr<model::Model> load(ModelArgs& a) {
-  check_device_args(a.dev, a.tensor_parallel);
+  check_device_args(a.dev);
   if (a.model.empty()) a.model = default_model_path();
   model::ModelOptions o;
   o.attention = a.attention == "dense" ? model::AttentionMode::Dense : model::AttentionMode::Sparse;
@@ -82,61 +76,24 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
-// The model's forward: whole on the CPU, split over --tensor-parallel ranks, or on the GPU, with a
-// KV cache that has room for `n_tokens` positions of one sequence.
-class Forward {
- public:
-  Forward(model::Model& m, const ModelArgs& a, int64_t n_tokens) : m_(m) {
-    const int32_t bs = 16, n_blocks = int32_t((n_tokens + bs - 1) / bs);
-    if (a.dev.cuda()) {
-#if SPARSEMLA_HAVE_CUDA
-      gpu_ = model::GpuModel::load(m, gpu_options(a.dev, int64_t(n_blocks) * bs, n_tokens));
-      std::fprintf(stderr, "%s\n", gpu_->memory_report().c_str());
-      gpu_cache_.emplace(gpu_->make_cache(n_blocks, bs));
-#endif
-    } else if (a.tensor_parallel > 1) {
-      tp_ = std::make_unique<dist::ShardedModel>(m, a.tensor_parallel, a.threads);
-      std::fprintf(stderr, "%s\n", tp_->plan().summary().c_str());
-      replicas_.emplace(tp_->make_cache(n_blocks, bs));
-    } else {
-      cache_.emplace(m.cache_shape(n_blocks, bs));
-    }
-  }
-  bool reserve(std::vector<int32_t>& table, int64_t n) {
-#if SPARSEMLA_HAVE_CUDA
-    if (gpu_) return gpu_cache_->reserve(table, n);
-#endif
-    return tp_ ? replicas_->reserve(table, n) : cache_->reserve(table, n);
-  }
-  void run(const std::vector<model::SeqInput>& batch, std::vector<float>& logits) {
-#if SPARSEMLA_HAVE_CUDA
-    if (gpu_) return gpu_->forward(batch, *gpu_cache_, logits);
-#endif
-    if (tp_) tp_->forward(batch, *replicas_, logits);
-    else m_.forward(batch, *cache_, logits);
-  }
-
- private:
-  model::Model& m_;
-  std::unique_ptr<dist::ShardedModel> tp_;
-  std::optional<kv::PagedCache> cache_;
-  std::optional<dist::ReplicatedCache> replicas_;
-#if SPARSEMLA_HAVE_CUDA
-  std::unique_ptr<model::GpuModel> gpu_;
-  std::optional<model::GpuCache> gpu_cache_;
-#endif
-};
+// The backend for `m` with room for `n_tokens` positions of one sequence, run in one forward at most.
+std::unique_ptr<engine::Backend> backend_for(model::Model& m, const ModelArgs& a, int64_t n_tokens) {
+  const int32_t bs = 16;
+  auto b = engine::make_backend(m, backend_options(a.dev, a.threads), int32_t((n_tokens + bs - 1) / bs), bs, n_tokens);
+  std::fprintf(stderr, "%s\n", b->description().c_str());
+  return b;
+}
 
 int run_logits(ModelArgs& a, const std::string& tokens_path, const std::string& out_path) {
   const std::vector<int32_t> ids = read_i32_file(tokens_path);
   if (ids.empty()) fail("{}: no token ids", tokens_path);
   auto m = load(a);
-  Forward fwd(*m, a, int64_t(ids.size()));
+  auto backend = backend_for(*m, a, int64_t(ids.size()));
   std::vector<int32_t> table;
-  if (!fwd.reserve(table, int64_t(ids.size()))) fail("KV cache too small");
+  if (!backend->blocks().reserve(table, int64_t(ids.size()))) fail("KV cache too small");
   model::SeqInput in{ids, 0, &table, true};
   std::vector<float> logits;
-  fwd.run({in}, logits);
+  backend->forward({in}, logits);
   std::ofstream out(out_path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size() * sizeof(float)));
   if (!out) fail("{}: write failed", out_path);
@@ -194,9 +151,9 @@ int run_generate(ModelArgs& a, const GenerateArgs& g) {
   if (total > int64_t(m->hparams().n_ctx_train))
     fail("prompt ({} tokens) + --max-tokens {} exceeds the model's context of {}", prompt.size(), g.max_tokens,
          m->hparams().n_ctx_train);
-  Forward fwd(*m, a, total);
+  auto backend = backend_for(*m, a, total);
   std::vector<int32_t> table;
-  if (!fwd.reserve(table, total)) fail("KV cache too small");
+  if (!backend->blocks().reserve(table, total)) fail("KV cache too small");
   std::vector<int32_t> out;
   std::vector<float> logits;
   std::unique_ptr<tokenizer::StreamDecoder> stream;
@@ -205,7 +162,7 @@ int run_generate(ModelArgs& a, const GenerateArgs& g) {
   model::SeqInput in{prompt, 0, &table, false};
   for (int i = 0; i < g.max_tokens; ++i) {
     logits.clear();
-    fwd.run({in}, logits);
+    backend->forward({in}, logits);
     const int32_t next = argmax(logits.data(), m->hparams().n_vocab);
     if (tok && tok->is_eog(next)) break;
     out.push_back(next);

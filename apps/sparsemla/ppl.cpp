@@ -1,4 +1,5 @@
-// `sparsemla ppl --model FILE --file TEXT [--ctx N]`: perplexity of a model on a text file.
+// `sparsemla ppl --model FILE --file TEXT [--ctx N]`: perplexity of a model on a text file, on the
+// backend the device options name (CPU or GPU, whole or split over --tensor-parallel ranks).
 //
 // The text is tokenized whole (control tokens written in it are plain text) and cut into chunks of
 // ctx - 1 tokens; each chunk runs as one prompt [BOS] + chunk (BOS omitted with --no-bos, or when
@@ -15,7 +16,8 @@
 #include <vector>
 
 #include "commands.h"
-#include "kv/paged_cache.h"
+#include "device_options.h"
+#include "engine/backend.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -32,6 +34,7 @@ struct PplArgs {
   bool no_bos = false;
   bool json = false;
   int max_chunks = 0;
+  DeviceArgs dev;
 };
 
 std::string read_text(const std::string& path) {
@@ -51,6 +54,7 @@ double nll_of(const float* row, int64_t n, int32_t target) {
 
 int run_ppl(const PplArgs& a) {
   if (a.ctx < 2) fail("--ctx must be at least 2, got {}", a.ctx);
+  check_device_args(a.dev);
   model::ModelOptions o;
   o.attention = a.attention == "dense" ? model::AttentionMode::Dense : model::AttentionMode::Sparse;
   o.threads = a.threads;
@@ -65,7 +69,9 @@ int run_ppl(const PplArgs& a) {
   const int64_t n_vocab = m->hparams().n_vocab;
 
   const int32_t bs = 16;
-  kv::PagedCache cache(m->cache_shape(int32_t((a.ctx + bs - 1) / bs), bs));
+  auto backend =
+      engine::make_backend(*m, backend_options(a.dev, a.threads), int32_t((int64_t(a.ctx) + bs - 1) / bs), bs, a.ctx);
+  if (!a.json) std::fprintf(stderr, "%s\n", backend->description().c_str());
   double nll = 0;
   int64_t scored = 0, chunks = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -77,10 +83,10 @@ int run_ppl(const PplArgs& a) {
     in.insert(in.end(), ids.begin() + start, ids.begin() + end);
     if (in.size() < 2) break;  // a lone trailing token without BOS: nothing to predict
     std::vector<int32_t> table;
-    if (!cache.reserve(table, int64_t(in.size()))) fail("KV cache too small");
+    if (!backend->blocks().reserve(table, int64_t(in.size()))) fail("KV cache too small");
     std::vector<float> logits;
-    m->forward({model::SeqInput{in, 0, &table, true}}, cache, logits);
-    cache.release(table);
+    backend->forward({model::SeqInput{in, 0, &table, true}}, logits);
+    backend->blocks().release(table);
     for (size_t i = 0; i + 1 < in.size(); ++i) nll += nll_of(logits.data() + i * n_vocab, n_vocab, in[i + 1]);
     scored += int64_t(in.size()) - 1;
     ++chunks;
@@ -120,6 +126,7 @@ Runner add_ppl(CLI::App& app) {
   cmd->add_option("--max-chunks", a->max_chunks, "stop after this many chunks (0: the whole file)");
   cmd->add_flag("--no-bos", a->no_bos, "do not start each chunk with the BOS token");
   cmd->add_flag("--json", a->json, "print one JSON object");
+  add_device_options(cmd, a->dev);
   return [a] { return run_ppl(*a); };
 }
 

@@ -1,4 +1,5 @@
-// `sparsemla serve`: the OpenAI-compatible server.
+// `sparsemla serve`: the OpenAI-compatible server, on the backend the device options name (CPU or
+// GPU, whole or split over --tensor-parallel ranks).
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -8,14 +9,17 @@
 
 #include "commands.h"
 #include "default_model.h"
+#include "device_options.h"
 #include "server/server.h"
 #include "util/error.h"
 
 namespace sparsemla::app {
 namespace {
 
-int run_serve(server::ServerOptions opts, const std::string& attention) {
+int run_serve(server::ServerOptions opts, const std::string& attention, const DeviceArgs& dev, int threads) {
+  check_device_args(dev);
   opts.attention = attention == "dense" ? model::AttentionMode::Dense : model::AttentionMode::Sparse;
+  opts.backend = backend_options(dev, threads);
   // SIGINT and SIGTERM are taken by sigwait() below; every thread started from here inherits the mask.
   sigset_t signals;
   sigemptyset(&signals);
@@ -52,6 +56,8 @@ int run_serve(server::ServerOptions opts, const std::string& attention) {
 Runner add_serve(CLI::App& app) {
   auto o = std::make_shared<server::ServerOptions>();
   auto attention = std::make_shared<std::string>("sparse");
+  auto dev = std::make_shared<DeviceArgs>();
+  auto threads = std::make_shared<int>(0);
   CLI::App* cmd =
       app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching and a chat page at /");
   cmd->add_option("--model,-m", o->model_path, "GGUF model (any part of a split model; default: the bundled model)");
@@ -64,18 +70,20 @@ Runner add_serve(CLI::App& app) {
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--ctx-size", o->ctx_size, "context per sequence (default: the model's, at most 8192)")
       ->check(CLI::Range(1, 1 << 24));
-  cmd->add_option("--kv-cache-tokens", o->kv_cache_tokens, "KV cache size in tokens (default: max-seqs x ctx-size)")
+  cmd->add_option("--kv-cache-tokens", o->kv_cache_tokens,
+                  "KV cache size in tokens (default: max-seqs x ctx-size; on the GPU it must fit beside the weights)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 32));
   cmd->add_option("--batch-tokens", o->batch_tokens, "tokens per forward pass: decodes, then prefill chunks")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-body-bytes", o->max_body_bytes, "largest request body accepted")->capture_default_str();
-  cmd->add_option("--threads,-t", o->threads, "CPU threads (default: all)");
+  cmd->add_option("--threads,-t", *threads, "CPU threads (default: all)");
   cmd->add_option("--attention", *attention, "sparse (the model's DSA top-k, default) or dense (every position)")
       ->check(CLI::IsMember({"sparse", "dense"}));
+  add_device_options(cmd, *dev);
   return [=] {
     if (o->model_path.empty()) o->model_path = default_model_path();
-    return run_serve(*o, *attention);
+    return run_serve(*o, *attention, *dev, *threads);
   };
 }
 

@@ -60,14 +60,17 @@ class Planner {
     out.push_back(std::move(t));
   }
 
-  // A dense FFN (or the shared expert): down's input columns cut in whole blocks of its type, gate
-  // and up rows cut at the same places.
+  // A dense FFN (or the shared expert): down's input columns cut in whole blocks of its type (at
+  // least 8 columns), gate and up rows cut at the same places.
   void add_ffn(std::vector<TensorSplit>& out, const std::string& gate, const std::string& up, const std::string& down,
                int64_t H, int64_t F) {
     const auto down_type = type_of(down);
     if (!down_type) return;
-    const int64_t bs = gguf::traits(*down_type).block_size;
-    if (F % bs != 0) fail("{}: {} input columns are not a whole number of {} blocks", down, F, gguf::type_name(*down_type));
+    const int64_t block = gguf::traits(*down_type).block_size;
+    if (F % block != 0) fail("{}: {} input columns are not a whole number of {} blocks", down, F, gguf::type_name(*down_type));
+    // Unquantized types are cut 8 columns at a time where F allows it: the GPU kernels read their
+    // rows 8 values at a time.
+    const int64_t bs = block < 8 && F % 8 == 0 ? 8 : block;
     std::vector<int64_t> bounds;
     for (int r = 0; r <= n_; ++r) bounds.push_back(F / bs * r / n_ * bs);
     for (const std::string& name : {gate, up})

@@ -13,7 +13,7 @@
 //
 // Heads, experts and vocabulary rows must divide by N. Column splits must fall on quantization
 // block boundaries: attn_output's is fixed by the heads and refused otherwise; an FFN's is cut in
-// whole blocks of its down matrix's type, evenly when F / N is a whole number of blocks (every
+// whole blocks of its down matrix's type (8 columns at least, for the GPU kernels), evenly when F / N is a whole number of blocks (every
 // published model), otherwise as evenly as the blocks allow (a small model's ranks may then hold
 // no columns of it: they add zeros). Every rank computes exactly what the whole model computes,
 // only the order of the final sums across ranks changes.

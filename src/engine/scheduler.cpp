@@ -49,18 +49,25 @@ struct Scheduler::Sequence {
   Usage usage() const { return {n_prompt, generated, n_cached}; }
 };
 
-Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tok, const SchedulerConfig& cfg,
-                     EngineMetrics* metrics)
-    : model_(model),
-      tok_(tok),
-      cfg_(cfg),
-      metrics_(metrics),
-      cache_(model.cache_shape(cfg.kv_blocks, cfg.block_size)),
-      blocks_(cache_) {
+namespace {
+
+const SchedulerConfig& checked(const SchedulerConfig& cfg) {
   if (cfg.max_seqs <= 0 || cfg.batch_tokens < cfg.max_seqs || cfg.ctx_size <= 0)
     fail("scheduler: max_seqs {} must be > 0 and <= batch_tokens {}, ctx_size {} > 0", cfg.max_seqs, cfg.batch_tokens,
          cfg.ctx_size);
-  const int32_t n_vocab = int32_t(model.hparams().n_vocab);
+  return cfg;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tok, const SchedulerConfig& cfg,
+                     EngineMetrics* metrics)
+    : tok_(tok),
+      cfg_(checked(cfg)),
+      metrics_(metrics),
+      backend_(make_backend(model, cfg.backend, cfg.kv_blocks, cfg.block_size, cfg.batch_tokens)),
+      blocks_(backend_->blocks()) {
+  const int32_t n_vocab = int32_t(backend_->n_vocab());
   visible_.assign(size_t(n_vocab), false);
   for (int32_t id = 0; id < std::min(n_vocab, tok.n_vocab()); ++id) visible_[size_t(id)] = !tok.is_special(id);
   for (int32_t id : cfg.visible_special)
@@ -74,7 +81,7 @@ std::shared_ptr<RequestStream> Scheduler::submit(GenerationRequest req) {
   const int64_t n_prompt = int64_t(req.prompt.size());
   if (n_prompt == 0) fail("the prompt has no tokens");
   if (req.max_tokens <= 0) fail("max_tokens must be at least 1, got {}", req.max_tokens);
-  const int64_t n_vocab = int64_t(model_.hparams().n_vocab);
+  const int64_t n_vocab = backend_->n_vocab();
   for (int32_t id : req.prompt)
     if (id < 0 || id >= n_vocab) fail("token id {} is outside the vocabulary of {} tokens", id, n_vocab);
   const int64_t total = n_prompt + req.max_tokens;
@@ -189,7 +196,7 @@ void Scheduler::publish_full_blocks(Sequence& s) {
 }
 
 void Scheduler::emit_token(Sequence& s, const float* logits) {
-  const Sampled smp = s.sampler.sample(std::span(logits, size_t(model_.hparams().n_vocab)));
+  const Sampled smp = s.sampler.sample(std::span(logits, size_t(backend_->n_vocab())));
   s.sampler.accept(smp.id);
   s.tokens.push_back(smp.id);
   ++s.generated;
@@ -266,12 +273,12 @@ StepReport Scheduler::step() {
   if (!batch.empty()) {
     logits_.clear();
     try {
-      model_.forward(batch, cache_, logits_);
+      backend_->forward(batch, logits_);
     } catch (const std::exception& ex) {
       for (Sequence* s : members) finish(*s, FinishReason::Error, std::string("the forward pass failed: ") + ex.what());
       members.clear();
     }
-    const size_t n_vocab = model_.hparams().n_vocab;
+    const size_t n_vocab = size_t(backend_->n_vocab());
     for (size_t i = 0; i < members.size(); ++i) {
       Sequence& s = *members[i];
       s.n_computed += int64_t(batch[i].tokens.size());

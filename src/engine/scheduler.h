@@ -1,6 +1,7 @@
-// Continuous batching: one thread owns the model, the KV cache and every running sequence; each step
-// decodes one token for every running sequence and fills the rest of the token budget with chunks
-// of waiting prompts. The rules are written in src/engine/README.md.
+// Continuous batching: one thread owns the backend (the model and its KV cache, on the CPU or the
+// GPU, whole or split over ranks) and every running sequence; each step decodes one token for every
+// running sequence and fills the rest of the token budget with chunks of waiting prompts. The rules
+// are written in src/engine/README.md.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -12,11 +13,11 @@
 #include <thread>
 #include <vector>
 
+#include "engine/backend.h"
 #include "engine/metrics.h"
 #include "engine/request.h"
 #include "engine/stop_strings.h"
 #include "kv/block_manager.h"
-#include "kv/paged_cache.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -29,6 +30,7 @@ struct SchedulerConfig {
   int32_t ctx_size = 4096;     // positions per sequence (prompt + generated)
   int32_t kv_blocks = 2048;    // blocks in the KV cache
   int32_t block_size = 16;     // tokens per block
+  BackendOptions backend;      // where the forward runs (default: the CPU)
   int32_t max_waiting = 256;   // requests queued beyond the running ones
   bool prefix_caching = true;  // share blocks of equal prompt prefixes between requests
   // Special (control) tokens that appear in the output text; every other one decodes to nothing.
@@ -65,6 +67,8 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
+  // Builds the backend cfg.backend names for `model` (which must outlive the scheduler), with a KV
+  // cache of cfg.kv_blocks blocks. Throws Error for a bad config or a backend that cannot run.
   Scheduler(model::Model& model, const tokenizer::Tokenizer& tok, const SchedulerConfig& cfg,
             EngineMetrics* metrics = nullptr);
   ~Scheduler();
@@ -83,6 +87,8 @@ class Scheduler {
   StepReport step();
 
   SchedulerStats stats() const;
+  // For its description(); the backend itself is the scheduler thread's.
+  const Backend& backend() const { return *backend_; }
 
  private:
   struct Sequence;
@@ -96,13 +102,12 @@ class Scheduler {
   void update_stats();
   void run();
 
-  model::Model& model_;
   const tokenizer::Tokenizer& tok_;
   SchedulerConfig cfg_;
   EngineMetrics* metrics_;
+  std::unique_ptr<Backend> backend_;
+  kv::BlockManager blocks_;    // over backend_->blocks()
   std::vector<bool> visible_;  // [n_vocab] whether a token's text is part of the output
-  kv::PagedCache cache_;
-  kv::BlockManager blocks_;
 
   // Owned by the scheduler thread (or the test calling step()).
   std::deque<std::unique_ptr<Sequence>> waiting_;

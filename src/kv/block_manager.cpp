@@ -34,10 +34,10 @@ std::vector<uint64_t> block_hashes(std::span<const int32_t> tokens, int32_t bloc
   return out;
 }
 
-BlockManager::BlockManager(PagedCache& cache) : cache_(cache), blocks_(size_t(cache.shape().n_blocks)) {
-  if (cache.n_free() != cache.shape().n_blocks)
-    fail("block manager: the cache already has {} of its {} blocks handed out", cache.shape().n_blocks - cache.n_free(),
-         cache.shape().n_blocks);
+BlockManager::BlockManager(BlockAllocator& cache) : cache_(cache), blocks_(size_t(cache.n_blocks())) {
+  if (cache.n_free() != cache.n_blocks())
+    fail("block manager: the cache already has {} of its {} blocks handed out", cache.n_blocks() - cache.n_free(),
+         cache.n_blocks());
 }
 
 BlockManager::PrefixMatch BlockManager::match(std::span<const uint64_t> hashes, std::span<const int32_t> tokens) const {

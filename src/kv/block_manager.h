@@ -1,8 +1,9 @@
-// Shared blocks over a PagedCache: reference counts, and a prefix cache keyed by block hash. A full
-// block whose rows are written is published under the chained hash of every token up to its end;
-// a later sequence that starts with the same tokens references it instead of computing it again
-// (the rows of a position depend only on the tokens before it). A block no sequence references
-// stays cached until its memory is needed, oldest first.
+// Shared blocks over a paged cache's BlockAllocator (kv::PagedCache, the GPU caches): reference
+// counts, and a prefix cache keyed by block hash. A full block whose rows are written is published
+// under the chained hash of every token up to its end; a later sequence that starts with the same
+// tokens references it instead of computing it again (the rows of a position depend only on the
+// tokens before it). A block no sequence references stays cached until its memory is needed,
+// oldest first.
 #pragma once
 #include <cstdint>
 #include <list>
@@ -10,7 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kv/paged_cache.h"
+#include "kv/block_allocator.h"
 
 namespace sparsemla::kv {
 
@@ -23,10 +24,10 @@ std::vector<uint64_t> block_hashes(std::span<const int32_t> tokens, int32_t bloc
 class BlockManager {
  public:
   // Takes over the allocation of every block of `cache` (which must have none handed out).
-  explicit BlockManager(PagedCache& cache);
+  explicit BlockManager(BlockAllocator& cache);
 
-  int32_t block_size() const { return cache_.shape().block_size; }
-  int32_t n_blocks() const { return cache_.shape().n_blocks; }
+  int32_t block_size() const { return cache_.block_size(); }
+  int32_t n_blocks() const { return cache_.n_blocks(); }
   // Blocks that can be handed out now: never used, or cached without a reference.
   int32_t n_available() const { return cache_.n_free() + int32_t(idle_.size()); }
   int32_t n_used() const { return n_blocks() - n_available(); }
@@ -61,7 +62,7 @@ class BlockManager {
   };
   int32_t take_fresh();
 
-  PagedCache& cache_;
+  BlockAllocator& cache_;
   std::vector<Block> blocks_;                      // [n_blocks]
   std::unordered_map<uint64_t, int32_t> by_hash_;  // published hash -> block
   std::list<int32_t> idle_;                        // published, unreferenced; least recently used first

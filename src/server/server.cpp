@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 
@@ -101,7 +102,7 @@ int Server::listen() {
 
 void Server::load() {
   auto e = std::make_unique<Engine>();
-  e->model = model::Model::load(opts_.model_path, {opts_.attention, opts_.threads});
+  e->model = model::Model::load(opts_.model_path, {opts_.attention, opts_.backend.threads});
   e->tok = tokenizer::Tokenizer::from_gguf(e->model->file());
   e->format = std::make_unique<ChatFormat>(ChatFormat::for_model(e->model->file(), *e->tok));
   const uint32_t trained = e->model->hparams().n_ctx_train;
@@ -112,21 +113,19 @@ void Server::load() {
   c.batch_tokens = std::max(opts_.batch_tokens, opts_.max_seqs);
   c.ctx_size = ctx;
   c.block_size = opts_.block_size;
-  c.kv_blocks = int32_t((kv_tokens + c.block_size - 1) / c.block_size);
+  const int64_t kv_blocks = (kv_tokens + c.block_size - 1) / c.block_size;
+  if (kv_blocks > INT32_MAX) fail("a KV cache of {} tokens is {} blocks of {}: too many", kv_tokens, kv_blocks, c.block_size);
+  c.kv_blocks = int32_t(kv_blocks);
   c.max_waiting = opts_.max_waiting;
   c.visible_special = ChatFormat::marker_tokens(*e->tok);
+  c.backend = opts_.backend;
   e->scheduler = std::make_unique<engine::Scheduler>(*e->model, *e->tok, c, &metrics_);
   e->scheduler->start();
   e->name = !opts_.served_name.empty() ? opts_.served_name : std::filesystem::path(opts_.model_path).stem().string();
   e->created = unix_time();
-  const kv::CacheShape shape = e->model->cache_shape(c.kv_blocks, c.block_size);
-  std::fprintf(
-      stderr,
-      "model '%s' ready: context %d, KV cache %d blocks of %d tokens (%.1f MiB), up to %d sequences, "
-      "chat format: %s\n",
-      e->name.c_str(), ctx, c.kv_blocks, c.block_size,
-      double(shape.n_layers) * (shape.latent_dim + shape.idx_dim) * 4.0 * c.kv_blocks * c.block_size / (1 << 20),
-      c.max_seqs, e->format->builtin() ? "built-in" : "the model's chat template");
+  std::fprintf(stderr, "%s\nmodel '%s' ready: context %d, up to %d sequences, chat format: %s\n",
+               e->scheduler->backend().description().c_str(), e->name.c_str(), ctx, c.max_seqs,
+               e->format->builtin() ? "built-in" : "the model's chat template");
   engine_ = std::move(e);
   ready_.store(true, std::memory_order_release);
 }

@@ -1,5 +1,6 @@
-// The OpenAI-compatible server: HTTP routes over one model, one tokenizer and one scheduler. It
-// listens before the model is loaded, so that /health can say 503 until it is ready.
+// The OpenAI-compatible server: HTTP routes over one model, one tokenizer and one scheduler, whose
+// backend runs the model on the CPU or the GPU, whole or split over ranks. It listens before the
+// model is loaded, so that /health can say 503 until it is ready.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -26,13 +27,13 @@ struct ServerOptions {
   std::string served_name;  // the model id clients name; empty: the file name without .gguf
   int32_t max_seqs = 8;
   int32_t ctx_size = 0;         // 0: the model's training context, at most 8192
-  int64_t kv_cache_tokens = 0;  // 0: max_seqs * ctx_size
+  int64_t kv_cache_tokens = 0;  // 0: max_seqs * ctx_size (on the GPU too: a cache that does not fit is a load error)
   int32_t batch_tokens = 512;
   int32_t block_size = 16;
   int32_t max_waiting = 256;
   size_t max_body_bytes = 8 << 20;
-  int threads = 0;  // CPU threads of the model (0: all)
   model::AttentionMode attention = model::AttentionMode::Sparse;
+  engine::BackendOptions backend;  // device, tensor parallelism, CPU threads, the GPU's cache format
 };
 
 class Server {

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "kv/block_manager.h"
+#include "kv/paged_cache.h"
 
 namespace sparsemla::kv {
 namespace {

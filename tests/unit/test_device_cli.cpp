@@ -1,10 +1,18 @@
-// --device and --kv-cache on `sparsemla logits`, `run` and `bench`, as a user runs them: refused
-// with a clear message where they cannot run; on a GPU, the GPU's logits and tokens are the CPU's.
+// --device, --tensor-parallel and --kv-cache on `sparsemla logits`, `run`, `bench`, `ppl` and
+// `serve`, as a user runs them: refused with a clear message where they cannot run; on a GPU, the
+// GPU's logits and tokens are the CPU's; a server split over ranks answers as the whole model.
 #include <gtest/gtest.h>
+#include <httplib.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 
 #include "gpu_test_util.h"
@@ -19,6 +27,112 @@ CliResult cli(const std::string& args) { return test::run_cli(args); }
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 std::string model() { return test::fixture_path("glm_share/model.gguf"); }
+
+// `sparsemla serve ARGS` as a child process, its stdout and stderr read through one pipe. Every wait
+// has a deadline, so a server that never starts or never ends fails the test instead of hanging it.
+class ServeProcess {
+ public:
+  explicit ServeProcess(const std::string& args) {
+    int fds[2];
+    if (pipe(fds) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], 1);
+      dup2(fds[1], 2);
+      close(fds[0]);
+      close(fds[1]);
+      const std::string cmd = "exec " + test::binary_path() + " serve " + args;
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(fds[1]);
+    fd_ = fds[0];
+  }
+  ~ServeProcess() {
+    if (pid_ > 0 && status_ == kRunning) {
+      kill(pid_, SIGTERM);
+      finish(30);
+      if (status_ == kRunning) {
+        kill(pid_, SIGKILL);
+        waitpid(pid_, nullptr, 0);
+      }
+    }
+    if (fd_ >= 0) close(fd_);
+  }
+  // Reads until `text` is in the output; false when the process closed its output or the time ran out.
+  bool wait_for(const std::string& text, int seconds) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    while (out_.find(text) == std::string::npos)
+      if (!read_some(deadline)) return false;
+    return true;
+  }
+  // Reads to the end of the output and reaps the process: its exit status, or -1 (killed, or still
+  // running when the time ran out).
+  int finish(int seconds) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    while (read_some(deadline)) {
+    }
+    for (int i = 0; status_ == kRunning && i < 100 * seconds; ++i) {
+      int st = 0;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) status_ = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+      else usleep(10000);
+    }
+    return status_ == kRunning ? -1 : status_;
+  }
+  // The port printed in "listening on http://HOST:PORT", or 0.
+  int port() const {
+    std::smatch m;
+    return std::regex_search(out_, m, std::regex("listening on http://[^:]+:([0-9]+)")) ? std::stoi(m[1]) : 0;
+  }
+  const std::string& output() const { return out_; }
+
+ private:
+  static constexpr int kRunning = -2;
+  bool read_some(std::chrono::steady_clock::time_point deadline) {
+    if (fd_ < 0) return false;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, int(left.count())) <= 0) return false;
+    char buf[4096];
+    const ssize_t n = read(fd_, buf, sizeof buf);
+    if (n <= 0) return false;
+    out_.append(buf, size_t(n));
+    return true;
+  }
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  int status_ = kRunning;
+  std::string out_;
+};
+
+// A server started with `args`: its reply to a greedy chat completion (null on a failure, with its
+// output), and what it printed (the backend's description among it).
+struct Served {
+  nlohmann::json reply;
+  std::string log;
+};
+Served serve_chat(const std::string& args, const std::string& user) {
+  ServeProcess p("-m " + test::fixture_path("glm_pub/model-f32.gguf") +
+                 " --port 0 --ctx-size 256 --max-seqs 2 --served-model-name glm-pub " + args);
+  // "ready" on a line of its own (stdout); the log line on stderr says "ready:".
+  if (!p.wait_for("\nready\n", 120)) {
+    ADD_FAILURE() << "serve " << args << " did not start:\n" << p.output();
+    return {nullptr, p.output()};
+  }
+  httplib::Client c("127.0.0.1", p.port());
+  c.set_read_timeout(60, 0);
+  const nlohmann::json body = {{"model", "glm-pub"},
+                               {"messages", {{{"role", "user"}, {"content", user}}}},
+                               {"max_tokens", 16},
+                               {"temperature", 0}};
+  auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  if (!res || res->status != 200) {
+    ADD_FAILURE() << "serve " << args << ": " << (res ? res->body : httplib::to_string(res.error())) << "\n" << p.output();
+    return {nullptr, p.output()};
+  }
+  return {nlohmann::json::parse(res->body), p.output()};
+}
 
 TEST(DeviceCli, KvCacheNeedsDeviceCuda) {
   test::TempDir dir("dev-cli");
@@ -37,13 +151,76 @@ TEST(DeviceCli, KvCacheNeedsDeviceCuda) {
 TEST(DeviceCli, DeviceCudaWithoutAGpuIsRefusedClearly) {
   const std::string why = test::gpu_unavailable();
   if (why.empty()) GTEST_SKIP() << "a GPU is present (DeviceCli.GpuCommandsRunAndAgreeWithTheCpu runs instead)";
+  const std::string reason = ops::built_with_cuda() ? "no CUDA device is usable here" : "built without CUDA";
   for (const std::string& cmd : {std::string("run -m ") + model() + " --tokens \"5 9\" -n 2 --device cuda",
-                                 std::string("bench -m ") + model() + " --prompt 4 --gen 2 --device cuda"}) {
+                                 std::string("bench -m ") + model() + " --prompt 4 --gen 2 --device cuda",
+                                 std::string("ppl -m ") + model() + " --file " + test::fixture_path("README.md") +
+                                     " --device cuda --tensor-parallel 2"}) {
     const CliResult r = cli(cmd);
     EXPECT_EQ(r.status, 1) << cmd << "\n" << r.out;
     EXPECT_TRUE(contains(r.out, "error: --device cuda: ")) << r.out;
-    EXPECT_TRUE(contains(r.out, ops::built_with_cuda() ? "no CUDA device is usable here" : "built without CUDA")) << r.out;
+    EXPECT_TRUE(contains(r.out, reason)) << r.out;
   }
+  // serve refuses before it listens: the process ends at once with the reason.
+  for (const std::string& args : {std::string(" --device cuda"), std::string(" --device cuda --tensor-parallel 2")}) {
+    ServeProcess p("-m " + model() + " --port 0" + args);
+    EXPECT_EQ(p.finish(60), 1) << args << "\n" << p.output();
+    EXPECT_TRUE(contains(p.output(), "error: --device cuda: ")) << p.output();
+    EXPECT_TRUE(contains(p.output(), reason)) << p.output();
+    EXPECT_FALSE(contains(p.output(), "listening on")) << p.output();
+  }
+}
+
+TEST(DeviceCli, ServeSplitOverTwoCpuRanksAnswersAsTheWholeModel) {
+  for (const std::string& user : {"Hello there", "Tell me a story about a cat"}) {
+    const Served whole = serve_chat("-t 2", user), split = serve_chat("-t 2 --tensor-parallel 2", user);
+    ASSERT_TRUE(whole.reply.is_object() && split.reply.is_object());
+    EXPECT_TRUE(contains(whole.log, "CPU: KV cache 32 blocks of 16 tokens")) << whole.log;
+    EXPECT_TRUE(contains(split.log, "CPU, tensor parallel over 2 ranks: per rank 1 attention heads")) << split.log;
+    EXPECT_TRUE(contains(split.log, "KV cache 32 blocks of 16 tokens (fp32, 0.6 MiB) on each of the 2 ranks")) << split.log;
+    EXPECT_EQ(split.reply["choices"][0]["message"], whole.reply["choices"][0]["message"]) << user;
+    EXPECT_EQ(split.reply["choices"][0]["finish_reason"], whole.reply["choices"][0]["finish_reason"]) << user;
+    EXPECT_EQ(split.reply["usage"], whole.reply["usage"]) << user;
+    EXPECT_EQ(whole.reply["usage"]["completion_tokens"], 16) << user;
+  }
+  // A split the model does not allow ends the server with the plan's reason.
+  ServeProcess bad("-m " + test::fixture_path("glm_pub/model-f32.gguf") + " --port 0 -t 2 --tensor-parallel 3");
+  EXPECT_EQ(bad.finish(120), 1) << bad.output();
+  EXPECT_TRUE(contains(bad.output(), "error: tensor parallel over 3 ranks: the model's 2 attention heads do not divide by 3"))
+      << bad.output();
+}
+
+// The GPU server in its reference mode (f32 cache, precise) answers as the CPU server; split over
+// two GPUs when there are two, else refused with the reason.
+TEST(DeviceCli, ServeOnTheGpuAnswersAsTheCpu) {
+  SPARSEMLA_REQUIRE_GPU();
+  const std::string user = "Tell me a story about a cat";
+  const Served cpu = serve_chat("-t 4", user);
+  const Served gpu = serve_chat("--device cuda --kv-cache f32 --precise --verbose", user);
+  ASSERT_TRUE(cpu.reply.is_object() && gpu.reply.is_object());
+  EXPECT_TRUE(contains(gpu.log, "backends for")) << gpu.log;  // --verbose: the kernel table
+  EXPECT_TRUE(contains(gpu.log, "KV cache 32 blocks of 16 tokens (f32, ")) << gpu.log;
+  EXPECT_EQ(gpu.reply["choices"][0]["message"], cpu.reply["choices"][0]["message"]);
+  EXPECT_EQ(gpu.reply["usage"], cpu.reply["usage"]);
+  if (ops::list_devices().size() >= 2) {
+    const Served tp = serve_chat("--device cuda --kv-cache f32 --precise --tensor-parallel 2", user);
+    ASSERT_TRUE(tp.reply.is_object());
+    EXPECT_TRUE(contains(tp.log, "on each rank")) << tp.log;
+    EXPECT_EQ(tp.reply["choices"][0]["message"], cpu.reply["choices"][0]["message"]);
+  } else {
+    ServeProcess p("-m " + test::fixture_path("glm_pub/model-f32.gguf") + " --port 0 --device cuda --tensor-parallel 2");
+    EXPECT_EQ(p.finish(120), 1) << p.output();
+    EXPECT_TRUE(contains(p.output(), "error: ")) << p.output();
+    EXPECT_TRUE(contains(p.output(), "needs 2 GPUs")) << p.output();
+    if (const size_t at = p.output().find("error: "); at != std::string::npos)
+      std::printf("  serve --device cuda --tensor-parallel 2 on one GPU: %s\n", p.output().substr(at).c_str());
+  }
+  // A KV cache far beyond the GPU's memory is a load error with the numbers.
+  ServeProcess big("-m " + test::fixture_path("glm_pub/model-f32.gguf") +
+                   " --port 0 --device cuda --kv-cache f32 --kv-cache-tokens 4000000000");
+  EXPECT_EQ(big.finish(120), 1) << big.output();
+  EXPECT_TRUE(contains(big.output(), "error: ")) << big.output();
+  EXPECT_TRUE(contains(big.output(), "KV cache of 4000000000 tokens")) << big.output();
 }
 
 TEST(DeviceCli, GpuCommandsRunAndAgreeWithTheCpu) {

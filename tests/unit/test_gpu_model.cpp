@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -407,6 +408,134 @@ TEST(GpuModel, LoadRefusesWhatDoesNotFitWithTheNumbers) {
   const std::string cache_msg = test::error_of([&] { g->make_cache(int32_t(1) << 30, 1024); });
   EXPECT_NE(cache_msg.find("KV cache of"), std::string::npos) << cache_msg;
   EXPECT_NE(cache_msg.find("are free"), std::string::npos) << cache_msg;
+}
+
+// Decode steps replay CUDA graphs (one per batch size and context bucket) and give the logits of
+// the same steps launched one kernel at a time: over batch sizes 1-3, across the 256 -> 512
+// context bucket, and after a long prefill has grown (moved) the workspace under the captured
+// graphs. The kernels are the same, but the top-k lists its selection in no fixed order, so the
+// attention sums the same rows in another order: equal to fp32 rounding, argmax equal.
+TEST(GpuModel, DecodeGraphsGiveTheEagerLogits) {
+  SPARSEMLA_REQUIRE_GPU();
+  auto cpu = Model::load(test::bundled_model_path(), {AttentionMode::Sparse, 2});
+  const int64_t V = cpu->hparams().n_vocab;
+  for (const auto& [d, precise] : kFormats) {
+    GpuModelOptions o = options(d, precise);
+    o.min_cache_tokens = 2048;
+    o.cuda_graphs = true;
+    auto graphed = GpuModel::load(*cpu, o);
+    o.cuda_graphs = false;
+    auto eager = GpuModel::load(*cpu, o);
+    GpuCache gc = graphed->make_cache(128, 16), ec = eager->make_cache(128, 16);
+    const std::string tag = fmt::format("{} {}", dtype_name(d), precision_name(precise));
+    // Sequences: a (240-token prompt: decode crosses 256), b (short), c (a 600-token prompt later).
+    auto ids = [&](int n, int seed) {
+      std::vector<int32_t> v;
+      for (int i = 0; i < n; ++i) v.push_back(int32_t((i * 733 + seed * 97 + 29) % V));
+      return v;
+    };
+    std::vector<int32_t> ga, gb, gcq, ea, eb, ecq;
+    ASSERT_TRUE(gc.reserve(ga, 300) && gc.reserve(gb, 100) && gc.reserve(gcq, 700));
+    ASSERT_TRUE(ec.reserve(ea, 300) && ec.reserve(eb, 100) && ec.reserve(ecq, 700));
+    struct Seq {
+      std::vector<int32_t>* gt;
+      std::vector<int32_t>* et;
+      int64_t pos = 0;
+      int32_t next = 0;
+    };
+    Seq a{&ga, &ea}, b{&gb, &eb}, c{&gcq, &ecq};
+    auto step = [&](std::vector<Seq*> seqs, const std::string& what) {
+      std::vector<SeqInput> gin, ein;
+      for (Seq* q : seqs) {
+        gin.push_back(SeqInput{{q->next}, q->pos, q->gt, false});
+        ein.push_back(SeqInput{{q->next}, q->pos, q->et, false});
+      }
+      std::vector<float> gl, el;
+      graphed->forward(gin, gc, gl);
+      eager->forward(ein, ec, el);
+      ASSERT_EQ(gl.size(), el.size());
+      const Agreement ag = compare(gl, el, V, int64_t(seqs.size()), 1e-4);
+      ASSERT_LE(ag.rel, 1e-4) << tag << " " << what;
+      ASSERT_EQ(ag.argmax, 1.0) << tag << " " << what;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        seqs[i]->pos += 1;
+        seqs[i]->next = test::argmax(el.data() + i * V, V);
+      }
+    };
+    auto prefill = [&](Seq& q, const std::vector<int32_t>& p) {
+      std::vector<float> gl, el;
+      graphed->forward({SeqInput{p, 0, q.gt, false}}, gc, gl);
+      eager->forward({SeqInput{p, 0, q.et, false}}, ec, el);
+      ASSERT_EQ(gl.size(), el.size());
+      ASSERT_LE(compare(gl, el, V, 1, 1e-4).rel, 1e-4) << tag << " prefill";
+      q.pos = int64_t(p.size());
+      q.next = test::argmax(el.data(), V);
+    };
+    prefill(a, ids(240, 1));
+    prefill(b, ids(40, 2));
+    for (int i = 0; i < 24; ++i) step({&a}, fmt::format("a alone, step {}", i));         // 240..264: two buckets
+    for (int i = 0; i < 6; ++i) step({&a, &b}, fmt::format("a + b, step {}", i));
+    const int64_t captures = graphed->graph_captures();
+    EXPECT_GE(captures, 3) << tag;
+    prefill(c, ids(600, 3));  // a larger workspace: the graphs so far are dropped
+    for (int i = 0; i < 4; ++i) step({&a, &b, &c}, fmt::format("a + b + c, step {}", i));
+    for (int i = 0; i < 4; ++i) step({&a}, fmt::format("a alone again, step {}", i));
+    EXPECT_GT(graphed->graph_replays(), 20) << tag;
+    EXPECT_EQ(graphed->graph_error(), "") << tag;
+    EXPECT_EQ(eager->graph_captures(), 0) << tag;
+    std::printf("  %s: %lld graphs captured, %lld replays\n", tag.c_str(), static_cast<long long>(graphed->graph_captures()),
+                static_cast<long long>(graphed->graph_replays()));
+  }
+}
+
+// Sampling inside the model: only ids come back. Greedy rows give the argmax of the logits the same
+// forward returns (argmax taken on the host); seeded rows with top-k 4 draw among those four, the
+// same ids for the same seed and step; a row count that does not fit the batch is refused.
+TEST(GpuModel, SampledIdsFollowTheForwardLogits) {
+  SPARSEMLA_REQUIRE_GPU();
+  auto cpu = Model::load(test::bundled_model_path(), {AttentionMode::Sparse, 2});
+  const int64_t V = cpu->hparams().n_vocab;
+  auto g = GpuModel::load(*cpu, options(KvDtype::BF16));
+  GpuCache c1 = g->make_cache(32, 16), c2 = g->make_cache(32, 16), c3 = g->make_cache(32, 16);
+  const std::vector<int32_t> p0 = {5, 77, 301, 12, 9, 400, 33}, p1 = {1, 2, 3, 4}, p2 = {900, 8, 61};
+  std::vector<std::vector<int32_t>> t(9);
+  auto batch = [&](int cache) {
+    return std::vector<SeqInput>{SeqInput{p0, 0, &t[size_t(cache * 3)], false},
+                                 SeqInput{p1, 0, &t[size_t(cache * 3 + 1)], true},
+                                 SeqInput{p2, 0, &t[size_t(cache * 3 + 2)], false}};
+  };
+  for (int i = 0; i < 3; ++i) {
+    GpuCache& c = i == 0 ? c1 : i == 1 ? c2 : c3;
+    ASSERT_TRUE(c.reserve(t[size_t(i * 3)], 8) && c.reserve(t[size_t(i * 3 + 1)], 8) && c.reserve(t[size_t(i * 3 + 2)], 8));
+  }
+  std::vector<float> logits;
+  g->forward(batch(0), c1, logits);
+  const int64_t R = 1 + int64_t(p1.size()) + 1;
+  ASSERT_EQ(logits.size(), size_t(R * V));
+  std::vector<cuda::RowSampling> greedy(static_cast<size_t>(R));
+  for (auto& r : greedy) r.temperature = 0.0f;
+  std::vector<int32_t> ids;
+  g->sample(batch(1), c2, greedy, ids);
+  ASSERT_EQ(ids.size(), size_t(R));
+  for (int64_t r = 0; r < R; ++r) EXPECT_EQ(ids[size_t(r)], test::argmax(logits.data() + r * V, V)) << "row " << r;
+
+  std::vector<cuda::RowSampling> seeded(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) seeded[size_t(r)] = cuda::RowSampling{1.0f, 1.0f, 4, 0.0f, uint64_t(1000 + r), 3};
+  std::vector<int32_t> a, b;
+  g->sample(batch(2), c3, seeded, a);
+  for (int i = 0; i < 3; ++i) c3.release(t[size_t(6 + i)]);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(c3.reserve(t[size_t(6 + i)], 8));
+  g->sample(batch(2), c3, seeded, b);
+  EXPECT_EQ(a, b) << "same seeds and steps, same ids";
+  for (int64_t r = 0; r < R; ++r) {
+    const float* row = logits.data() + r * V;
+    int64_t above = 0;  // tokens with a larger logit than the drawn one
+    for (int64_t i = 0; i < V; ++i) above += row[i] > row[a[size_t(r)]];
+    EXPECT_LT(above, 4) << "row " << r << ": drew token " << a[size_t(r)] << " outside the top 4";
+  }
+  std::vector<int32_t> none;
+  const std::string err = test::error_of([&] { g->sample(batch(0), c1, std::vector<cuda::RowSampling>(2), none); });
+  EXPECT_NE(err.find("sampling rows"), std::string::npos) << err;
 }
 
 // The GPU cache hands out blocks and slots exactly as the CPU cache does.

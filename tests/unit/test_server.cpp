@@ -22,7 +22,7 @@ ServerOptions options() {
   ServerOptions o;
   o.model_path = test::fixture_path("glm_pub/model-f32.gguf");
   o.port = 0;
-  o.threads = 2;
+  o.backend.threads = 2;
   o.ctx_size = 512;
   o.max_seqs = 4;
   o.max_body_bytes = 64 << 10;

@@ -26,6 +26,8 @@ inline std::string fixture_path(const std::string& rel) {
   const char* dir = std::getenv("SPARSEMLA_FIXTURES_DIR");
   return std::string(dir && *dir ? dir : SPARSEMLA_FIXTURES) + "/" + rel;
 }
+// The model bundled in the repository (models/), found from the fixtures directory.
+inline std::string bundled_model_path() { return fixture_path("../../models/tiny-glm5-q8_0.gguf"); }
 // The sparsemla binary: $SPARSEMLA_BINARY_PATH when set, else the one built with the tests.
 inline std::string binary_path() {
   const char* bin = std::getenv("SPARSEMLA_BINARY_PATH");

@@ -3,11 +3,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <map>
+#include <tuple>
 #include <type_traits>
-#include <unordered_map>
 
 #include "gguf/ggml_types.h"
 #include "model/cuda/gpu_ops.h"
@@ -60,24 +64,34 @@ class Arena {
   }
   uint64_t bytes() const { return end_; }
 
-  // A matrix as the file stores it. A tensor bound twice (an output head tied to the embedding)
-  // is uploaded once.
+  // A matrix as the file stores it; a column slice (a tensor-parallel shard of the input
+  // dimension) is packed into whole rows of its width. A view bound twice (an output head tied to
+  // the embedding) is uploaded once.
   QuantMatrix matrix(const ops::Weight& w, const std::string& name) {
     if (!w.data) fail("GPU model: tensor {} is not bound", name);
     if (!cuda::supported(w.type))
       fail("GPU model: {} is stored as {}, which has no CUDA matrix kernel", name, gguf::type_name(w.type));
-    if (!w.contiguous()) fail("GPU model: {} is not a whole tensor", name);
-    QuantMatrix q{w.type, w.n_cols, w.n_rows, w.row_bytes, nullptr};
-    auto it = placed_.find(w.data);
+    const uint64_t packed = gguf::row_bytes(w.type, uint64_t(w.n_cols));
+    QuantMatrix q{w.type, w.n_cols, w.n_rows, packed, nullptr};
+    const auto key = std::make_tuple(static_cast<const void*>(w.data), w.n_rows, w.n_cols);
+    auto it = placed_.find(key);
     if (it != placed_.end()) {
       q.data = at(it->second);
       return q;
     }
-    const uint64_t bytes = uint64_t(w.n_rows) * w.row_bytes;
+    const uint64_t bytes = uint64_t(w.n_rows) * packed;
     const uint64_t off = place(bytes);
-    placed_[w.data] = off;
+    placed_[key] = off;
     quantized += bytes;
-    if (buf_) buf_->upload(w.data, bytes, off);
+    if (buf_ && bytes) {
+      if (w.contiguous()) {
+        buf_->upload(w.data, bytes, off);
+      } else {
+        std::vector<uint8_t> rows(bytes);
+        for (int64_t r = 0; r < w.n_rows; ++r) std::memcpy(rows.data() + uint64_t(r) * packed, w.row(r), packed);
+        buf_->upload(rows.data(), bytes, off);
+      }
+    }
     q.data = at(off);
     return q;
   }
@@ -123,7 +137,7 @@ class Arena {
 
   cuda::DeviceBuffer* buf_ = nullptr;
   uint64_t end_ = 0;
-  std::unordered_map<const void*, uint64_t> placed_;
+  std::map<std::tuple<const void*, int64_t, int64_t>, uint64_t> placed_;  // (data, rows, cols) -> offset
 };
 
 }  // namespace
@@ -212,7 +226,8 @@ struct GpuModel::Workspace {
   float* rw = nullptr;      // [T, k] routing weights
   float* rows_h = nullptr;  // [R, H]
   float* rows_n = nullptr;  // [R, H]
-  float* logits = nullptr;  // [R, V]
+  float* logits = nullptr;  // [R, V] (sharded: [R, the rank's V])
+  float* gathered = nullptr;  // [n_ranks, R, the rank's V]: every rank's logits (sharded only)
   // int32
   int32_t* sel = nullptr;       // [T, top_k] positions chosen by the last full indexer layer
   int32_t* ids = nullptr;       // [T] token ids
@@ -221,6 +236,7 @@ struct GpuModel::Workspace {
   int32_t* tables = nullptr;    // [n_seq, max_blocks]
   int32_t* out_rows = nullptr;  // [R]
   int32_t* rids = nullptr;      // [T, k] routed experts
+  int32_t* lids = nullptr;      // [T, k] the same as this rank's experts, -1 for others' (sharded only)
   int32_t* counts = nullptr;    // [E]
   int32_t* offsets = nullptr;   // [E + 1]
   int32_t* perm = nullptr;      // [T * k]
@@ -235,6 +251,8 @@ namespace {
 
 struct WsDims {
   int64_t T = 0, R = 0, table_entries = 0, score_rows = 0, max_ctx = 0;
+  bool sharded = false;
+  int64_t gathered = 0;  // sharded: n_ranks * R * the rank's vocabulary; 0 otherwise
 };
 
 // Places every array of a forward's workspace; with base null it only measures. Returns the bytes.
@@ -276,6 +294,7 @@ uint64_t layout_workspace(const HParams& hp, bool sparse, const WsDims& d, char*
   take(ws.rows_h, d.R * H);
   take(ws.rows_n, d.R * H);
   take(ws.logits, d.R * int64_t(hp.n_vocab));
+  take(ws.gathered, d.gathered);
   take(ws.sel, sparse ? T * int64_t(hp.idx_top_k) : 0);
   take(ws.ids, T);
   take(ws.seq, T);
@@ -283,6 +302,7 @@ uint64_t layout_workspace(const HParams& hp, bool sparse, const WsDims& d, char*
   take(ws.tables, d.table_entries);
   take(ws.out_rows, d.R);
   take(ws.rids, T * k);
+  take(ws.lids, d.sharded ? T * k : 0);
   take(ws.counts, E);
   take(ws.offsets, E + 1);
   take(ws.perm, T * k);
@@ -303,6 +323,16 @@ int64_t score_rows_for(int64_t T, int64_t max_ctx) {
 
 // Decode-sized MoE batches up to this many (token, expert) pairs take the path without a host sync.
 constexpr int64_t kSyncFreePairs = 64;
+
+struct GraphKey {
+  int64_t T = 0, ctx = 0;
+  const void* cache = nullptr;
+  int64_t slots = 0;
+  int format = 0;
+  bool operator<(const GraphKey& o) const {
+    return std::tie(T, ctx, cache, slots, format) < std::tie(o.T, o.ctx, o.cache, o.slots, o.format);
+  }
+};
 
 struct GpuModel::State {
   gpu::OwnedStream stream;
@@ -327,6 +357,23 @@ struct GpuModel::State {
   bool selection_made = false;  // ws.sel holds this forward's selection (a full indexer layer ran)
   Decisions* record = nullptr;  // the current forward's choices go here when set
   std::vector<int32_t> host_counts;  // [E]
+  cuda::DeviceBuffer sample_buf;     // sample(): the rows' parameters, the ids, the sampler's scratch
+  // Decode graphs by (batch size, context bucket, cache, cache format); an empty graph: not capturable.
+  std::map<GraphKey, gpu::Graph> graphs;
+  int64_t graph_captures = 0, graph_replays = 0;
+  std::string graph_error;  // why the last capture that failed failed
+  // The addresses of every buffer the graphs use that grows on demand. Buffers only grow, so the
+  // graphs stay valid while these are unchanged; when an eager step moved one, they are dropped.
+  std::array<const void*, 4> buffers() const {
+    return {ws_buf.get(), attn_ws.partial.get(), topk_ws.candidates.get(), blas.scratch()};
+  }
+  std::array<const void*, 4> graph_buffers = {};
+  void eager_step_done() {
+    if (buffers() != graph_buffers) {
+      graphs.clear();
+      graph_buffers = buffers();
+    }
+  }
   cuda::DeviceBuffer iota;           // [kSyncFreePairs] 0, 1, 2, ...: the sync-free MoE path's identity permutation
   cuda::Stream s() const { return stream.get(); }
 };
@@ -417,6 +464,35 @@ GpuModel::GpuModel() = default;
 GpuModel::~GpuModel() = default;
 
 std::unique_ptr<GpuModel> GpuModel::load(const Model& cpu, const GpuModelOptions& opts) {
+  return load_impl(cpu, nullptr, opts);
+}
+
+std::unique_ptr<GpuModel> GpuModel::load_shard(const Model& cpu, const GpuShard& shard, const GpuModelOptions& opts) {
+  if (!shard.weights) fail("GPU model: a shard without weights");
+  if (shard.n_ranks < 1 || shard.rank < 0 || shard.rank >= shard.n_ranks)
+    fail("GPU model: rank {} of {} ranks", shard.rank, shard.n_ranks);
+  const HParams& hp = cpu.hparams();
+  if (shard.n_head == 0 || shard.n_head > hp.n_head)
+    fail("GPU model: a shard of {} heads of {}", shard.n_head, hp.n_head);
+  if (shard.vocab_count <= 0 || shard.vocab_count * shard.n_ranks != int64_t(hp.n_vocab))
+    fail("GPU model: a vocabulary slice of {} rows for {} ranks and {} tokens", shard.vocab_count, shard.n_ranks,
+         hp.n_vocab);
+  return load_impl(cpu, &shard, opts);
+}
+
+void GpuModel::set_collectives(GpuCollectives c) { coll_ = std::move(c); }
+
+cuda::Stream GpuModel::stream() const { return st_->s(); }
+int64_t GpuModel::graph_captures() const { return st_->graph_captures; }
+int64_t GpuModel::graph_replays() const { return st_->graph_replays; }
+const std::string& GpuModel::graph_error() const { return st_->graph_error; }
+
+void GpuModel::reduce(float* data, int64_t n) {
+  if (!sharded()) return;
+  coll_.all_reduce_sum(data, n);
+}
+
+std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* shard, const GpuModelOptions& opts) {
   std::string why;
   const std::vector<ops::DeviceInfo> devs = ops::list_devices(&why);
   if (!ops::built_with_cuda()) fail("--device cuda: this build has no CUDA");
@@ -427,11 +503,21 @@ std::unique_ptr<GpuModel> GpuModel::load(const Model& cpu, const GpuModelOptions
   gpu::set_device(dev.index);
 
   std::unique_ptr<GpuModel> g(new GpuModel());
+  g->device_ = dev.index;
   g->hp_ = cpu.hparams();
+  g->ahp_ = cpu.hparams();
+  if (shard) {
+    g->shard_ = *shard;
+    g->ahp_.n_head = shard->n_head;
+  }
   g->spec_ = &cpu.spec();
   g->attention_ = cpu.attention();
   g->opts_ = opts;
+  // SPARSEMLA_CUDA_GRAPHS=0 turns the decode graphs off without a rebuild (comparisons, debugging).
+  if (const char* e = std::getenv("SPARSEMLA_CUDA_GRAPHS"); e && std::string(e) == "0") g->opts_.cuda_graphs = false;
   const HParams& hp = g->hp_;
+  const HParams& ahp = g->ahp_;
+  const ModelWeights& weights = shard ? *shard->weights : cpu.weights();
   const bool sparse = g->attention_ == AttentionMode::Sparse && hp.has_indexer();
 
   // Kernels for every cache format; the options' one must have a GPU path.
@@ -439,7 +525,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const Model& cpu, const GpuModelOptions
   cuda::AttentionKernel attn_kernel[kFormats] = {};
   std::string unusable[kFormats];
   auto problem = [&](int f) {
-    ops::AttentionProblem p = ops::attention_problem(hp, &dev, sparse, format_of(f) == cuda::KvDtype::FP8);
+    ops::AttentionProblem p = ops::attention_problem(ahp, &dev, sparse, format_of(f) == cuda::KvDtype::FP8);
     p.f32_cache = format_of(f) == cuda::KvDtype::F32;
     return p;
   };
@@ -477,10 +563,11 @@ std::unique_ptr<GpuModel> GpuModel::load(const Model& cpu, const GpuModelOptions
   Arena measure;
   measure.f32_absorption = opts.precise;
   auto st = std::make_unique<State>();
-  bind(measure, cpu.weights(), hp, sparse, *st);
+  bind(measure, weights, ahp, sparse, *st);
   uint64_t free_b = 0, total_b = 0;
   gpu::memory_info(&free_b, &total_b);
   g->mem_.device = fmt::format("GPU {} ({})", dev.index, dev.name);
+  if (shard) g->mem_.device += fmt::format(", rank {} of {}", shard->rank, shard->n_ranks);
   g->mem_.total = total_b;
   g->mem_.quantized = measure.quantized;
   g->mem_.absorption = measure.absorption;
@@ -492,7 +579,9 @@ std::unique_ptr<GpuModel> GpuModel::load(const Model& cpu, const GpuModelOptions
     d.max_ctx = std::max<int64_t>(1, opts.min_cache_tokens);
     d.table_entries = d.T * ((d.max_ctx + 15) / 16);
     d.score_rows = score_rows_for(d.T, d.max_ctx);
-    g->mem_.workspace_estimate = layout_workspace(hp, sparse, d, nullptr, nullptr);
+    d.sharded = shard != nullptr;
+    if (shard) d.gathered = d.R * hp.n_vocab;
+    g->mem_.workspace_estimate = layout_workspace(ahp, sparse, d, nullptr, nullptr);
   }
   const uint64_t min_cache = uint64_t(std::max<int64_t>(0, opts.min_cache_tokens)) * g->cache_bytes_per_token();
   const uint64_t need = measure.bytes() + min_cache + g->mem_.workspace_estimate + kReserve;
@@ -509,7 +598,7 @@ std::unique_ptr<GpuModel> GpuModel::load(const Model& cpu, const GpuModelOptions
   Arena up;
   up.f32_absorption = opts.precise;
   up.begin_upload(st->weights);
-  bind(up, cpu.weights(), hp, sparse, *st);
+  bind(up, weights, ahp, sparse, *st);
   st->rope = std::make_unique<cuda::DeviceRope>(cpu.rope());
   for (int f = 0; f < kFormats; ++f) {
     st->idx_kernel[f] = idx_kernel[f];
@@ -573,6 +662,7 @@ std::string GpuModel::memory_report() const {
 }
 
 GpuCache GpuModel::make_cache(int32_t n_blocks, int32_t block_size) const {
+  gpu::set_device(device_);
   const kv::CacheShape shape = kv::checked_cache_shape(cache_shape(n_blocks, block_size));
   const int64_t tokens = int64_t(n_blocks) * block_size;
   const uint64_t bytes = uint64_t(tokens) * cache_bytes_per_token();
@@ -589,11 +679,84 @@ GpuCache GpuModel::make_cache(int32_t n_blocks, int32_t block_size) const {
 
 // ---- forward ----
 
+FlatBatch GpuModel::check_batch(const std::vector<SeqInput>& batch, const kv::BlockAllocator& cache, uint32_t n_vocab) {
+  FlatBatch b = flatten_batch(batch, cache, n_vocab);
+  const int32_t bs = cache.block_size();
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const std::vector<int32_t>& t = *batch[s].block_table;
+    const int64_t used = (batch[s].pos0 + int64_t(batch[s].tokens.size()) + bs - 1) / bs;
+    if (int64_t(t.size()) < used)
+      fail("forward: sequence {} reaches block {}, its block table has {}", s, used - 1, t.size());
+    for (int64_t i = 0; i < used; ++i)
+      if (t[size_t(i)] < 0 || t[size_t(i)] >= cache.n_blocks())
+        fail("forward: sequence {} maps block {} to {}, outside the cache's {} blocks", s, i, t[size_t(i)],
+             cache.n_blocks());
+  }
+  return b;
+}
+
 void GpuModel::forward(const std::vector<SeqInput>& batch, GpuCache& cache, std::vector<float>& logits,
                        Decisions* record) {
+  const int64_t R = enqueue(batch, cache, record);
+  if (R == 0) return;
+  State& st = *st_;
+  Workspace& w = st.ws;
+  const cuda::Stream s = st.s();
+  const int64_t V = hp_.n_vocab;
+  const size_t base = logits.size();
+  logits.resize(base + size_t(R * V));
+  if (!sharded()) {
+    gpu::download(logits.data() + base, w.logits, size_t(R * V) * sizeof(float), s);
+    return;
+  }
+  // Every rank's vocabulary slice, [N, R, Vr], into rows of [N * Vr] in rank order.
+  const int64_t N = shard_.n_ranks, Vr = shard_.vocab_count;
+  std::vector<float> all(size_t(N * R * Vr));
+  gpu::download(all.data(), w.gathered, all.size() * sizeof(float), s);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t k = 0; k < N; ++k)
+      std::copy_n(all.data() + (k * R + r) * Vr, Vr, logits.data() + base + size_t(r * V + k * Vr));
+}
+
+void GpuModel::sample(const std::vector<SeqInput>& batch, GpuCache& cache, const std::vector<cuda::RowSampling>& params,
+                      std::vector<int32_t>& ids) {
+  const HParams& hp = hp_;
+  int64_t rows = 0;
+  for (const SeqInput& in : batch) rows += in.all_logits ? int64_t(in.tokens.size()) : 1;
+  if (int64_t(params.size()) != rows)
+    fail("GPU sample: {} sampling rows for a batch that returns {} logits rows", params.size(), rows);
+  const int64_t R = enqueue(batch, cache, nullptr);
+  if (R == 0) return;
+  State& st = *st_;
+  Workspace& w = st.ws;
+  const cuda::Stream s = st.s();
+  const int64_t V = hp.n_vocab;
+  if (sharded()) {  // [N, R, Vr] -> [R, V] in place of this rank's own slice
+    const int64_t Vr = shard_.vocab_count;
+    for (int64_t k = 0; k < shard_.n_ranks; ++k)
+      gpu::copy_columns(w.gathered + k * R * Vr, Vr, w.logits + k * Vr, V, Vr, R, s);
+  }
+  const uint64_t need = uint64_t(R) * sizeof(cuda::RowSampling) + kAlign + uint64_t(R) * 4 + kAlign +
+                        cuda::sampling_workspace_bytes(R, V);
+  if (need > st.sample_buf.bytes()) st.sample_buf = cuda::DeviceBuffer(need);
+  char* base = st.sample_buf.as<char>();
+  auto* dparams = reinterpret_cast<cuda::RowSampling*>(base);
+  auto* dids = reinterpret_cast<int32_t*>(base + align_up(uint64_t(R) * sizeof(cuda::RowSampling)));
+  void* scratch = base + align_up(uint64_t(R) * sizeof(cuda::RowSampling)) + align_up(uint64_t(R) * 4);
+  gpu::upload_async(dparams, params.data(), size_t(R) * sizeof(cuda::RowSampling), s);
+  cuda::sample(w.logits, R, V, dparams, scratch, dids, s);
+  const size_t at = ids.size();
+  ids.resize(at + size_t(R));
+  gpu::download(ids.data() + at, dids, size_t(R) * 4, s);
+}
+
+// Checks the batch, lays out and fills the workspace, and enqueues the forward (replaying a decode
+// graph where one fits). Returns the logits rows, left in ws.logits ([R, V]; sharded: every rank's
+// slice in ws.gathered, [N, R, Vr]).
+int64_t GpuModel::enqueue(const std::vector<SeqInput>& batch, GpuCache& cache, Decisions* record) {
+  gpu::set_device(device_);  // the calling thread may not be the one that loaded the model
   State& st = *st_;
   const HParams& hp = hp_;
-  const int64_t H = hp.n_embd, V = hp.n_vocab;
   const kv::CacheShape& cs = cache.shape();
   if (cs.n_layers != int32_t(hp.n_layer) || cs.latent_dim != int32_t(hp.kv_lora_rank + hp.qk_rope) ||
       cache.kv_lora() != int32_t(hp.kv_lora_rank))
@@ -601,66 +764,75 @@ void GpuModel::forward(const std::vector<SeqInput>& batch, GpuCache& cache, std:
          cs.n_layers, cs.latent_dim, hp.n_layer, hp.kv_lora_rank + hp.qk_rope);
   const int fi = format_index(cache.dtype());
   if (!st.unusable[fi].empty()) fail("GPU forward with a {} cache: {}", cuda::kv_dtype_name(cache.dtype()), st.unusable[fi]);
-  const FlatBatch b = flatten_batch(batch, cache, hp.n_vocab);
+  const FlatBatch b = check_batch(batch, cache, hp.n_vocab);
   const int64_t T = int64_t(b.toks.size()), R = int64_t(b.out_rows.size());
-  if (T == 0) return;
+  if (T == 0) return 0;
   const bool sparse = attention_ == AttentionMode::Sparse && hp.has_indexer();
+  if (sharded() && (!coll_.all_reduce_sum || !coll_.all_gather))
+    fail("GPU forward: rank {} has no collectives", shard_.rank);
 
-  // Metadata of the batch, on the host first. Every block a sequence reaches must be in the cache.
+  // A decode step (one new token per sequence, the MoE without host synchronization, nothing
+  // recorded) replays a CUDA graph captured for its batch size and context bucket: the kernels are
+  // launched with the bucket as their context bound (each token still sees only its own positions).
+  bool graph = opts_.cuda_graphs && !record && (!sharded() || coll_.capturable) &&
+               T * int64_t(hp.n_expert_used) <= kSyncFreePairs;
+  for (const SeqInput& in : batch) graph = graph && in.tokens.size() == 1;
+
+  // Metadata of the batch, on the host first.
   const int32_t bs = cache.block_size();
   const int64_t n_seq = int64_t(batch.size());
-  int32_t max_blocks = 1;
-  std::vector<int64_t> seq_end(static_cast<size_t>(n_seq), 0);
-  for (int64_t s = 0; s < n_seq; ++s) {
-    seq_end[size_t(s)] = batch[size_t(s)].pos0 + int64_t(batch[size_t(s)].tokens.size());
-    max_blocks = std::max(max_blocks, int32_t((seq_end[size_t(s)] + bs - 1) / bs));
+  int64_t max_ctx = 1;
+  for (const TokenRef& tok : b.toks) {
+    if (tok.pos + 1 > INT32_MAX) fail("forward: position {} is too large", tok.pos);
+    max_ctx = std::max(max_ctx, tok.pos + 1);
   }
+  if (graph) max_ctx = std::max<int64_t>(256, int64_t(1) << int(std::ceil(std::log2(double(max_ctx)))));
+  const int32_t max_blocks = int32_t((max_ctx + bs - 1) / bs);
   std::vector<int32_t> tables(size_t(n_seq * max_blocks), 0);
   for (int64_t s = 0; s < n_seq; ++s) {
-    const std::vector<int32_t>& t = *batch[size_t(s)].block_table;
-    const int64_t used = (seq_end[size_t(s)] + bs - 1) / bs;
-    for (int64_t i = 0; i < used; ++i) {
-      if (t[size_t(i)] < 0 || t[size_t(i)] >= cache.n_blocks())
-        fail("forward: sequence {} maps block {} to {}, outside the cache's {} blocks", s, i, t[size_t(i)],
-             cache.n_blocks());
-      tables[size_t(s * max_blocks + i)] = t[size_t(i)];
-    }
+    const SeqInput& in = batch[size_t(s)];
+    const int64_t used = (in.pos0 + int64_t(in.tokens.size()) + bs - 1) / bs;
+    std::copy_n(in.block_table->begin(), used, tables.begin() + s * max_blocks);
   }
-  std::vector<int32_t> seq(static_cast<size_t>(T)), nctx(static_cast<size_t>(T)), out_rows(static_cast<size_t>(R));
+  std::vector<int32_t> ids(b.ids), seq(static_cast<size_t>(T)), nctx(static_cast<size_t>(T)),
+      out_rows(static_cast<size_t>(R));
   std::vector<int64_t> pos(static_cast<size_t>(T)), slots(static_cast<size_t>(T));
-  int64_t max_ctx = 1;
   for (int64_t t = 0; t < T; ++t) {
     const TokenRef& tok = b.toks[size_t(t)];
     seq[size_t(t)] = tok.seq;
     pos[size_t(t)] = tok.pos;
     slots[size_t(t)] = tok.slot;
-    if (tok.pos + 1 > INT32_MAX) fail("forward: position {} is too large", tok.pos);
     nctx[size_t(t)] = int32_t(tok.pos + 1);
-    max_ctx = std::max(max_ctx, tok.pos + 1);
   }
   for (int64_t r = 0; r < R; ++r) out_rows[size_t(r)] = int32_t(b.out_rows[size_t(r)]);
+  if (sharded())  // this rank's rows of the embedding; -1 (a zero row) for the others'
+    for (int32_t& id : ids)
+      id = id >= shard_.vocab_first && id < shard_.vocab_first + shard_.vocab_count ? int32_t(id - shard_.vocab_first)
+                                                                                    : -1;
 
-  // The workspace, grown when this forward needs more than the last.
+  // The workspace, grown when this forward needs more than the last (which ends every graph: they
+  // hold its addresses).
   WsDims d;
   d.T = T;
   d.R = R;
   d.table_entries = n_seq * max_blocks;
   d.max_ctx = max_ctx;
   d.score_rows = sparse ? score_rows_for(T, max_ctx) : 0;
-  const uint64_t need = layout_workspace(hp, sparse, d, nullptr, nullptr);
+  d.sharded = sharded();
+  if (d.sharded) d.gathered = int64_t(shard_.n_ranks) * R * shard_.vocab_count;
+  const uint64_t need = layout_workspace(ahp_, sparse, d, nullptr, nullptr);
   if (need > st.ws_buf.bytes()) st.ws_buf = cuda::DeviceBuffer(need + need / 4);
-  layout_workspace(hp, sparse, d, st.ws_buf.as<char>(), &st.ws);
+  layout_workspace(ahp_, sparse, d, st.ws_buf.as<char>(), &st.ws);
   st.ws_dims = d;
   st.T = T;
   st.max_ctx = max_ctx;
   st.max_blocks = max_blocks;
   st.block_size = bs;
-  st.selection_made = false;
   st.record = record;
   if (record) record->layers.assign(hp.n_layer, LayerDecisions{});
   Workspace& w = st.ws;
   const cuda::Stream s = st.s();
-  gpu::upload_async(w.ids, b.ids.data(), size_t(T) * 4, s);
+  gpu::upload_async(w.ids, ids.data(), size_t(T) * 4, s);
   gpu::upload_async(w.seq, seq.data(), size_t(T) * 4, s);
   gpu::upload_async(w.nctx, nctx.data(), size_t(T) * 4, s);
   gpu::upload_async(w.tables, tables.data(), tables.size() * 4, s);
@@ -668,25 +840,73 @@ void GpuModel::forward(const std::vector<SeqInput>& batch, GpuCache& cache, std:
   gpu::upload_async(w.pos, pos.data(), size_t(T) * 8, s);
   gpu::upload_async(w.slots, slots.data(), size_t(T) * 8, s);
 
+  if (!graph) {
+    run_step(cache);
+    st.eager_step_done();
+  } else {
+    const GraphKey key{T, max_ctx, cache.latent(0), cache.n_slots(), fi};
+    st.eager_step_done();  // the workspace may have moved above
+    auto it = st.graphs.find(key);
+    if (it != st.graphs.end() && !it->second.empty()) {
+      it->second.launch(s);
+      ++st.graph_replays;
+    } else {
+      // First time at this key: run it eagerly (which also makes every lazily grown workspace its
+      // final size), then capture the same work for the next steps. A step that cannot be captured
+      // runs eagerly from then on (an empty graph marks it).
+      run_step(cache);
+      st.eager_step_done();
+      it = st.graphs.find(key);
+      if (it == st.graphs.end()) {
+        gpu::Graph g;
+        try {
+          gpu::Graph::begin_capture(s);
+          run_step(cache);
+          g = gpu::Graph::end_capture(s);
+          ++st.graph_captures;
+        } catch (const Error& e) {
+          gpu::Graph::abandon_capture(s);
+          st.graph_error = fmt::format("batch {} at context {}: {}", T, max_ctx, e.what());
+          if (opts_.verbose) std::fprintf(stderr, "CUDA graph for batch %lld at context %lld not captured: %s\n",
+                                          static_cast<long long>(T), static_cast<long long>(max_ctx), e.what());
+        }
+        st.graphs.emplace(key, std::move(g));
+      }
+    }
+  }
+  return R;
+}
+
+// The device work of one forward over the workspace as forward() laid it out and filled it: every
+// layer, then the output head on the requested rows into ws.logits (sharded: every rank's slice
+// gathered into ws.gathered). Enqueues only (a CUDA graph captures it), except where the MoE reads
+// its expert counts back or choices are recorded.
+void GpuModel::run_step(GpuCache& cache) {
+  State& st = *st_;
+  const HParams& hp = hp_;
+  Workspace& w = st.ws;
+  const cuda::Stream s = st.s();
+  const int64_t H = hp.n_embd, T = st.T, R = st.ws_dims.R;
+  st.selection_made = false;
   cuda::dequantize_rows(st.token_embd, w.ids, T, w.h, s);
+  reduce(w.h, T * H);
   cuda::rms_norm(w.h, H, st.layers[0].attn_norm, T, H, hp.rms_eps, w.x, H, s);
   for (uint32_t il = 0; il < hp.n_layer; ++il) {
     const Layer& L = st.layers[il];
     attention_layer(L, int32_t(il), cache);
+    reduce(w.attn, T * H);
     cuda::add_rms_norm(w.h, w.attn, L.ffn_norm, T, H, hp.rms_eps, w.x, s);
     ffn(L, int32_t(il));
+    reduce(w.attn, T * H);
     if (il + 1 < hp.n_layer) cuda::add_rms_norm(w.h, w.attn, st.layers[il + 1].attn_norm, T, H, hp.rms_eps, w.x, s);
     else cuda::add(w.h, w.attn, T * H, s);
   }
-
   // The output head, on the requested rows only.
   if (R == 0) return;
   gpu::gather_rows(w.h, H, w.out_rows, 1, R, w.rows_h, s);
   cuda::rms_norm(w.rows_h, H, st.output_norm, R, H, hp.rms_eps, w.rows_n, H, s);
   product(st.output, w.rows_n, R, w.logits);
-  const size_t base = logits.size();
-  logits.resize(base + size_t(R * V));
-  gpu::download(logits.data() + base, w.logits, size_t(R * V) * sizeof(float), s);
+  if (sharded()) coll_.all_gather(w.logits, R * shard_.vocab_count, w.gathered);
 }
 
 // attn = attention(x) for every new token, after writing their latent rows (and, on full indexer
@@ -696,7 +916,7 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   Workspace& w = st.ws;
   const HParams& hp = hp_;
   const cuda::Stream s = st.s();
-  const int64_t T = st.T, nh = hp.n_head, nope = hp.qk_nope, rope = hp.qk_rope, kvl = hp.kv_lora_rank;
+  const int64_t T = st.T, nh = ahp_.n_head, nope = hp.qk_nope, rope = hp.qk_rope, kvl = hp.kv_lora_rank;
   const int64_t qk = nope + rope, lat = kvl + rope;
   const bool sparse = attention_ == AttentionMode::Sparse && hp.has_indexer();
 
@@ -813,6 +1033,10 @@ void GpuModel::mlp(const QuantMatrix& gate, const QuantMatrix& up, const QuantMa
   State& st = *st_;
   const cuda::Stream s = st.s();
   const int64_t F = gate.n_rows;
+  if (F == 0) {  // a rank that holds none of this FFN's columns adds zeros
+    gpu::fill_bytes(out, 0, size_t(T * down.n_rows) * sizeof(float), s);
+    return;
+  }
   product(gate, y, T, st.ws.g);
   product(up, y, T, st.ws.u);
   cuda::silu_mul(st.ws.g, st.ws.u, T * F, s);
@@ -840,7 +1064,9 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     mlp(L.gate, L.up, L.down, w.x, T, w.attn);
     return;
   }
-  const int64_t E = hp.n_expert, k = hp.n_expert_used, Fe = hp.n_ff_exp;
+  const int64_t k = hp.n_expert_used, Fe = hp.n_ff_exp;
+  // The experts this model holds: all, or a rank's range (expert parallel).
+  const int64_t E = sharded() && shard_.experts.count >= 0 ? shard_.experts.count : hp.n_expert;
   // Router logits in fp32 at every batch size (the decode kernel): the routing is a discrete
   // choice, and fp32 keeps it where the CPU's is.
   cuda::matmul_decode(L.gate_inp, w.x, T, w.rlog, s);
@@ -856,24 +1082,30 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
       d.weights.emplace_back(wts.begin() + t * k, wts.begin() + (t + 1) * k);
     }
   }
+  // Expert ids as this model's: the router's, or a rank's own with -1 for the others'.
+  const int32_t* ids = w.rids;
+  if (sharded()) {
+    gpu::localize_experts(w.rids, T * k, int32_t(shard_.experts.first), int32_t(E), w.lids, s);
+    ids = w.lids;
+  }
   if (T * k <= kSyncFreePairs) {
     const int64_t P = T * k;
     if (L.shared) mlp(L.gate_shexp, L.up_shexp, L.down_shexp, w.x, T, w.attn);
     else gpu::fill_bytes(w.attn, 0, size_t(T * H) * sizeof(float), s);
-    cuda::matmul_experts(L.gate_exps, Fe, w.rids, P, w.x, k, w.g, s);
-    cuda::matmul_experts(L.up_exps, Fe, w.rids, P, w.x, k, w.u, s);
+    cuda::matmul_experts(L.gate_exps, Fe, ids, P, w.x, k, w.g, s);
+    cuda::matmul_experts(L.up_exps, Fe, ids, P, w.x, k, w.u, s);
     cuda::silu_mul(w.g, w.u, P * Fe, s);
-    cuda::matmul_experts(L.down_exps, H, w.rids, P, w.g, 1, w.oe, s);
+    cuda::matmul_experts(L.down_exps, H, ids, P, w.g, 1, w.oe, s);
     // Outputs are in pair order: the combine's permutation is the identity, uploaded once.
     if (st.iota.bytes() == 0) {
       std::vector<int32_t> iota(static_cast<size_t>(kSyncFreePairs));
       for (size_t i = 0; i < iota.size(); ++i) iota[i] = int32_t(i);
       st.iota = cuda::to_device(iota);
     }
-    gpu::moe_combine(w.oe, st.iota.as<int32_t>(), P, w.rids, w.rw, T, int(k), H, w.inv, w.attn, s);
+    gpu::moe_combine(w.oe, st.iota.as<int32_t>(), P, ids, w.rw, T, int(k), H, w.inv, w.attn, s);
     return;
   }
-  cuda::moe_group(w.rids, T * k, E, w.counts, w.offsets, w.perm, w.group_ws, s);
+  cuda::moe_group(ids, T * k, E, w.counts, w.offsets, w.perm, w.group_ws, s);
   st.host_counts.resize(size_t(E));
   gpu::download(st.host_counts.data(), w.counts, size_t(E) * sizeof(int32_t), s);
 
@@ -900,7 +1132,7 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     product(rows(L.down_exps, e * H, H), w.g + off * Fe, n, w.oe + off * H);
     off += n;
   }
-  gpu::moe_combine(w.oe, w.perm, n_routed, w.rids, w.rw, T, int(k), H, w.inv, w.attn, s);
+  gpu::moe_combine(w.oe, w.perm, n_routed, ids, w.rw, T, int(k), H, w.inv, w.attn, s);
 }
 
 }  // namespace sparsemla::model

@@ -10,6 +10,7 @@
 // expert products) and one at the end (the logits are copied to the host).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,12 +19,14 @@
 #include "kv/paged_cache.h"
 #include "model/arch/arch.h"
 #include "model/batch.h"
+#include "model/blocks/ffn.h"
 #include "model/decisions.h"
 #include "model/forward.h"
 #include "model/hparams.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/buffer.h"
 #include "ops/cuda/quant_matmul.h"
+#include "ops/cuda/sampling.h"
 #include "ops/select/select.h"
 
 namespace sparsemla::model {
@@ -83,6 +86,28 @@ struct GpuModelOptions {
   // indexer kernels, instead of bf16 tensor-core products for prefill: slower, and the closest the
   // GPU comes to the CPU's arithmetic (what the tests compare strictly). The caches stay as chosen.
   bool precise = false;
+  // Decode steps replay CUDA graphs (one per batch size and context bucket), captured the first
+  // time each is seen. Off: every step launches its kernels one by one (vLLM's --enforce-eager).
+  bool cuda_graphs = true;
+};
+
+// One rank's part of the model under tensor parallelism (dist/cuda/sharded_gpu_model.h makes it, by
+// the plan of dist/shard_plan.h): the rank's views of the weights, checked by dist::bind_shard, and
+// what they hold. Column slices (attn_output, ffn_down) are packed into whole matrices on upload.
+struct GpuShard {
+  const ModelWeights* weights = nullptr;   // the rank's views into the model's tensors
+  int rank = 0, n_ranks = 1;
+  uint32_t n_head = 0;                     // attention heads the views hold
+  ExpertRange experts;                     // routed experts they hold
+  int64_t vocab_first = 0, vocab_count = 0;  // rows of token_embd and output they hold
+};
+
+// How a rank sums and gathers with the others: device pointers, enqueued on the model's stream()
+// (NCCL), or done before returning (host-staged). Set by the sharded model after load.
+struct GpuCollectives {
+  std::function<void(float*, int64_t)> all_reduce_sum;            // data [n], in place
+  std::function<void(const float*, int64_t, float*)> all_gather;  // in [n] -> out [n_ranks * n], rank order
+  bool capturable = false;  // enqueue-only on the stream (NCCL): a CUDA graph may capture them
 };
 
 // What the GPU holds, in bytes, as measured at load.
@@ -105,6 +130,13 @@ class GpuModel {
   // min_cache_tokens and the workspace do not fit in the device's free memory, when a weight's
   // type has no CUDA kernel, or when the device has no GPU kernel for an attention operation.
   static std::unique_ptr<GpuModel> load(const Model& cpu, const GpuModelOptions& opts = {});
+  // One rank of a tensor-parallel group: `shard`'s weights instead of the whole model's. forward()
+  // needs set_collectives() first.
+  static std::unique_ptr<GpuModel> load_shard(const Model& cpu, const GpuShard& shard, const GpuModelOptions& opts = {});
+  void set_collectives(GpuCollectives c);
+  bool sharded() const { return shard_.n_ranks > 1 || shard_.weights != nullptr; }
+  const GpuShard& shard() const { return shard_; }
+  cuda::Stream stream() const;
   ~GpuModel();
   GpuModel(const GpuModel&) = delete;
   GpuModel& operator=(const GpuModel&) = delete;
@@ -114,6 +146,10 @@ class GpuModel {
   cuda::KvDtype kv_dtype() const { return opts_.kv_cache; }
   const ops::BackendPlan& plan(cuda::KvDtype d) const { return plans_[format_index(d)]; }
   const GpuMemory& memory() const { return mem_; }
+  // Decode graphs captured and replayed so far.
+  int64_t graph_captures() const;
+  int64_t graph_replays() const;
+  const std::string& graph_error() const;  // why the last failed capture failed ("" when none did)
 
   // Cache geometry, device bytes per token, and the tokens of cache that free memory holds now
   // (after the workspace estimate), in the format of the options.
@@ -134,6 +170,14 @@ class GpuModel {
   // host layer by layer, for tests and debugging.
   void forward(const std::vector<SeqInput>& batch, GpuCache& cache, std::vector<float>& logits,
                Decisions* record = nullptr);
+  // forward(), then one token sampled on the GPU for each logits row (ops/cuda/sampling.h), with
+  // that row's parameters; only the ids come back to the host (appended to `ids`). Sharded: every
+  // rank samples the same ids from the same gathered logits.   params: [logits rows]
+  void sample(const std::vector<SeqInput>& batch, GpuCache& cache, const std::vector<cuda::RowSampling>& params,
+              std::vector<int32_t>& ids);
+  // The checks forward() makes before touching the device (token ids, block tables inside the
+  // cache), and the flattened batch; throws Error naming the sequence.
+  static FlatBatch check_batch(const std::vector<SeqInput>& batch, const kv::BlockAllocator& cache, uint32_t n_vocab);
 
   struct Layer;      // one layer's device weights
   struct Workspace;  // activations and metadata of one forward, in one device allocation
@@ -141,6 +185,10 @@ class GpuModel {
 
  private:
   GpuModel();
+  static std::unique_ptr<GpuModel> load_impl(const Model& cpu, const GpuShard* shard, const GpuModelOptions& opts);
+  void reduce(float* data, int64_t n);  // the ranks' partial sums; nothing unsharded
+  int64_t enqueue(const std::vector<SeqInput>& batch, GpuCache& cache, Decisions* record);
+  void run_step(GpuCache& cache);        // the device work of one forward (enqueue() lays it out)
   void attention_layer(const Layer& L, int32_t il, GpuCache& cache);
   void indexer(const Layer& L, int32_t il, GpuCache& cache);
   void ffn(const Layer& L, int32_t il);
@@ -151,6 +199,10 @@ class GpuModel {
            int64_t T, float* out);
 
   HParams hp_;
+  HParams ahp_;  // hp_ with n_head = the heads this model holds (all, unless sharded)
+  GpuShard shard_;
+  int device_ = 0;  // the CUDA device it lives on
+  GpuCollectives coll_;
   const ArchSpec* spec_ = nullptr;
   AttentionMode attention_ = AttentionMode::Sparse;
   GpuModelOptions opts_;

@@ -51,13 +51,27 @@ __global__ void moe_combine_kernel(const float* __restrict__ expert_out, const i
     for (int s = 0; s < k; ++s) {
       const int64_t j = t * k + order[s];
       const int32_t p = inv[j];
-      if (p >= 0) acc += weights[j] * expert_out[int64_t(p) * width + c];
+      if (p >= 0 && ids[j] >= 0) acc += weights[j] * expert_out[int64_t(p) * width + c];
     }
     dst[c] = acc;
   }
 }
 
+__global__ void localize_experts_kernel(const int32_t* __restrict__ ids, int64_t n, int32_t first, int32_t count,
+                                        int32_t* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int32_t e = ids[i] - first;
+  out[i] = e >= 0 && e < count ? e : -1;
+}
+
 }  // namespace
+
+void localize_experts(const int32_t* ids, int64_t n, int32_t first, int32_t count, int32_t* out, cuda::Stream s) {
+  if (n <= 0) return;
+  localize_experts_kernel<<<blocks_for(n, 256), 256, 0, st(s)>>>(ids, n, first, count, out);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
 
 void set_device(int device) {
   const cudaError_t err = cudaSetDevice(device);
@@ -89,6 +103,59 @@ void OwnedStream::synchronize() const { SPARSEMLA_CUDA_CHECK(cudaStreamSynchroni
 void upload_async(void* dst, const void* host, size_t bytes, cuda::Stream s) {
   if (bytes) SPARSEMLA_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, st(s)));
 }
+
+Graph::~Graph() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+}
+
+Graph& Graph::operator=(Graph&& o) noexcept {
+  if (this != &o) {
+    if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+    exec_ = o.exec_;
+    o.exec_ = nullptr;
+  }
+  return *this;
+}
+
+void Graph::begin_capture(cuda::Stream s) {
+  SPARSEMLA_CUDA_CHECK(cudaStreamBeginCapture(st(s), cudaStreamCaptureModeRelaxed));
+}
+
+Graph Graph::end_capture(cuda::Stream s) {
+  cudaGraph_t graph = nullptr;
+  const cudaError_t err = cudaStreamEndCapture(st(s), &graph);
+  if (err != cudaSuccess || !graph) {
+    cudaGetLastError();
+    if (graph) cudaGraphDestroy(graph);
+    fail("CUDA graph capture failed: {}", cudaGetErrorString(err));
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t ierr = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (ierr != cudaSuccess) {
+    cudaGetLastError();
+    fail("CUDA graph instantiation failed: {}", cudaGetErrorString(ierr));
+  }
+  Graph g;
+  g.exec_ = exec;
+  return g;
+}
+
+void Graph::abandon_capture(cuda::Stream s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(st(s), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(st(s), &graph);
+    if (graph) cudaGraphDestroy(graph);
+  }
+  cudaGetLastError();
+}
+
+void Graph::launch(cuda::Stream s) const {
+  SPARSEMLA_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), st(s)));
+}
+
+void synchronize(cuda::Stream s) { SPARSEMLA_CUDA_CHECK(cudaStreamSynchronize(st(s))); }
 
 void download(void* host, const void* src, size_t bytes, cuda::Stream s) {
   if (bytes) SPARSEMLA_CUDA_CHECK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, st(s)));

@@ -30,7 +30,34 @@ class OwnedStream {
   cuda::Stream s_ = nullptr;
 };
 
+// A captured sequence of the stream's work (a CUDA graph), replayed by launch(). Capture is in
+// relaxed mode: host calls that enqueue nothing (attribute setting, allocations) are allowed
+// between begin_capture and end_capture, while nothing the capture records runs until launch.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(Graph&& o) noexcept : exec_(o.exec_) { o.exec_ = nullptr; }
+  Graph& operator=(Graph&& o) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  static void begin_capture(cuda::Stream s);
+  // Ends the capture and instantiates it; throws Error (after ending the capture) when something
+  // enqueued during it could not be captured.
+  static Graph end_capture(cuda::Stream s);
+  // Ends a capture that failed part way (an exception in the captured code), discarding it.
+  static void abandon_capture(cuda::Stream s);
+  void launch(cuda::Stream s) const;
+  bool empty() const { return exec_ == nullptr; }
+
+ private:
+  void* exec_ = nullptr;  // cudaGraphExec_t
+};
+
 void upload_async(void* dst, const void* host, size_t bytes, cuda::Stream s);
+// Waits for everything enqueued on the stream.
+void synchronize(cuda::Stream s);
 // Copies to the host and waits for it (and for everything before it on the stream).
 void download(void* host, const void* src, size_t bytes, cuda::Stream s);
 void fill_bytes(void* dst, int value, size_t bytes, cuda::Stream s);
@@ -46,10 +73,14 @@ void gather_rows(const float* x, int64_t width, const int32_t* idx, int32_t divi
 
 // The routed experts' outputs added into `out`, each token's in ascending expert order as the CPU's
 // moe_forward adds them: out[t] += sum_slot weights[t][slot] * expert_out[pos(t * k + slot)], where
-// pos inverts perm (perm[pos] = entry) over its first n_routed entries; entries outside it add
-// nothing.   expert_out: [n_routed, width] (grouped by expert)   perm: [n_routed]
+// pos inverts perm (perm[pos] = entry) over its first n_routed entries; entries outside it, and
+// entries whose id is negative (an expert another rank holds), add nothing.   expert_out: [n_routed, width] (grouped by expert)   perm: [n_routed]
 //   ids, weights: [T, k]   inv: [T * k] int32 scratch   out: [T, width]
 void moe_combine(const float* expert_out, const int32_t* perm, int64_t n_routed, const int32_t* ids,
                  const float* weights, int64_t T, int k, int64_t width, int32_t* inv, float* out, cuda::Stream s);
+
+// Expert ids of the whole model to a rank's own: out[i] = ids[i] - first when that is in
+// [0, count), else -1 (an expert another rank computes).   ids, out: [n]
+void localize_experts(const int32_t* ids, int64_t n, int32_t first, int32_t count, int32_t* out, cuda::Stream s);
 
 }  // namespace sparsemla::model::gpu

@@ -41,6 +41,9 @@ Blas::Blas() {
   cublasHandle_t h = nullptr;
   SPARSEMLA_CUBLAS_CHECK(cublasCreate(&h));
   handle_ = h;
+  // A workspace of its own, set once: cuBLAS then never allocates inside a CUDA graph capture.
+  workspace_ = DeviceBuffer(kWorkspaceBytes);
+  SPARSEMLA_CUBLAS_CHECK(cublasSetWorkspace(h, workspace_.get(), workspace_.bytes()));
 }
 
 Blas::~Blas() {

@@ -131,9 +131,13 @@ class Blas {
   Blas& operator=(const Blas&) = delete;
   void per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_t T, float* out,
                 int64_t out_stride, Stream s);
+  // Its scratch buffer (grown on demand): a captured CUDA graph holds this address.
+  const void* scratch() const { return xbf_.get(); }
 
  private:
+  static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
   void* handle_ = nullptr;
+  DeviceBuffer workspace_;  // cuBLAS's (cublasSetWorkspace)
   DeviceBuffer xbf_;  // bf16 copy of x
 };
 

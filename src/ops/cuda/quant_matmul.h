@@ -58,8 +58,9 @@ void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t
                     const float* x, int64_t x_div, float* y, Stream s);
 
 // Embedding lookup: out[i] = row rows[i] of W as fp32, equal bit for bit to ops::dequantize_row.
-// rows: [n] device int32; out: [n, n_cols] device fp32, 16-byte aligned. An id outside
-// [0, n_rows) gives a row of NaN (the ids are on the device, so they cannot be checked here).
+// rows: [n] device int32; out: [n, n_cols] device fp32, 16-byte aligned. A negative id gives a row
+// of zeros (under tensor parallelism, a token whose embedding row another rank holds); an id
+// >= n_rows gives a row of NaN (the ids are on the device, so they cannot be checked here).
 void dequantize_rows(const QuantMatrix& w, const int32_t* rows, int64_t n, float* out, Stream s);
 
 }  // namespace sparsemla::cuda

@@ -60,8 +60,9 @@ __global__ void __launch_bounds__(128) dequantize_rows_kernel(const MatArgs a, c
   const int64_t i = blockIdx.x;
   const int32_t r = ids[i];
   float* o = out + i * a.n_cols;  // [n_cols]
-  if (r < 0 || r >= a.n_rows) {
-    for (int64_t c = threadIdx.x; c < a.n_cols; c += blockDim.x) o[c] = __int_as_float(0x7fc00000);
+  if (r < 0 || r >= a.n_rows) {  // -1: a row another rank holds (zeros); past the end: NaN
+    const float fill = r < 0 ? 0.0f : __int_as_float(0x7fc00000);
+    for (int64_t c = threadIdx.x; c < a.n_cols; c += blockDim.x) o[c] = fill;
     return;
   }
   const uint8_t* w = a.w + uint64_t(r) * a.row_bytes;
