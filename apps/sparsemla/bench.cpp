@@ -47,6 +47,7 @@ struct BenchArgs {
   std::string model;
   int prompt = 128;
   int gen = 32;
+  int batch = 1;
   int threads = 0;
   std::string attention = "sparse";
   DeviceArgs dev;
@@ -59,11 +60,13 @@ std::vector<int32_t> random_prompt(int n, uint32_t n_vocab) {
   return prompt;
 }
 
-// Prefill of --prompt random tokens, then --gen decode steps, on the backend the device options name.
-// The bound is the weight bytes one decode token reads over the copy rate: one CPU thread's memcpy
-// (the ranks of a split CPU model share the memory), or the device-to-device copy of each GPU.
+// Prefill of --prompt random tokens for each of --batch sequences, then --gen decode steps of one
+// token per sequence, on the backend the device options name. The bound is the weight bytes one
+// decode step reads (once for the whole batch: a lower bound on what a MoE step reads, whose
+// sequences may route to different experts) over the copy rate: one CPU thread's memcpy (the ranks
+// of a split CPU model share the memory), or the device-to-device copy of each GPU.
 int run_bench(const BenchArgs& a) {
-  if (a.prompt <= 0 || a.gen <= 0) fail("--prompt and --gen must be > 0");
+  if (a.prompt <= 0 || a.gen <= 0 || a.batch <= 0) fail("--prompt, --gen and --batch must be > 0");
   check_device_args(a.dev);
   model::ModelOptions o;
   o.threads = a.threads;
@@ -72,7 +75,8 @@ int run_bench(const BenchArgs& a) {
   const auto& hp = m->hparams();
   const model::TokenCost cost = model::token_cost(m->file(), hp);
   const int64_t total = int64_t(a.prompt) + a.gen;
-  auto backend = engine::make_backend(*m, backend_options(a.dev, a.threads), int32_t((total + 15) / 16), 16, a.prompt);
+  const int32_t blocks_per_seq = int32_t((total + 15) / 16);
+  auto backend = engine::make_backend(*m, backend_options(a.dev, a.threads), blocks_per_seq * a.batch + 4, 16, a.prompt);
   kv::BlockAllocator& blocks = backend->blocks();
   std::vector<float> logits;
   {  // warm-up: first launches, cuBLAS's setup, the GPU workspace at its largest; pages of the weights
@@ -85,20 +89,26 @@ int run_bench(const BenchArgs& a) {
     backend->forward({model::SeqInput{{ids[0]}, warm_n, &warm, false}}, logits);
     blocks.release(warm);
   }
-  std::vector<int32_t> table;
-  if (!blocks.reserve(table, total)) fail("bench: KV cache too small");
+  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(a.batch));
+  for (auto& table : tables)
+    if (!blocks.reserve(table, total)) fail("bench: KV cache too small");
   const std::vector<int32_t> prompt = random_prompt(a.prompt, hp.n_vocab);
-  logits.clear();
   auto t0 = Clock::now();
-  backend->forward({model::SeqInput{prompt, 0, &table, false}}, logits);
+  for (auto& table : tables) {  // one prompt per forward, as a server would chunk them
+    logits.clear();
+    backend->forward({model::SeqInput{prompt, 0, &table, false}}, logits);
+  }
   const double prefill_s = seconds_since(t0);
   t0 = Clock::now();
   for (int i = 0; i < a.gen; ++i) {
+    std::vector<model::SeqInput> step;
+    for (size_t s = 0; s < tables.size(); ++s)
+      step.push_back(model::SeqInput{{int32_t((i * 31 + int(s) * 7) % hp.n_vocab)}, a.prompt + i, &tables[s], false});
     logits.clear();
-    backend->forward({model::SeqInput{{int32_t(i % hp.n_vocab)}, a.prompt + i, &table, false}}, logits);
+    backend->forward(step, logits);
   }
   const double decode_s = seconds_since(t0);
-  const double prefill_tps = a.prompt / prefill_s, decode_tps = a.gen / decode_s;
+  const double prefill_tps = double(a.prompt) * a.batch / prefill_s, decode_tps = double(a.gen) * a.batch / decode_s;
   std::printf("model: %s (%s, %u layers), %.1f MB of weights read per decode token, %.2f GFLOP per token\n",
               a.model.c_str(), m->spec().name, hp.n_layer, cost.weight_bytes / 1e6, cost.flops / 1e9);
   std::printf("%s\n", backend->description().c_str());
@@ -113,7 +123,7 @@ int run_bench(const BenchArgs& a) {
     std::printf("device: %s KV cache, %s attention; device-to-device copy %.0f GB/s (read + write)%s\n",
                 a.dev.kv_cache.empty() ? "bf16" : a.dev.kv_cache.c_str(), a.attention.c_str(), bw / gpus / 1e9,
                 gpus > 1 ? " per GPU" : "");
-    std::printf("prefill %d tokens: %.1f tokens/s (%.2f TFLOP/s)\n", a.prompt, prefill_tps,
+    std::printf("prefill %d x %d tokens: %.1f tokens/s (%.2f TFLOP/s)\n", a.batch, a.prompt, prefill_tps,
                 prefill_tps * cost.flops / 1e12);
 #endif
   } else {
@@ -121,13 +131,20 @@ int run_bench(const BenchArgs& a) {
     bound_of = "weight bytes per token / memcpy rate";
     std::printf("threads: %d, memcpy: %.2f GB/s\n",
                 int(o.threads ? o.threads : int(std::thread::hardware_concurrency())), bw / 1e9);
-    std::printf("prefill %d tokens: %.1f tokens/s (%.2f GFLOP/s)\n", a.prompt, prefill_tps,
+    std::printf("prefill %d x %d tokens: %.1f tokens/s (%.2f GFLOP/s)\n", a.batch, a.prompt, prefill_tps,
                 prefill_tps * cost.flops / 1e9);
   }
-  const double bound_tps = bw / double(cost.weight_bytes);
-  std::printf("decode %d tokens:  %.2f tokens/s (%.2f GB/s of weights); bound %.2f tokens/s (%s): %.1f%% of it\n",
-              a.gen, decode_tps, decode_tps * cost.weight_bytes / 1e9, bound_tps, bound_of.c_str(),
-              100.0 * decode_tps / bound_tps);
+  const double steps_per_s = a.gen / decode_s;
+  const double bound_steps = bw / double(cost.weight_bytes);
+  std::printf("decode %d steps of batch %d, context %d..%d: %.2f tokens/s, %.3f ms per step (%.2f GB/s of weights); "
+              "bound %.2f steps/s (%s): %.1f%% of it\n",
+              a.gen, a.batch, a.prompt + 1, a.prompt + a.gen, decode_tps, 1e3 / steps_per_s,
+              steps_per_s * cost.weight_bytes / 1e9, bound_steps, bound_of.c_str(), 100.0 * steps_per_s / bound_steps);
+  if (const double us = backend->all_reduce_us(int64_t(a.batch) * hp.n_embd); us >= 0)
+    std::printf("all-reduce of [%d, %u] fp32 between the ranks: %.1f us; 2 per layer: %.3f ms per step over %u layers "
+                "(%.1f%% of the step)\n",
+                a.batch, hp.n_embd, us, 2 * us * hp.n_layer / 1e3, hp.n_layer,
+                100.0 * 2 * us * hp.n_layer / 1e3 / (1e3 / steps_per_s));
   return 0;
 }
 
@@ -165,6 +182,7 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("--model,-m", a->model, "GGUF model");
   cmd->add_option("--prompt", a->prompt, "prompt tokens (random ids)");
   cmd->add_option("--gen", a->gen, "decode steps");
+  cmd->add_option("--batch", a->batch, "sequences decoding together (each with its own --prompt)");
   cmd->add_option("--attention", a->attention, "sparse (the model's DSA top-k, default) or dense (every position)")
       ->check(CLI::IsMember({"sparse", "dense"}));
   cmd->add_option("--threads,-t", a->threads, "CPU threads (default: all)");

@@ -161,9 +161,21 @@ int run_generate(ModelArgs& a, const GenerateArgs& g) {
   // Prefill once, then one token per step through the cache.
   model::SeqInput in{prompt, 0, &table, false};
   for (int i = 0; i < g.max_tokens; ++i) {
-    logits.clear();
-    backend->forward({in}, logits);
-    const int32_t next = argmax(logits.data(), m->hparams().n_vocab);
+    int32_t next = 0;
+#if SPARSEMLA_HAVE_CUDA
+    if (backend->samples_on_device()) {  // greedy on the GPU: only the id comes back
+      std::vector<cuda::RowSampling> greedy(1);
+      greedy[0].temperature = 0.0f;
+      std::vector<int32_t> ids;
+      backend->forward_sample({in}, greedy, ids);
+      next = ids.at(0);
+    } else
+#endif
+    {
+      logits.clear();
+      backend->forward({in}, logits);
+      next = argmax(logits.data(), m->hparams().n_vocab);
+    }
     if (tok && tok->is_eog(next)) break;
     out.push_back(next);
     if (stream) {

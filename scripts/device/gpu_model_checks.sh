@@ -13,6 +13,7 @@ if ! ls /usr/local/cuda/lib64/libnccl.so.2 >/dev/null 2>&1; then
 fi
 export SPARSEMLA_FIXTURES_DIR=${SPARSEMLA_FIXTURES_DIR:-$PWD/tests/fixtures}
 export NCCL_NVLS_ENABLE=0
+export SPARSEMLA_BINARY_PATH=${SPARSEMLA_BINARY_PATH:-$BIN/sparsemla}
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 if [ -n "${FILTER:-GpuModel*:GpuTensorParallel*}" ]; then
   timeout ${TEST_TIMEOUT:-300} "$BIN/sparsemla_tests" --gtest_filter="${FILTER:-GpuModel*:GpuTensorParallel*}" 2>&1 \
@@ -26,20 +27,41 @@ if [ -n "${SAN_FILTER:-}" ] && [ -x "$SAN" ]; then
     echo "compute-sanitizer $tool: exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/$tool.log" | tail -4
   done
 fi
+# BENCH=1: decode with CUDA graphs on and off (bundled model; GLM-5-width models of 2 and 3 layers at
+# batch 1/8/32); BENCH_CTX=1: GLM-5 width (2 layers) at 4K, 32K and 128K contexts, sparse and dense;
+# TP=N: the GLM-5-width models split over N GPUs (NCCL) at batch 1/8/32, with the all-reduce time.
+mk() { [ -f /tmp/glm5w_$1.gguf ] || "$BIN/sparsemla" make-model --preset glm5-width --layers $1 --type q4_k_m --zeros \
+  -o /tmp/glm5w_$1.gguf >/dev/null; }
+b() { echo "== $*"; timeout ${BENCH_TIMEOUT:-200} "$BIN/sparsemla" bench "$@" 2>&1 | grep -E "prefill|decode|all-reduce|error"; }
 if [ "${BENCH:-1}" = 1 ]; then
   {
     for graphs in 1 0; do
-      echo "== bundled model, CUDA graphs $graphs"
-      SPARSEMLA_CUDA_GRAPHS=$graphs timeout 120 "$BIN/sparsemla" bench -m models/tiny-glm5-q8_0.gguf --device cuda \
-        --prompt 512 --gen 256 2>&1 | grep -E "prefill|decode"
+      echo "(CUDA graphs $graphs)"; SPARSEMLA_CUDA_GRAPHS=$graphs b -m models/tiny-glm5-q8_0.gguf --device cuda --prompt 512 --gen 256
     done
     for L in 2 3; do
-      "$BIN/sparsemla" make-model --preset glm5-width --layers $L --type q4_k_m --zeros -o /tmp/glm5w_$L.gguf >/dev/null
-      for graphs in 1 0; do
-        echo "== GLM-5 width, $L layers, bf16 cache, CUDA graphs $graphs"
-        SPARSEMLA_CUDA_GRAPHS=$graphs timeout 150 "$BIN/sparsemla" bench -m /tmp/glm5w_$L.gguf --device cuda \
-          --prompt ${PROMPT:-1024} --gen ${GEN:-64} 2>&1 | grep -E "prefill|decode"
+      mk $L
+      for batch in 1 8 32; do
+        for graphs in 1 0; do
+          echo "(CUDA graphs $graphs)"; SPARSEMLA_CUDA_GRAPHS=$graphs b -m /tmp/glm5w_$L.gguf --device cuda --prompt ${PROMPT:-1024} --gen ${GEN:-32} --batch $batch
+          [ $batch -gt 8 ] && break  # beyond the sync-free MoE size there is no graph
+        done
       done
     done
   } 2>&1 | tee "$OUT/bench.log"
+fi
+if [ "${BENCH_CTX:-0}" = 1 ]; then
+  mk 2
+  for att in sparse dense; do
+    for ctx in 4096 32768 131072; do
+      BENCH_TIMEOUT=400 b -m /tmp/glm5w_2.gguf --device cuda --prompt $ctx --gen 16 --attention $att
+    done
+  done 2>&1 | tee "$OUT/bench_ctx.log"
+fi
+if [ -n "${TP:-}" ]; then
+  for L in 2 3; do
+    mk $L
+    for batch in 1 8 32; do
+      b -m /tmp/glm5w_$L.gguf --device cuda --tensor-parallel $TP --prompt ${PROMPT:-1024} --gen ${GEN:-32} --batch $batch
+    done
+  done 2>&1 | tee "$OUT/bench_tp.log"
 fi

@@ -77,6 +77,11 @@ class GpuBackend final : public Backend {
   void forward(const std::vector<model::SeqInput>& batch, std::vector<float>& logits) override {
     gpu_->forward(batch, cache_, logits);
   }
+  bool samples_on_device() const override { return true; }
+  void forward_sample(const std::vector<model::SeqInput>& batch, const std::vector<cuda::RowSampling>& rows,
+                      std::vector<int32_t>& ids) override {
+    gpu_->sample(batch, cache_, rows, ids);
+  }
 
  private:
   std::unique_ptr<model::GpuModel> gpu_;
@@ -98,6 +103,12 @@ class GpuShardedBackend final : public Backend {
   void forward(const std::vector<model::SeqInput>& batch, std::vector<float>& logits) override {
     tp_->forward(batch, cache_, logits);
   }
+  double all_reduce_us(int64_t n) override { return tp_->all_reduce_us(n); }
+  bool samples_on_device() const override { return true; }
+  void forward_sample(const std::vector<model::SeqInput>& batch, const std::vector<cuda::RowSampling>& rows,
+                      std::vector<int32_t>& ids) override {
+    tp_->sample(batch, cache_, rows, ids);
+  }
 
  private:
   std::unique_ptr<dist::ShardedGpuModel> tp_;
@@ -106,6 +117,13 @@ class GpuShardedBackend final : public Backend {
 #endif
 
 }  // namespace
+
+#if SPARSEMLA_HAVE_CUDA
+void Backend::forward_sample(const std::vector<model::SeqInput>&, const std::vector<cuda::RowSampling>&,
+                             std::vector<int32_t>&) {
+  fail("this backend samples on the host: forward() and the engine's sampler");
+}
+#endif
 
 std::unique_ptr<Backend> make_backend(model::Model& model, const BackendOptions& opts, int32_t kv_blocks,
                                       int32_t block_size, int64_t batch_tokens) {

@@ -47,6 +47,19 @@ class Backend {
   // appends logits rows ([n_vocab] each) in batch order. Throws Error for a bad batch.
   virtual void forward(const std::vector<model::SeqInput>& batch, std::vector<float>& logits) = 0;
 
+#if SPARSEMLA_HAVE_CUDA
+  // The GPU backends draw tokens on the device: forward() and one token per logits row with that
+  // row's parameters (ops/cuda/sampling.h: temperature, top-k, top-p, min-p, seed and draw number),
+  // the logits never leaving the GPU. Only the ids come back, appended to `ids`.
+  virtual bool samples_on_device() const { return false; }
+  virtual void forward_sample(const std::vector<model::SeqInput>& batch, const std::vector<cuda::RowSampling>& rows,
+                              std::vector<int32_t>& ids);
+#endif
+
+  // Microseconds one all-reduce of n fp32 values takes between the ranks of a split GPU model (two
+  // per layer at n = tokens x hidden size); -1 where there is no device all-reduce.
+  virtual double all_reduce_us(int64_t /*n*/) { return -1.0; }
+
   int64_t n_vocab() const { return n_vocab_; }
   // What runs where, for the log: the device, the sharding plan, memory and the KV cache (one line
   // per GPU rank after the plan on the sharded GPU model).

@@ -196,7 +196,10 @@ void Scheduler::publish_full_blocks(Sequence& s) {
 }
 
 void Scheduler::emit_token(Sequence& s, const float* logits) {
-  const Sampled smp = s.sampler.sample(std::span(logits, size_t(backend_->n_vocab())));
+  emit(s, s.sampler.sample(std::span(logits, size_t(backend_->n_vocab()))));
+}
+
+void Scheduler::emit(Sequence& s, const Sampled& smp) {
   s.sampler.accept(smp.id);
   s.tokens.push_back(smp.id);
   ++s.generated;
@@ -271,26 +274,64 @@ StepReport Scheduler::step() {
     }
 
   if (!batch.empty()) {
-    logits_.clear();
-    try {
-      backend_->forward(batch, logits_);
-    } catch (const std::exception& ex) {
-      for (Sequence* s : members) finish(*s, FinishReason::Error, std::string("the forward pass failed: ") + ex.what());
-      members.clear();
-    }
-    const size_t n_vocab = size_t(backend_->n_vocab());
-    for (size_t i = 0; i < members.size(); ++i) {
-      Sequence& s = *members[i];
-      s.n_computed += int64_t(batch[i].tokens.size());
-      publish_full_blocks(s);
-      if (s.n_computed == int64_t(s.tokens.size())) emit_token(s, logits_.data() + i * n_vocab);
-    }
+    run_batch(batch, members);
     if (metrics_) ++metrics_->steps;
   }
   for (const auto& s : running_) report.finished += s->done;
   std::erase_if(running_, [](const auto& s) { return s->done; });
   update_stats();
   return report;
+}
+
+void Scheduler::run_batch(const std::vector<model::SeqInput>& batch, const std::vector<Sequence*>& members) {
+  auto failed = [&](const std::exception& ex) {
+    for (Sequence* s : members) finish(*s, FinishReason::Error, std::string("the forward pass failed: ") + ex.what());
+  };
+  // A member emits when this forward completes its prompt (or it is decoding).
+  std::vector<bool> emits(members.size());
+  for (size_t i = 0; i < members.size(); ++i)
+    emits[i] = members[i]->n_computed + int64_t(batch[i].tokens.size()) == int64_t(members[i]->tokens.size());
+#if SPARSEMLA_HAVE_CUDA
+  bool on_device = backend_->samples_on_device();
+  for (size_t i = 0; i < members.size() && on_device; ++i) {
+    const SamplingParams& p = members[i]->sampler.params();
+    on_device = !emits[i] || (p.top_logprobs < 0 && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f &&
+                              p.repetition_penalty == 1.0f);
+  }
+  std::vector<int32_t> ids;
+  if (on_device) {
+    std::vector<cuda::RowSampling> rows(members.size());
+    for (size_t i = 0; i < members.size(); ++i) {
+      const SamplingParams& p = members[i]->sampler.params();
+      rows[i] = cuda::RowSampling{p.temperature, p.top_p, p.top_k, p.min_p, p.seed, uint64_t(members[i]->generated)};
+    }
+    try {
+      backend_->forward_sample(batch, rows, ids);
+    } catch (const std::exception& ex) {
+      return failed(ex);
+    }
+  }
+#else
+  const bool on_device = false;
+  std::vector<int32_t> ids;
+#endif
+  if (!on_device) {
+    logits_.clear();
+    try {
+      backend_->forward(batch, logits_);
+    } catch (const std::exception& ex) {
+      return failed(ex);
+    }
+  }
+  const size_t n_vocab = size_t(backend_->n_vocab());
+  for (size_t i = 0; i < members.size(); ++i) {
+    Sequence& s = *members[i];
+    s.n_computed += int64_t(batch[i].tokens.size());
+    publish_full_blocks(s);
+    if (!emits[i]) continue;
+    if (on_device) emit(s, Sampled{ids[i], 0.0f, {}});
+    else emit_token(s, logits_.data() + i * n_vocab);
+  }
 }
 
 void Scheduler::update_stats() {

@@ -95,7 +95,11 @@ class Scheduler {
   void intake();
   void drop_cancelled(StepReport& report);
   void admit(StepReport& report);
-  void emit_token(Sequence& s, const float* logits);  // [n_vocab]
+  void emit_token(Sequence& s, const float* logits);  // [n_vocab]: the request's sampler draws
+  void emit(Sequence& s, const Sampled& smp);         // the token drawn, to the request
+  // Runs the batch; the sequences whose prompt is complete get their next token (drawn on the GPU
+  // when the backend can and none of them needs the host sampler's penalties or logprobs).
+  void run_batch(const std::vector<model::SeqInput>& batch, const std::vector<Sequence*>& members);
   // Releases the sequence's blocks and reservation; a cancelled or failed one gets its last event here.
   void finish(Sequence& s, FinishReason why, const std::string& error = {});
   void publish_full_blocks(Sequence& s);

@@ -171,6 +171,21 @@ TEST(DeviceCli, DeviceCudaWithoutAGpuIsRefusedClearly) {
   }
 }
 
+// bench on the CPU: a batch of sequences, whole and split over ranks (no all-reduce line: the CPU
+// ranks sum in host memory).
+TEST(DeviceCli, BenchReportsBatchedDecodeOnTheCpu) {
+  for (const std::string tp : {"", " --tensor-parallel 2"}) {
+    const CliResult r = cli("bench -m " + model() + " --prompt 12 --gen 3 --batch 2 --threads 2" + tp);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_TRUE(contains(r.out, "prefill 2 x 12 tokens")) << r.out;
+    EXPECT_TRUE(contains(r.out, "decode 3 steps of batch 2, context 13..15")) << r.out;
+    EXPECT_FALSE(contains(r.out, "all-reduce")) << r.out;
+  }
+  const CliResult bad = cli("bench -m " + model() + " --batch 0");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_TRUE(contains(bad.out, "--batch must be > 0")) << bad.out;
+}
+
 TEST(DeviceCli, ServeSplitOverTwoCpuRanksAnswersAsTheWholeModel) {
   for (const std::string& user : {"Hello there", "Tell me a story about a cat"}) {
     const Served whole = serve_chat("-t 2", user), split = serve_chat("-t 2 --tensor-parallel 2", user);
@@ -262,7 +277,11 @@ TEST(DeviceCli, GpuCommandsRunAndAgreeWithTheCpu) {
   EXPECT_NE(rg.out.find("{\"tokens\":["), std::string::npos) << rg.out;
   const CliResult bench = cli("bench -m " + model() + " --prompt 32 --gen 8 --device cuda");
   ASSERT_EQ(bench.status, 0) << bench.out;
-  EXPECT_TRUE(contains(bench.out, "decode 8 tokens")) << bench.out;
+  EXPECT_TRUE(contains(bench.out, "decode 8 steps of batch 1")) << bench.out;
+  const CliResult batched = cli("bench -m " + model() + " --prompt 32 --gen 8 --batch 3 --device cuda");
+  ASSERT_EQ(batched.status, 0) << batched.out;
+  EXPECT_TRUE(contains(batched.out, "prefill 3 x 32 tokens")) << batched.out;
+  EXPECT_TRUE(contains(batched.out, "decode 8 steps of batch 3")) << batched.out;
 }
 
 }  // namespace

@@ -182,6 +182,88 @@ TEST(SchedulerBackends, GpuTwoRanksOnOneGpuGivesTheCpuTokens) {
 #endif
 }
 
+#if SPARSEMLA_HAVE_CUDA
+// Runs `reqs` to the end on a fresh scheduler over `backend`; the tokens and the events' logprobs.
+struct RunResult {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<Sampled>> sampled;
+  std::vector<std::string> errors;
+};
+RunResult run_all(const BackendOptions& backend, const std::vector<GenerationRequest>& reqs) {
+  Fixture& f = fixture();
+  SchedulerConfig cfg;
+  cfg.max_seqs = 4;
+  cfg.batch_tokens = 32;
+  cfg.ctx_size = 256;
+  cfg.kv_blocks = 64;
+  cfg.block_size = 4;
+  cfg.backend = backend;
+  Scheduler s(*f.model, *f.tok, cfg);
+  RunResult out;
+  out.tokens.resize(reqs.size());
+  out.sampled.resize(reqs.size());
+  out.errors.resize(reqs.size());
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const auto& r : reqs) streams.push_back(s.submit(r));
+  std::vector<bool> done(reqs.size(), false);
+  for (int i = 0; i < 200 && !std::all_of(done.begin(), done.end(), [](bool d) { return d; }); ++i) {
+    s.step();
+    for (size_t k = 0; k < streams.size(); ++k)
+      while (auto e = streams[k]->next(std::chrono::milliseconds(0))) {
+        for (const auto& t : e->tokens) {
+          out.tokens[k].push_back(t.id);
+          out.sampled[k].push_back(t);
+        }
+        out.errors[k] += e->error;
+        if (e->finish != FinishReason::None) done[k] = true;
+      }
+  }
+  return out;
+}
+#endif
+
+// On the GPU the scheduler draws tokens on the device (only ids come back) unless a request in the
+// batch needs the host sampler (logprobs, penalties). Seeded requests repeat their tokens; greedy
+// ones give the CPU's tokens either way; a logprobs request gets the CPU's logprobs.
+TEST(SchedulerBackends, GpuSamplesOnTheDeviceAndOnTheHostWhenARequestNeedsIt) {
+  SPARSEMLA_REQUIRE_GPU();
+#if SPARSEMLA_HAVE_CUDA
+  Fixture& f = fixture();
+  BackendOptions o;
+  o.device = Device::Cuda;
+  o.gpu.kv_cache = cuda::KvDtype::F32;
+  o.gpu.precise = true;
+  GenerationRequest seeded = greedy(f.seq0, 12);
+  seeded.sampling.temperature = 0.8f;
+  seeded.sampling.top_k = 20;
+  seeded.sampling.top_p = 0.9f;
+  seeded.sampling.seed = 7;
+  GenerationRequest other_seed = seeded;
+  other_seed.sampling.seed = 8;
+  const GenerationRequest plain = greedy(f.greedy_prompt, int(f.greedy_tokens.size()));
+  // Device sampling: greedy beside seeded rows.
+  const RunResult a = run_all(o, {seeded, plain, other_seed});
+  const RunResult b = run_all(o, {seeded, plain, other_seed});
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(a.errors[k], "") << k;
+  EXPECT_EQ(a.tokens[0].size(), 12u);
+  EXPECT_EQ(a.tokens[0], b.tokens[0]) << "a seeded request draws the same tokens on every run";
+  EXPECT_EQ(a.tokens[2], b.tokens[2]);
+  EXPECT_NE(a.tokens[0], a.tokens[2]) << "two seeds, 12 draws each at temperature 0.8: the same tokens is unlikely";
+  EXPECT_EQ(a.tokens[1], f.greedy_tokens) << "greedy on the device: transformers' tokens";
+  // A logprobs request sends its batch to the host sampler: the CPU's tokens and logprobs.
+  GenerationRequest lp = plain;
+  lp.sampling.top_logprobs = 2;
+  const RunResult gpu = run_all(o, {lp, seeded});
+  const RunResult cpu = run_all({}, {lp});
+  EXPECT_EQ(gpu.tokens[0], cpu.tokens[0]);
+  ASSERT_EQ(gpu.sampled[0].size(), cpu.sampled[0].size());
+  for (size_t i = 0; i < gpu.sampled[0].size(); ++i) {
+    ASSERT_EQ(gpu.sampled[0][i].top.size(), 2u) << i;
+    EXPECT_NEAR(gpu.sampled[0][i].logprob, cpu.sampled[0][i].logprob, 1e-4) << i;
+  }
+#endif
+}
+
 // The backend's forward against model::Model::forward on its own cache: bit for bit on the CPU,
 // to the order of the sums across ranks when split.
 TEST(Backend, ForwardIsTheModelsForward) {
