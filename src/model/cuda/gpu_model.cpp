@@ -1020,6 +1020,9 @@ void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
     a.score_stride = st.max_ctx;
     cuda::indexer_scores(a, st.idx_kernel[fi], s);
     cuda::top_k(w.scores, n, st.max_ctx, w.nctx + t0, k, w.sel + t0 * k, s, &st.topk_ws);
+    // In ascending order: the attention then sums a token's positions in one order on every run
+    // (the top-k writes them in whatever order its threads finish).
+    if (k <= cuda::kMaxSortRow) cuda::sort_rows(w.sel + t0 * k, n, k, s);
   }
 }
 
