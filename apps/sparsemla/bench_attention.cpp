@@ -29,6 +29,9 @@ struct BenchAttentionArgs {
   std::vector<std::string> dtypes = {"bf16", "fp8"};
   std::string kernel = "mma";
   bool dense = false;
+  int splits = 0;           // attention split-KV; 0: the kernel's own choice
+  int heads_per_block = 0;  // attention heads per block (16, 32, 64); 0: the kernel's own choice
+  int rotate = 0;           // sets of sequences the timed calls cycle through; 0: 8 / batch (at least 1)
   int reps = 5;
 };
 
@@ -62,13 +65,20 @@ int run_bench_attention(const BenchAttentionArgs& a) {
               devs[0].cc_minor, devs[0].sm_count);
   std::printf("ceilings: device-to-device copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s\n",
               copy_bps / 1e9, gemm_flops / 1e12);
-  const cuda::AttentionKernel ak = a.kernel == "fma" ? cuda::AttentionKernel::Fma : cuda::AttentionKernel::Mma;
+  const cuda::AttentionKernel ak = a.kernel == "fma"     ? cuda::AttentionKernel::Fma
+                                   : a.kernel == "wgmma" ? cuda::AttentionKernel::Wgmma
+                                                         : cuda::AttentionKernel::Mma;
   const cuda::IndexerKernel ik = a.kernel == "fma" ? cuda::IndexerKernel::Fma : cuda::IndexerKernel::Mma;
-  const int max_b = *std::max_element(a.batches.begin(), a.batches.end());
+  std::printf("kernels: attention %s, indexer %s\n", a.kernel.c_str(), a.kernel == "fma" ? "fma" : "mma");
+  // Consecutive timed calls read different sequences (sets of `batch` each), so that a small batch
+  // does not find the previous call's keys and rows in the L2 cache (50 MB on an H200).
+  auto sets_of = [&](int B) { return a.rotate > 0 ? a.rotate : std::max(1, 8 / B); };
+  int n_seq = 0;
+  for (int B : a.batches) n_seq = std::max(n_seq, B * sets_of(B));
   const int max_ctx = *std::max_element(a.contexts.begin(), a.contexts.end());
   const int bs = 64;
   const int blocks_per_seq = (max_ctx + bs - 1) / bs;
-  const int64_t n_slots = int64_t(max_b) * blocks_per_seq * bs;
+  const int64_t n_slots = int64_t(n_seq) * blocks_per_seq * bs;
 
   std::printf("%-6s %-4s %5s %7s | %9s %7s %5s | %8s | %9s %7s %5s %7s %5s | %9s %5s\n", "shape", "kv", "batch", "context",
               "indexer", "GB/s", "%bw", "top-k", "attention", "GB/s", "%bw", "TFLOP/s", "%mma", "step", "%bw");
@@ -94,7 +104,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           cuda::write_index_keys(tmp.as<float>(), slots.as<int64_t>(), n, dt, sh.idx_dim, keys.get(), krow, nullptr);
         }
       }
-      std::vector<int32_t> table(size_t(max_b) * blocks_per_seq);
+      std::vector<int32_t> table(size_t(n_seq) * blocks_per_seq);
       std::iota(table.begin(), table.end(), 0);
       std::shuffle(table.begin(), table.end(), std::mt19937(1));
       cuda::DeviceBuffer d_table = cuda::to_device(table);
@@ -104,9 +114,17 @@ int run_bench_attention(const BenchAttentionArgs& a) {
       cuda::TopKWorkspace topk_ws;
       for (int B : a.batches)
         for (int ctx : a.contexts) {
-          std::vector<int32_t> seq(static_cast<size_t>(B)), n_ctx(static_cast<size_t>(B), ctx);
-          std::iota(seq.begin(), seq.end(), 0);
-          cuda::DeviceBuffer d_seq = cuda::to_device(seq), d_n = cuda::to_device(n_ctx);
+          const int sets = sets_of(B);
+          std::vector<cuda::DeviceBuffer> d_seqs;
+          for (int set = 0; set < sets; ++set) {
+            std::vector<int32_t> seq(static_cast<size_t>(B));
+            std::iota(seq.begin(), seq.end(), set * B);
+            d_seqs.push_back(cuda::to_device(seq));
+          }
+          int call = 0;
+          auto next_seq = [&] { return d_seqs[size_t(call++ % sets)].as<int32_t>(); };
+          std::vector<int32_t> n_ctx(static_cast<size_t>(B), ctx);
+          cuda::DeviceBuffer d_n = cuda::to_device(n_ctx);
           cuda::DeviceBuffer q_idx(size_t(B) * sh.idx_heads * sh.idx_dim * 4), w_idx(size_t(B) * sh.idx_heads * 4);
           cuda::DeviceBuffer scores(size_t(B) * ctx * 4), sel(size_t(B) * sh.top_k * 4);
           cuda::DeviceBuffer q(size_t(B) * sh.heads * (sh.kv_lora + sh.rope) * 4), out(size_t(B) * sh.heads * sh.kv_lora * 4);
@@ -119,14 +137,17 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           ia.T = B;
           ia.heads = sh.idx_heads;
           ia.dim = sh.idx_dim;
-          ia.seq = d_seq.as<int32_t>();
+          ia.seq = next_seq();
           ia.n_ctx = d_n.as<int32_t>();
           ia.max_ctx = ctx;
           ia.keys = key_rows;
           ia.dtype = dt;
           ia.scores = scores.as<float>();
           ia.score_stride = ctx;
-          const double t_idx = time_us(a.reps, [&](void* st) { cuda::indexer_scores(ia, ik, st); });
+          const double t_idx = time_us(a.reps, [&](void* st) {
+            ia.seq = next_seq();
+            cuda::indexer_scores(ia, ik, st);
+          });
           const double t_topk = time_us(a.reps, [&](void* st) {
             cuda::top_k(scores.as<float>(), B, ctx, d_n.as<int32_t>(), sh.top_k, sel.as<int32_t>(), st, &topk_ws);
           });
@@ -137,7 +158,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           aa.kv_lora = sh.kv_lora;
           aa.rope = sh.rope;
           aa.scale = 0.07f;
-          aa.seq = d_seq.as<int32_t>();
+          aa.seq = next_seq();
           aa.n_ctx = d_n.as<int32_t>();
           aa.selected = a.dense ? nullptr : sel.as<int32_t>();
           aa.top_k = sh.top_k;
@@ -145,7 +166,10 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           aa.latent = latent_rows;
           aa.dtype = dt;
           aa.out = out.as<float>();
-          const double t_att = time_us(a.reps, [&](void* st) { cuda::sparse_mla(aa, ak, ws, st); });
+          const double t_att = time_us(a.reps, [&](void* st) {
+            aa.seq = next_seq();
+            cuda::sparse_mla(aa, ak, ws, st, a.splits, a.heads_per_block);
+          });
           const double rows = a.dense ? double(ctx) : double(std::min(ctx, sh.top_k));
           const double idx_bytes = double(B) * ctx * krow;
           const double att_bytes = double(B) * rows * lrow;
@@ -161,7 +185,8 @@ int run_bench_attention(const BenchAttentionArgs& a) {
         }
     }
   }
-  std::printf("times: per call, replayed from a CUDA graph (no launch overhead). ");
+  std::printf("times: per call, replayed from a CUDA graph (no launch overhead), consecutive calls on different "
+              "sequences (%s). ", a.rotate > 0 ? "--rotate sets" : "8 / batch sets");
   std::printf("indexer GB/s: index-key bytes read; attention GB/s: selected latent rows gathered; step: indexer + top-k "
               "+ attention per layer, %%bw of all their bytes. %%mma: of the cuBLAS bf16 GEMM rate.\n");
   return 0;
@@ -182,8 +207,15 @@ Runner add_bench_attention(CLI::App& bench) {
   cmd->add_option("--batch", a->batches, "decode batch sizes");
   cmd->add_option("--context", a->contexts, "context lengths");
   cmd->add_option("--kv", a->dtypes, "cache dtypes: bf16, fp8");
-  cmd->add_option("--kernel", a->kernel, "mma (tensor cores) or fma (the fallback)")->check(CLI::IsMember({"mma", "fma"}));
+  cmd->add_option("--kernel", a->kernel,
+                  "mma (tensor cores, any GPU), wgmma (the Hopper attention kernel; its indexer is mma) or fma (the "
+                  "fallback)")
+      ->check(CLI::IsMember({"mma", "wgmma", "fma"}));
   cmd->add_flag("--dense", a->dense, "attend to every position instead of the top-k");
+  cmd->add_option("--splits", a->splits, "attention split-KV blocks per token (0: chosen by the kernel)");
+  cmd->add_option("--heads-per-block", a->heads_per_block, "attention heads per block: 16, 32, 64 (0: chosen by the kernel)")
+      ->check(CLI::IsMember({0, 16, 32, 64}));
+  cmd->add_option("--rotate", a->rotate, "sets of sequences the timed calls cycle through (0: 8 / batch, at least 1)");
   cmd->add_option("--reps", a->reps, "timed repetitions (best is reported)");
   return [a] { return run_bench_attention(*a); };
 }

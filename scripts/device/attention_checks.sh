@@ -17,19 +17,46 @@ timeout ${TEST_TIMEOUT:-150} "$BIN/sparsemla_tests" --gtest_filter="${FILTER:-Cu
 SAN=/usr/local/cuda/bin/compute-sanitizer
 if [ "${SANITIZE:-1}" = 1 ] && [ -x "$SAN" ]; then
   for tool in memcheck racecheck; do
-    SPARSEMLA_GPU_TEST_SMALL=1 timeout 200 "$SAN" --tool $tool --error-exitcode 9 "$BIN/sparsemla_tests" \
+    SPARSEMLA_GPU_TEST_SMALL=1 timeout ${SAN_TIMEOUT:-200} "$SAN" --tool $tool --error-exitcode 9 "$BIN/sparsemla_tests" \
       --gtest_filter="${SAN_FILTER:-CudaAttention*}" >"$OUT/$tool.log" 2>&1
     echo "compute-sanitizer $tool: exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" "$OUT/$tool.log" | tail -4
   done
 fi
-if [ "${BENCH:-1}" = 1 ]; then
-  timeout 200 "$BIN/sparsemla" bench attention ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+# BENCH_ARGS: one `bench attention` run; BENCH_RUNS: several, their argument lists separated by ';'.
+# BASE_BIN (with BASE_RUNS, likewise): an earlier build's binary, benchmarked first in the same session.
+if [ -n "${BASE_BIN:-}" ]; then
+  IFS=';' read -ra runs <<<"${BASE_RUNS:-}"
+  [ ${#runs[@]} = 0 ] && runs=("")
+  : >"$OUT/bench_base.log"
+  for args in "${runs[@]}"; do
+    echo "== before: bench attention $args" | tee -a "$OUT/bench_base.log"
+    timeout 200 "$BASE_BIN/sparsemla" bench attention $args 2>&1 | tee -a "$OUT/bench_base.log"
+  done
 fi
-# PROFILE="bench attention arguments": Nsight Compute on one launch of the attention kernel.
+if [ "${BENCH:-1}" = 1 ]; then
+  IFS=';' read -ra runs <<<"${BENCH_RUNS:-${BENCH_ARGS:-}}"
+  [ ${#runs[@]} = 0 ] && runs=("")
+  : >"$OUT/bench.log"
+  for args in "${runs[@]}"; do
+    echo "== bench attention $args" | tee -a "$OUT/bench.log"
+    timeout 200 "$BIN/sparsemla" bench attention $args 2>&1 | tee -a "$OUT/bench.log"
+  done
+fi
+# PROFILE="bench attention arguments": Nsight Compute on one launch of the attention kernel, or
+# with PROFILE_KERNELS (a regex), the first launch of each kernel and launch shape it matches, with
+# their durations and throughputs only.
 if [ -n "${PROFILE:-}" ]; then
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  timeout 200 "$NCU" --kernel-name regex:mla_mma --launch-skip 3 --launch-count 1 \
-    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
-    "$BIN/sparsemla" bench attention $PROFILE >"$OUT/ncu.log" 2>&1
-  grep -vE "^==PROF==|^ *$" "$OUT/ncu.log" | tail -70
+  if [ -n "${PROFILE_KERNELS:-}" ]; then
+    timeout 200 "$NCU" --clock-control none --kernel-name regex:"$PROFILE_KERNELS" --filter-mode per-launch-config \
+      --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
+      "$BIN/sparsemla" bench attention $PROFILE >"$OUT/ncu.log" 2>&1
+    grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Grid Size|Block Size|Registers Per|Achieved Occupancy|Dynamic Shared" \
+      "$OUT/ncu.log" | sed -E 's/ +/ /g' | cut -c1-110
+  else
+    timeout 200 "$NCU" --kernel-name regex:${PROFILE_KERNEL:-mla_mma} --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
+      "$BIN/sparsemla" bench attention $PROFILE >"$OUT/ncu.log" 2>&1
+    grep -vE "^==PROF==|^ *$" "$OUT/ncu.log" | tail -70
+  fi
 fi

@@ -23,6 +23,7 @@ AttentionProblem gpu(int major, int minor, uint64_t smem, int heads, int kv_lora
   p.idx_dim = idx_dim;
   p.sparse = idx_heads > 0;
   p.fp8_cache = fp8;
+  p.sm90a_code = true;  // as the full fatbinary (80..121) builds it
   return p;
 }
 
@@ -47,9 +48,49 @@ TEST(BackendSelect, EveryArchitectureFromSm80ToSm121TakesTheTensorCoreKernels) {
         const BackendPlan plan = select_backends(p);
         EXPECT_EQ(plan.get("indexer").chosen, "cuda-mma") << a.major << "." << a.minor;
         EXPECT_EQ(plan.get("top-k").chosen, "cuda-radix");
-        EXPECT_EQ(plan.get("attention").chosen, "cuda-mma") << a.major << "." << a.minor << " heads " << heads;
+        // Hopper takes its wgmma kernel for whole 64-head blocks; every other architecture never does.
+        const bool hopper = a.major == 9 && a.minor == 0;
+        EXPECT_EQ(plan.get("attention").chosen, hopper && heads % 64 == 0 ? "cuda-wgmma-sm90" : "cuda-mma")
+            << a.major << "." << a.minor << " heads " << heads;
+        const Candidate& wg = candidate(plan.get("attention"), "cuda-wgmma-sm90");
+        EXPECT_EQ(wg.supported, hopper && heads % 64 == 0) << a.major << "." << a.minor << ": " << wg.reason;
+        if (!hopper) EXPECT_NE(wg.reason.find("is not 9.0"), std::string::npos) << wg.reason;
+        if (hopper && heads % 64) EXPECT_NE(wg.reason.find("multiple of 64"), std::string::npos) << wg.reason;
         EXPECT_TRUE(plan.warnings.empty()) << plan.warnings[0];
       }
+}
+
+TEST(BackendSelect, HopperWgmmaKernelDeclaresWhatItTakes) {
+  // GLM-5 and DeepSeek-V3.2 on an H100/H200, bf16 and fp8 caches, sparse and dense.
+  for (int heads : {64, 128})
+    for (bool fp8 : {false, true})
+      for (bool sparse : {true, false}) {
+        AttentionProblem p = gpu(9, 0, 232448, heads, 512, 64, 32, 128, fp8);
+        p.sparse = sparse;
+        EXPECT_EQ(select_backends(p).get("attention").chosen, "cuda-wgmma-sm90") << heads << " heads fp8 " << fp8;
+      }
+  // What it refuses, each with its reason, falls back to cuda-mma.
+  auto refused = [](const AttentionProblem& p, const std::string& why) {
+    const BackendPlan plan = select_backends(p);
+    EXPECT_EQ(plan.get("attention").chosen, p.f32_cache ? "cuda-fma" : "cuda-mma") << why;
+    const std::string reason = candidate(plan.get("attention"), "cuda-wgmma-sm90").reason;
+    EXPECT_NE(reason.find(why), std::string::npos) << reason;
+  };
+  AttentionProblem p = gpu(9, 0, 232448, 128, 512, 64, 64, 128);
+  p.sm90a_code = false;  // a build without 90 in its architecture list (CI's 80)
+  refused(p, "no sm_90a machine code");
+  p = gpu(9, 0, 232448, 128, 512, 64, 64, 128);
+  p.f32_cache = true;
+  refused(p, "f32");
+  refused(gpu(9, 0, 232448, 64, 256, 32, 8, 64), "latent 256 + rope 32 is not 512 + 64");
+  refused(gpu(9, 0, 232448, 16, 512, 64, 64, 128), "16 heads");  // DeepSeek-V3.2 at tensor parallel 8
+  refused(gpu(9, 0, 101376, 64, 512, 64, 32, 128), "101376");   // a 9.0 device with less shared memory
+  // Same-major neighbours are not Hopper.
+  refused(gpu(9, 1, 232448, 64, 512, 64, 32, 128), "9.1");
+  p = gpu(9, 0, 232448, 128, 512, 64, 64, 128);
+  const std::string table = format_plan(p, select_backends(p));
+  EXPECT_NE(table.find("* cuda-wgmma-sm90 chosen: Hopper wgmma"), std::string::npos) << table;
+  EXPECT_NE(table.find("+ cuda-mma        supported, lower rank"), std::string::npos) << table;
 }
 
 TEST(BackendSelect, FixtureShapesAndOddShapesFallBackWithReasons) {

@@ -6,9 +6,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -244,6 +246,8 @@ void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kern
 const std::vector<IndexerCase> kIndexerCases = {
     {64, 128, {1, 63, 64, 65, 1000, 4097}, 3, 64},  // GLM-5 / DeepSeek-V3.2
     {32, 128, {300, 17}, 2, 16},                    // 32 heads (tensor parallel halves)
+    {32, 128, {5000, 130}, 2, 128},                 // pages larger than a tile
+    {32, 128, {700, 3}, 1, 2},                      // pages too small for 16-byte fp8 runs
     {8, 64, {1, 12, 30}, 1, 16},                    // the fixtures' shape
     {16, 64, {5, 33}, 2, 4},
     {4, 64, {20}, 1, 16},
@@ -261,20 +265,27 @@ TEST(CudaAttention, IndexerScoresMatchTheCpuReference) {
   check_indexer({3, 96, {50}, 1, 8}, KvDtype::FP8, cuda::IndexerKernel::Fma, rng);
 }
 
-// With `segmented`, long rows take the two-phase path (segment top-k, then a merge).
+// One decode token at long context: every block streams several tiles through its stages.
+TEST(CudaAttention, IndexerScoresOneLongRow) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(12);
+  const int len = small_mode() ? 30000 : 100003;
+  for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) check_indexer({32, 128, {len}, 1, 64}, d, cuda::IndexerKernel::Mma, rng);
+}
+
+// With a workspace (`ws`), long rows take the span path (many blocks per row); without, one block
+// per row. The output is poisoned first, so that an entry left unwritten shows.
 std::vector<int32_t> gpu_top_k(const std::vector<float>& scores, const std::vector<int32_t>& n, int64_t stride, int k,
-                               bool segmented) {
+                               cuda::TopKWorkspace* ws) {
   const int64_t T = int64_t(n.size());
-  DeviceBuffer d_s = cuda::to_device(scores), d_n = cuda::to_device(n), d_out(size_t(T * k) * 4);
-  cuda::TopKWorkspace ws;
-  cuda::top_k(d_s.as<float>(), T, stride, d_n.as<int32_t>(), k, d_out.as<int32_t>(), nullptr, segmented ? &ws : nullptr);
+  DeviceBuffer d_s = cuda::to_device(scores), d_n = cuda::to_device(n);
+  DeviceBuffer d_out = cuda::to_device(std::vector<int32_t>(size_t(T * k), -7));
+  cuda::top_k(d_s.as<float>(), T, stride, d_n.as<int32_t>(), k, d_out.as<int32_t>(), nullptr, ws);
   return cuda::to_host<int32_t>(d_out, size_t(T * k));
 }
 
-void expect_same_selection(const std::vector<float>& scores, const std::vector<int32_t>& n, int64_t stride, int k,
-                           const char* what) {
-  for (bool segmented : {false, true}) {
-  const std::vector<int32_t> got = gpu_top_k(scores, n, stride, k, segmented);
+void expect_selection(const std::vector<int32_t>& got, const std::vector<float>& scores, const std::vector<int32_t>& n,
+                      int64_t stride, int k, const std::string& what) {
   for (size_t t = 0; t < n.size(); ++t) {
     std::vector<int32_t> ref = ops::top_k(scores.data() + t * stride, n[t], k);
     std::vector<int32_t> g(got.begin() + int64_t(t) * k, got.begin() + int64_t(t + 1) * k);
@@ -283,10 +294,15 @@ void expect_same_selection(const std::vector<float>& scores, const std::vector<i
     g.resize(static_cast<size_t>(used));
     std::sort(g.begin(), g.end());
     std::sort(ref.begin(), ref.end());
-    ASSERT_EQ(g, ref) << what << ": row " << t << " (n " << n[t] << ", k " << k << ")"
-                      << (segmented ? ", segmented" : "");
+    ASSERT_EQ(g, ref) << what << ": row " << t << " (n " << n[t] << ", k " << k << ")";
   }
-  }
+}
+
+void expect_same_selection(const std::vector<float>& scores, const std::vector<int32_t>& n, int64_t stride, int k,
+                           const char* what) {
+  expect_selection(gpu_top_k(scores, n, stride, k, nullptr), scores, n, stride, k, std::string(what) + ", rows");
+  cuda::TopKWorkspace ws;
+  expect_selection(gpu_top_k(scores, n, stride, k, &ws), scores, n, stride, k, std::string(what) + ", spans");
 }
 
 TEST(CudaAttention, TopKEqualsTheCpuSelectionIncludingTies) {
@@ -319,6 +335,53 @@ TEST(CudaAttention, TopKEqualsTheCpuSelectionIncludingTies) {
     expect_same_selection(s, n, stride, 12, "prefill k=12");
     expect_same_selection(s, n, stride, 1, "k=1");
     expect_same_selection(s, n, stride, 299, "k=299");
+  }
+}
+
+// One decode token at long context (the span path, T = 1), over score distributions that take each
+// of its ways: few candidates on the boundary digit (staged in shared memory), more (read from the
+// candidate buffer), too many for the buffer (the whole row again), heavy ties at the boundary,
+// and rows shorter than k. One workspace serves every call: its state must be left clean.
+TEST(CudaAttention, TopKOneLongRowEqualsTheCpuSelection) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(13);
+  cuda::TopKWorkspace ws;
+  const int k = 2048;
+  auto fmt_what = [](const char* what, int n) { return std::string(what) + ", n " + std::to_string(n); };
+  const std::vector<int> lens = small_mode() ? std::vector<int>{20000} : std::vector<int>{131072, 200000};
+  for (int len : lens) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_real_distribution<float> unit(1.0f, 2.0f);
+    std::uniform_int_distribution<int> level(-3, 3);
+    const std::vector<std::pair<const char*, std::function<float(int)>>> kinds = {
+        {"normal", [&](int) { return normal(rng); }},
+        {"quantized normal (ties)", [&](int) { return std::round(normal(rng) * 64.0f) / 64.0f; }},
+        {"uniform [1, 2) (wide boundary digit)", [&](int) { return unit(rng); }},
+        {"seven levels", [&](int) { return float(level(rng)); }},
+        {"all zero, signs mixed", [&](int i) { return i % 3 ? 0.0f : -0.0f; }},
+        {"rising (ties none, order reversed)", [&](int i) { return float(i); }},
+    };
+    for (const auto& [what, gen] : kinds) {
+      std::vector<float> s(static_cast<size_t>(len));
+      for (int i = 0; i < len; ++i) s[size_t(i)] = gen(i);
+      const std::vector<int32_t> n = {len};
+      expect_selection(gpu_top_k(s, n, len, k, &ws), s, n, len, k, fmt_what(what, len));
+      // A shorter row on the same stride, then a row shorter than k.
+      const std::vector<int32_t> n2 = {len / 3 + 1};
+      expect_selection(gpu_top_k(s, n2, len, k, &ws), s, n2, len, k, fmt_what(what, len / 3 + 1));
+    }
+    std::vector<float> s = random_vec(size_t(len), rng);
+    const std::vector<int32_t> n_short = {k - 5};
+    expect_selection(gpu_top_k(s, n_short, len, k, &ws), s, n_short, len, k, "shorter than k");
+  }
+  // A narrow distribution on a row of 40000: its boundary digit holds ~10000, more than shared memory stages.
+  {
+    const int len = 40000;
+    std::uniform_real_distribution<float> unit(1.0f, 2.0f);
+    std::vector<float> s(static_cast<size_t>(len));
+    for (float& x : s) x = unit(rng);
+    const std::vector<int32_t> n = {len};
+    expect_selection(gpu_top_k(s, n, len, k, &ws), s, n, len, k, "uniform [1, 2), 40000");
   }
 }
 
@@ -397,7 +460,8 @@ struct MlaCase {
   int block_size;
 };
 
-void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, int splits, std::mt19937& rng) {
+void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, int splits, std::mt19937& rng,
+               int heads_per_block = 0) {
   const int T = int(c.ctx.size()), D = c.kv_lora + c.rope;
   std::vector<int> lens(size_t(c.n_seq), 1);
   std::vector<int32_t> seq(static_cast<size_t>(T)), n_ctx(static_cast<size_t>(T));
@@ -442,11 +506,12 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   a.dtype = dtype;
   a.out = d_out.as<float>();
   cuda::AttentionWorkspace ws;
-  cuda::sparse_mla(a, kernel, ws, nullptr, splits);
+  d_out.upload(std::vector<float>(size_t(T) * c.heads * c.kv_lora, NAN).data(), size_t(T) * c.heads * c.kv_lora * 4);
+  cuda::sparse_mla(a, kernel, ws, nullptr, splits, heads_per_block);
   const std::vector<float> got = cuda::to_host<float>(d_out, size_t(T) * c.heads * c.kv_lora);
 
   std::vector<float> qr = q;
-  if (kernel == cuda::AttentionKernel::Mma)
+  if (kernel != cuda::AttentionKernel::Fma)  // the tensor-core kernels take q as bf16
     for (float& x : qr) x = round_bf16(x);
   double worst = 0;
   std::vector<float> ref(static_cast<size_t>(c.kv_lora)), logits;
@@ -473,9 +538,10 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
       }
     }
   }
-  std::printf("  attention %s %s heads %d latent %d+%d top-k %d splits %d: max error %.2e\n",
-              kernel == cuda::AttentionKernel::Mma ? "mma" : "fma", cuda::kv_dtype_name(dtype), c.heads, c.kv_lora,
-              c.rope, c.top_k, splits, worst);
+  std::printf("  attention %s %s heads %d latent %d+%d top-k %d splits %d heads/block %d: max error %.2e\n",
+              kernel == cuda::AttentionKernel::Mma ? "mma" : kernel == cuda::AttentionKernel::Wgmma ? "wgmma" : "fma",
+              cuda::kv_dtype_name(dtype), c.heads, c.kv_lora,
+              c.rope, c.top_k, splits, heads_per_block, worst);
 }
 
 const std::vector<MlaCase> kMlaCases = {
@@ -506,6 +572,57 @@ TEST(CudaAttention, SparseMlaMatchesTheCpuReference) {
   for (const MlaCase& c : kMlaCases) check_mla(c, KvDtype::F32, cuda::AttentionKernel::Fma, 1, rng);
   // Rope of 4 with latent 20: only the fma kernel takes it.
   check_mla({3, 20, 4, {30}, 12, 1, 16}, KvDtype::BF16, cuda::AttentionKernel::Fma, 1, rng);
+}
+
+// The Hopper kernel, where the device is compute capability 9.0 and the build has its sm_90a code:
+// the latent 512 + rope 64 cases of kMlaCases (GLM-5 and DeepSeek-V3.2 heads, context shorter than
+// top-k, -1 padded selections, GLM-5 at tensor parallel 8 with its 8 heads padded to a block of 64,
+// dense) unsplit and split, plus several tokens of 128 heads over 16-row blocks and forced splits.
+TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
+  SPARSEMLA_REQUIRE_GPU();
+#if !SPARSEMLA_HAVE_SM90A
+  GTEST_SKIP() << "this build has no sm_90a machine code (90 is not in CMAKE_CUDA_ARCHITECTURES)";
+#else
+  const ops::DeviceInfo dev = ops::list_devices().at(0);
+  if (dev.cc_major != 9 || dev.cc_minor != 0)
+    GTEST_SKIP() << dev.name << " is compute capability " << dev.cc_major << "." << dev.cc_minor << ", not 9.0";
+  std::mt19937 rng(7);
+  const auto wgmma = cuda::AttentionKernel::Wgmma;
+  if (small_mode()) {  // under compute-sanitizer: one of each path
+    check_mla({64, 512, 64, {700, 100}, 512, 2, 16}, KvDtype::BF16, wgmma, 1, rng);
+    check_mla({128, 512, 64, {700, 100}, 512, 2, 16}, KvDtype::FP8, wgmma, 3, rng);
+    return;
+  }
+  for (const MlaCase& c : kMlaCases) {
+    if (c.kv_lora != 512 || c.rope != 64) continue;
+    for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+      check_mla(c, d, wgmma, 0, rng);
+      check_mla(c, d, wgmma, 1, rng);
+    }
+  }
+  check_mla({128, 512, 64, {2500, 300, 2048}, 2048, 3, 16}, KvDtype::BF16, wgmma, 0, rng);
+  check_mla({128, 512, 64, {2500, 300, 2048}, 2048, 3, 16}, KvDtype::FP8, wgmma, 5, rng);
+  check_mla({64, 512, 64, {4096, 4000}, 2048, 2, 64}, KvDtype::FP8, wgmma, 7, rng);
+  check_mla({64, 512, 64, {20000}, 0, 1, 64}, KvDtype::BF16, wgmma, 0, rng);  // dense, many splits
+#endif
+}
+
+// One decode token (batch 1): the mma kernel's blocks of 16, 32 and 64 heads, split as finely as
+// the 2048 selected rows allow (one 32-row tile per block) and unevenly; DeepSeek-V3.2's 128 heads;
+// dense attention over more tiles than splits.
+TEST(CudaAttention, SparseMlaBatchOneManySplits) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(14);
+  const int ctx = small_mode() ? 4096 : 20000;
+  for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+    check_mla({64, 512, 64, {ctx}, 2048, 1, 64}, d, cuda::AttentionKernel::Mma, 0, rng);  // the chosen shape
+    for (int hpb : {16, 32, 64})
+      for (int splits : {64, 37, 16})
+        check_mla({64, 512, 64, {ctx}, 2048, 1, 64}, d, cuda::AttentionKernel::Mma, splits, rng, hpb);
+    check_mla({128, 512, 64, {ctx}, 2048, 1, 16}, d, cuda::AttentionKernel::Mma, 0, rng);
+  }
+  check_mla({64, 512, 64, {small_mode() ? 3000 : 9000}, 0, 1, 64}, KvDtype::BF16, cuda::AttentionKernel::Mma, 0, rng, 16);
+  check_mla({8, 512, 64, {2100}, 2048, 1, 16}, KvDtype::BF16, cuda::AttentionKernel::Mma, 0, rng);
 }
 
 TEST(CudaAttention, AbsorptionProductsMatchTheCpu) {

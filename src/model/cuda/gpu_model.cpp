@@ -533,7 +533,8 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
     const ops::AttentionProblem p = problem(f);
     g->plans_[f] = ops::select_backends(p);
     const std::string attn = g->plans_[f].get("attention").chosen;
-    if (attn == "cuda-mma") attn_kernel[f] = cuda::AttentionKernel::Mma;
+    if (attn == "cuda-wgmma-sm90") attn_kernel[f] = cuda::AttentionKernel::Wgmma;
+    else if (attn == "cuda-mma") attn_kernel[f] = cuda::AttentionKernel::Mma;
     else if (attn == "cuda-fma") attn_kernel[f] = cuda::AttentionKernel::Fma;
     else unusable[f] = "no GPU attention kernel";
     if (sparse) {

@@ -46,7 +46,7 @@ void write_index_keys(const float* keys, const int64_t* slots, int64_t T, KvDtyp
 
 // Which kernel runs an operation (chosen by ops/select; every one is correct on every shape it accepts).
 enum class IndexerKernel { Mma, Fma };
-enum class AttentionKernel { Mma, Fma };
+enum class AttentionKernel { Mma, Fma, Wgmma };  // Wgmma: Hopper only (sparse_mla_sm90.cu)
 
 // Lightning-indexer scores of T query tokens: score[t][p] = sum_h w[t][h] * relu(q[t][h] . k[p]) for
 // p < n_ctx[t] over the keys of sequence seq[t]; entries p >= n_ctx[t] are left unwritten.
@@ -70,9 +70,15 @@ void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
 // Indices of the k largest of scores[t][0 .. n[t]) per row, in no particular order; ties at the
 // boundary go to the lower index (the CPU top_k's rule). Rows with n[t] <= k list 0 .. n[t]-1.
 // Unused entries are -1.   out: [T, k]
-// With a workspace, a few long rows are split over many blocks (segment top-k, then a merge).
+// With a workspace, long rows are shared among many blocks (a histogram of the row in global
+// memory, then the row's last block selects among the few scores on the boundary).
 struct TopKWorkspace {
+  // [rows] per-row state (a histogram and counters, zero between calls), then [rows, cap] scores on
+  // the boundary digit and [rows, cap] their indices. One buffer: its address alone says whether a
+  // captured CUDA graph's workspace is still in place.
   DeviceBuffer candidates;
+  int64_t rows = 0, cap = 0;
+  int sm_count = 0;
 };
 void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, int32_t* out, Stream s,
            TopKWorkspace* ws = nullptr);
@@ -105,8 +111,11 @@ struct AttentionWorkspace {
   int sm_count = 0;
   int smem_optin = 0;
 };
-// `splits` 0: chosen from the device's SM count and the work; 1: no split.
-void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits = 0);
+// The mma kernel's launch shape; 0 chooses from the device's SM count and the work.
+//   splits: blocks sharing one token's rows (split-KV, merged by a second kernel); 1: no split.
+//   heads_per_block: 16, 32 or 64.
+void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits = 0,
+                int heads_per_block = 0);
 
 }  // namespace sparsemla::cuda
 

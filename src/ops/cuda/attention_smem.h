@@ -1,6 +1,6 @@
-// The shared-memory geometry of the mma attention kernel (sparse_mla.cu), in plain C++ so that the
-// backend selector (ops/select), built with or without CUDA, checks a device against the same
-// numbers the kernel launches with.
+// The shared-memory geometry of the mma attention kernel (sparse_mla.cu) and of the wgmma one
+// (sparse_mla_sm90.cu), in plain C++ so that the backend selector (ops/select), built with or
+// without CUDA, checks a device against the same numbers the kernels launch with.
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -36,5 +36,9 @@ inline size_t bytes(int hg, int stages, bool fp8, int row_stride, int64_t row_by
 inline size_t min_bytes(int kv_lora, int rope) {
   return bytes(2, 1, false, stride(kv_lora, rope), 2 * int64_t(kv_lora + rope));
 }
+
+// The wgmma kernel's block: q and two 64-row tiles as bf16 (3 x 72 KB), P (8 KB), per-head softmax
+// state, row flags and mbarriers. Its fixed shape (latent 512 + rope 64, 64 heads) fixes the size.
+constexpr size_t kWgmmaBytes = 230304;
 
 }  // namespace sparsemla::cuda::mla_smem

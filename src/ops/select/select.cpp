@@ -58,6 +58,20 @@ std::string attn_mma(const AttentionProblem& p) {
     return fmt::format("needs {} bytes of shared memory per block, the device allows {}", smem, p.smem_optin);
   return "";
 }
+std::string attn_wgmma(const AttentionProblem& p) {
+  if (auto r = need_cuda(p); !r.empty()) return r;
+  if (p.cc_major != 9 || p.cc_minor != 0)
+    return fmt::format("compute capability {}.{} is not 9.0 (wgmma is Hopper's alone)", p.cc_major, p.cc_minor);
+  if (!p.sm90a_code) return "this build has no sm_90a machine code (90 is not in CMAKE_CUDA_ARCHITECTURES)";
+  if (p.f32_cache) return "takes bf16 or fp8 latent rows, the cache is f32";
+  if (p.kv_lora != 512 || p.rope != 64) return fmt::format("latent {} + rope {} is not 512 + 64", p.kv_lora, p.rope);
+  if (p.heads % 64)
+    return fmt::format("{} heads is not a multiple of 64 (a block computes 64 heads; fewer go to cuda-mma)", p.heads);
+  if (p.smem_optin && cuda::mla_smem::kWgmmaBytes > p.smem_optin)
+    return fmt::format("needs {} bytes of shared memory per block, the device allows {}", cuda::mla_smem::kWgmmaBytes,
+                       p.smem_optin);
+  return "";
+}
 std::string attn_fma(const AttentionProblem& p) {
   if (auto r = need_cuda(p); !r.empty()) return r;
   if (p.kv_lora > 1024) return fmt::format("kv_lora {} > 1024", p.kv_lora);
@@ -68,8 +82,11 @@ const Impl kImpls[] = {
     {"indexer", "cuda-mma", 3, idx_mma, "tensor cores (mma.sync bf16, fp8 keys widened to fp16), 64 keys per block"},
     {"indexer", "cuda-fma", 2, idx_fma, "one warp per key, any head count and dim"},
     {"indexer", "cpu", 1, any, "CPU reference (fp32 keys)"},
-    {"top-k", "cuda-radix", 3, need_cuda, "radix select, one block per row, lowest index on ties"},
+    {"top-k", "cuda-radix", 3, need_cuda, "radix select, lowest index on ties; long rows histogrammed by many blocks"},
     {"top-k", "cpu", 1, any, "CPU partial sort"},
+    {"attention", "cuda-wgmma-sm90", 4, attn_wgmma,
+     "Hopper wgmma (bf16, operands in shared memory), 64 heads and 64 rows per step, fp8 rows widened by a "
+     "producer warpgroup, split-KV"},
     {"attention", "cuda-mma", 3, attn_mma, "tensor cores (mma.sync bf16), 32 heads per block, split-KV"},
     {"attention", "cuda-fma", 2, attn_fma, "one block per token and head, any shape"},
     {"attention", "cpu", 1, any, "CPU reference (fp32 latent rows)"},
@@ -94,6 +111,9 @@ AttentionProblem attention_problem(const model::HParams& hp, const DeviceInfo* d
   p.idx_dim = hp.has_indexer() ? int(hp.idx_dim) : 0;
   p.sparse = sparse && hp.has_indexer();
   p.fp8_cache = fp8_cache;
+#if SPARSEMLA_HAVE_SM90A
+  p.sm90a_code = true;
+#endif
   return p;
 }
 
@@ -146,7 +166,7 @@ std::string format_plan(const AttentionProblem& p, const BackendPlan& plan) {
   for (const Selection& s : plan.ops) {
     out += fmt::format("  {}:\n", s.op);
     for (const Candidate& c : s.candidates)
-      out += fmt::format("    {} {:<11} {}\n", c.name == s.chosen ? "*" : (c.supported ? "+" : "-"), c.name,
+      out += fmt::format("    {} {:<15} {}\n", c.name == s.chosen ? "*" : (c.supported ? "+" : "-"), c.name,
                          c.name == s.chosen ? "chosen: " + c.reason
                                             : (c.supported ? "supported, lower rank: " + c.reason : "refused: " + c.reason));
   }

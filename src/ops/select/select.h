@@ -28,6 +28,7 @@ struct AttentionProblem {
   bool sparse = true;
   bool fp8_cache = false;          // fp8 latent rows and index keys, else bf16 (fp32 on the CPU)
   bool f32_cache = false;          // fp32 rows on the GPU (the reference format: FMA kernels only)
+  bool sm90a_code = false;         // this build carries sm_90a machine code (the Hopper wgmma kernel)
 };
 
 AttentionProblem attention_problem(const model::HParams& hp, const DeviceInfo* dev, bool sparse, bool fp8_cache,

@@ -1,0 +1,604 @@
+// Sparse MLA decode on Hopper (sm_90a): the matrix products on wgmma, both operands read from shared
+// memory by the tensor cores, for latent 512 + rope 64 (GLM-5, DeepSeek-V3.2).
+//
+// One block per (token, 64 heads, split), three warpgroups:
+//   producer (warpgroup 2): gathers each tile of 64 latent rows into shared memory as bf16 (cp.async
+//     for bf16 rows; fp8 rows through registers, widened with their group scales), two tiles in
+//     flight, handed over through mbarriers (full: the tile is there; empty: both consumers are done).
+//   consumer 0 (warpgroup 0): S = Q K^T for the 64 heads x 64 rows (36 wgmma m64n64k16, Q resident
+//     in shared memory), the online softmax in registers, P (bf16) to shared memory for consumer 1,
+//     then O[:, 0:256] += P V with P from registers (m64n256k16).
+//   consumer 1 (warpgroup 1): O[:, 256:512] += P V with P from shared memory.
+// V is the first 512 columns of the same rows: one tile serves both products.
+//
+// Shared-memory operands are unswizzled ("interleaved") core matrices of 8 rows x 16 bytes: a
+// [rows][dims] bf16 matrix is stored as [dims / 8][rows][8]. A thread's 8 converted dims are one
+// 16-byte store and 8 consecutive rows one 128-byte line; the K tile is the K-major B operand of
+// Q K^T (rows = n) and, unchanged, the MN-major B operand of P V (rows = k).
+// Descriptor strides: LBO between core matrices along K, SBO along M or N.
+//
+// Built only for sm_90a (src/CMakeLists.txt); other architectures compile a stub that traps, and
+// the host side refuses to launch where this build has no sm_90a code or the device is not 9.0.
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "ops/cuda/attention.h"
+#include "ops/cuda/attention_smem.h"
+#include "ops/cuda/check.cuh"
+#include "ops/cuda/mma.cuh"
+
+namespace sparsemla::cuda {
+namespace {
+
+constexpr int kHeads = 64;    // heads per block: the M of every wgmma
+constexpr int kTile = 64;     // latent rows per tile: the N of S = Q K^T, the K of O += P V
+constexpr int kLora = 512;    // latent (and value) dims
+constexpr int kRope = 64;
+constexpr int kDim = kLora + kRope;
+constexpr int kChunks = kDim / 8;  // 16-byte chunks of a bf16 row
+constexpr int kThreads = 384;
+
+// Shared memory, in bytes.
+constexpr int kMatBytes = kChunks * 64 * 16;             // one [64][576] bf16 matrix: 72 KB
+constexpr int kOffQ = 0;                                  // q, [72][64 heads][8]
+constexpr int kOffK = kOffQ + kMatBytes;                  // two tiles, [2][72][64 rows][8]
+constexpr int kOffP = kOffK + 2 * kMatBytes;              // P, [8][64 heads][8 rows] bf16
+constexpr int kOffAlpha = kOffP + (kTile / 8) * 64 * 16;  // [64] per-head rescale of this tile
+constexpr int kOffL = kOffAlpha + 64 * 4;                 // [64] softmax denominators (epilogue)
+constexpr int kOffM = kOffL + 64 * 4;                     // [64] running maxima (epilogue)
+constexpr int kOffValid = kOffM + 64 * 4;                 // [2][64] uint8: the tile's row is used
+constexpr int kOffBar = kOffValid + 2 * kTile;            // mbarriers full[2], empty[2]
+constexpr int kSmemBytes = kOffBar + 4 * 8;               // 230,304 of the 232,448 a block may have
+static_assert(kSmemBytes == mla_smem::kWgmmaBytes, "the selector checks devices against mla_smem::kWgmmaBytes");
+
+// Registers per thread of the three roles: they add up to 3 x 168, what the block starts with
+// (__launch_bounds__(384, 1) on 64K registers); setmaxnreg moves registers between warpgroups.
+constexpr int kRegsQk = 224, kRegsPv = 160, kRegsProducer = 120;
+static_assert(kRegsQk + kRegsPv + kRegsProducer == 3 * 168, "the block's registers are 384 x 168");
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Named barriers between the two consumer warpgroups (0 is __syncthreads).
+constexpr int kBarQ = 1;       // q is in shared memory
+constexpr int kBarPReady = 2;  // P and alpha of the tile are in shared memory
+constexpr int kBarPFree = 3;   // consumer 1 is done reading them (both warpgroups wait)
+constexpr int kBarEpi = 4;     // denominators and maxima are in shared memory
+
+__device__ constexpr int ceil_tiles(int rows) { return (rows + kTile - 1) / kTile; }
+
+__device__ __forceinline__ uint32_t smem_u32addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// Descriptor of an unswizzled operand at shared address `addr`.
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3ffff) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps registers that an in-flight wgmma reads or writes from being touched before its wait.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+
+#define SPARSEMLA_F8(d, i)                                                                          \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define SPARSEMLA_F32(d, i) SPARSEMLA_F8(d, i), SPARSEMLA_F8(d, i + 8), SPARSEMLA_F8(d, i + 16), SPARSEMLA_F8(d, i + 24)
+
+// d[64 x 64] (+)= A[64 x 16] B[16 x 64], both K-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : SPARSEMLA_F32(d, 0)
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+#define SPARSEMLA_D128                                                                       \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                   \
+  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                         \
+  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                         \
+  "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"                         \
+  "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"                         \
+  "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"                         \
+  "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"             \
+  "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+
+// d[64 x 256] += A[64 x 16] B[16 x 256]: A from registers (the m16n8k16 A fragment of this warp's
+// 16 rows), B MN-major in shared memory.
+__device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" SPARSEMLA_D128
+      "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
+      : SPARSEMLA_F32(d, 0), SPARSEMLA_F32(d, 32), SPARSEMLA_F32(d, 64), SPARSEMLA_F32(d, 96)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(1));
+}
+
+// d[64 x 256] += A[64 x 16] B[16 x 256]: A K-major, B MN-major, both in shared memory.
+__device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" SPARSEMLA_D128
+      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : SPARSEMLA_F32(d, 0), SPARSEMLA_F32(d, 32), SPARSEMLA_F32(d, 64), SPARSEMLA_F32(d, 96)
+      : "l"(da), "l"(db), "n"(1));
+}
+
+#undef SPARSEMLA_D128
+#undef SPARSEMLA_F32
+#undef SPARSEMLA_F8
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32addr(bar)) : "memory");
+}
+// Waits for the completion of the barrier's phase of this parity.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(smem_u32addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// Orders this thread's ordinary shared-memory writes before later reads by the tensor cores.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// q of the block's 64 heads as bf16, by the 256 consumer threads (18 pieces of 8 values each, in two
+// rounds of loads in flight); missing heads are zero.
+__device__ __forceinline__ void load_q(const AttentionArgs& a, int t, int h0, unsigned char* sQ, int ctid) {
+  const float* q = a.q + int64_t(t) * a.heads * kDim;
+  constexpr int kPieces = kHeads * kChunks / 256, kRound = kPieces / 2;
+#pragma unroll
+  for (int r = 0; r < kPieces; r += kRound) {
+    float4 x[kRound][2];
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int i = ctid + (r + u) * 256, h = i % kHeads, c = i / kHeads;
+      x[u][0] = x[u][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (h0 + h < a.heads) {
+        const float4* src = reinterpret_cast<const float4*>(q + int64_t(h0 + h) * kDim + c * 8);
+        x[u][0] = src[0];
+        x[u][1] = src[1];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int i = ctid + (r + u) * 256, h = i % kHeads, c = i / kHeads;
+      *reinterpret_cast<uint4*>(sQ + c * 1024 + h * 16) =
+          make_uint4(pack_bf16(x[u][0].x, x[u][0].y), pack_bf16(x[u][0].z, x[u][0].w), pack_bf16(x[u][1].x, x[u][1].y),
+                     pack_bf16(x[u][1].z, x[u][1].w));
+    }
+  }
+}
+
+// What a block does: token t, heads h0 .. h0 + 63, rows [r_begin, r_end) of the token's rows.
+struct Work {
+  int t, h0, split, splits;
+  int r_begin, r_end, n_tiles;
+};
+
+// One fp8 row's share of a producer thread: e4m3 pieces part + 4 i (dims 16 p .. 16 p + 15, scale
+// group i / 2) and the row's four group scales. (Its rope pieces are copied as they are stored.)
+struct Fp8Piece {
+  uint4 v[8];
+  float4 scale;
+};
+
+__device__ __forceinline__ void load_fp8_piece(Fp8Piece& x, const uint8_t* base, int slot, int64_t row_bytes,
+                                               int part) {
+  const uint8_t* src = base + int64_t(slot) * row_bytes;
+  const bool used = slot >= 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    x.v[i] = used ? *reinterpret_cast<const uint4*>(src + (part + 4 * i) * 16) : make_uint4(0, 0, 0, 0);
+  x.scale = used ? *reinterpret_cast<const float4*>(src + kLora) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+// Widens a piece to bf16 into its row of a tile (dst = the row's first 16 bytes) and copies the
+// row's rope pieces part and part + 4.
+__device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t* base, int slot, int64_t row_bytes,
+                                                unsigned char* dst, int part) {
+  uint4 rope[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+    rope[i] = slot >= 0 ? *reinterpret_cast<const uint4*>(base + int64_t(slot) * row_bytes + kLora + 16 + (part + 4 * i) * 16)
+                        : make_uint4(0, 0, 0, 0);
+  const float scales[4] = {x.scale.x, x.scale.y, x.scale.z, x.scale.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int p = part + 4 * i;
+    *reinterpret_cast<uint4*>(dst + (2 * p) * 1024) = widen_fp8x8(make_uint2(x.v[i].x, x.v[i].y), scales[i / 2]);
+    *reinterpret_cast<uint4*>(dst + (2 * p + 1) * 1024) = widen_fp8x8(make_uint2(x.v[i].z, x.v[i].w), scales[i / 2]);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) *reinterpret_cast<uint4*>(dst + (kLora / 8 + part + 4 * i) * 1024) = rope[i];
+}
+
+// Warpgroup 2. Thread (warp w, lane) takes rows w * 8 + lane % 8 and that + 32 (rounds 0 and 1) of
+// every tile, and of each row the 16-byte pieces lane / 8 + 4 i: four lanes read 64 contiguous
+// bytes of a row, eight lanes write one 128-byte line of shared memory.
+// No load's result is waited for soon after it is issued: a row's slot is found in three steps one
+// tile apart (position for tile j + 3, block-table entry for tile j + 2, slot for tile j + 1, whose
+// rows are then prefetched into L2), and fp8 rows are loaded into registers before the buffer they
+// go to is free. Slots are int32 here (a layer's cache has fewer than 2^31 rows).
+template <bool FP8>
+__device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, unsigned char* smem, int ptid) {
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
+  uint64_t* empty = full + 2;
+  const int part = (ptid % 32) / 8, row_a = (ptid / 32) * 8 + ptid % 8;
+  const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
+  const int64_t row_bytes = a.latent.row_bytes;
+  const int32_t* table = a.latent.block_tables + int64_t(a.seq[w.t]) * a.latent.max_blocks;
+  const int bs = a.latent.block_size;
+  // Row (tile j, round) is entry first + j * 64 + 32 * round of the token's rows, if below `rows`.
+  const int first = w.r_begin + row_a, rows = w.r_end - first;
+  const int32_t* sel = a.selected ? a.selected + int64_t(w.t) * a.top_k + first : nullptr;
+  auto position = [&](int j, int round) {  // -1: no row (an unused entry, or past the split)
+    const int k = j * kTile + 32 * round;
+    if (k >= rows) return -1;
+    return sel ? sel[k] : first + k;
+  };
+  auto block_of = [&](int pos) { return pos >= 0 ? table[pos / bs] : 0; };
+  auto slot_at = [&](int pos, int blk) { return pos >= 0 ? blk * bs + pos % bs : -1; };
+  int pos1[2], blk1[2], pos2[2], slot0[2], slot1[2];
+#pragma unroll
+  for (int round = 0; round < 2; ++round) {
+    const int p0 = position(0, round);
+    slot0[round] = slot_at(p0, block_of(p0));
+    pos1[round] = position(1, round);
+    blk1[round] = block_of(pos1[round]);
+    pos2[round] = position(2, round);
+  }
+  for (int j = 0; j < w.n_tiles; ++j) {
+    const int b = j & 1;
+    int pos3[2], blk2[2];
+#pragma unroll
+    for (int round = 0; round < 2; ++round) {
+      pos3[round] = position(j + 3, round);
+      blk2[round] = block_of(pos2[round]);
+      slot1[round] = slot_at(pos1[round], blk1[round]);
+      if (part == 0 && slot1[round] >= 0)  // tile j + 1's rows into L2, one bulk prefetch per row
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + int64_t(slot1[round]) * row_bytes),
+                     "r"(uint32_t(row_bytes))
+                     : "memory");
+    }
+    unsigned char* tile = smem + kOffK + b * kMatBytes;
+    if constexpr (FP8) {  // both rows into registers before the buffer is free
+      Fp8Piece x0, x1;
+      load_fp8_piece(x0, base, slot0[0], row_bytes, part);
+      load_fp8_piece(x1, base, slot0[1], row_bytes, part);
+      mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
+      store_fp8_piece(x0, base, slot0[0], row_bytes, tile + row_a * 16, part);
+      store_fp8_piece(x1, base, slot0[1], row_bytes, tile + (row_a + 32) * 16, part);
+    } else {
+      mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
+#pragma unroll
+      for (int round = 0; round < 2; ++round) {
+        unsigned char* dst = tile + (row_a + 32 * round) * 16;
+        const uint8_t* src = base + int64_t(slot0[round]) * row_bytes;
+#pragma unroll
+        for (int i = 0; i < kChunks / 4; ++i) {
+          const int c = part + 4 * i;
+          if (slot0[round] >= 0) cp_async16(dst + c * 1024, src + c * 16);
+          else *reinterpret_cast<uint4*>(dst + c * 1024) = make_uint4(0, 0, 0, 0);
+        }
+      }
+      cp_async_wait_all();
+    }
+    if (part == 0) {
+      smem[kOffValid + b * kTile + row_a] = slot0[0] >= 0;
+      smem[kOffValid + b * kTile + row_a + 32] = slot0[1] >= 0;
+    }
+    fence_async_smem();
+    mbar_arrive(&full[b]);
+#pragma unroll
+    for (int round = 0; round < 2; ++round) {
+      slot0[round] = slot1[round];
+      pos1[round] = pos2[round];
+      blk1[round] = blk2[round];
+      pos2[round] = pos3[round];
+    }
+  }
+}
+
+// Consumer fragments (m64nN accumulators): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8
+// (g = lane / 4); register 4 j + e is column 8 j + 2 (lane % 4) + (e & 1) of row 16 w + g (+ 8 if e >= 2).
+struct Lane {
+  int row0, q4;  // rows row0 and row0 + 8 of the block; columns 2 q4, 2 q4 + 1 of every 8
+  __device__ explicit Lane(int tid) : row0((tid % 128) / 32 * 16 + (tid % 32) / 4), q4(tid % 4) {}
+};
+
+// O *= the rows' rescale factors; skipped by a warp whose rows' maxima did not move (most tiles).
+__device__ __forceinline__ void rescale(float (&o)[128], float alpha0, float alpha1) {
+  if (!__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) return;
+#pragma unroll
+  for (int jn = 0; jn < 32; ++jn) {
+    o[4 * jn] *= alpha0;
+    o[4 * jn + 1] *= alpha0;
+    o[4 * jn + 2] *= alpha1;
+    o[4 * jn + 3] *= alpha1;
+  }
+}
+
+// Output of one consumer warpgroup (columns wg * 256 .. + 255): normalized when unsplit, else the
+// split's unnormalized sum with its maximum and denominator (from shared memory, kBarEpi).
+__device__ __forceinline__ void store_output(const AttentionArgs& a, const Work& w, const Lane& ln, int wg,
+                                             const float (&o)[128], const unsigned char* smem, float* part) {
+  const float* sL = reinterpret_cast<const float*>(smem + kOffL);
+  const float* sM = reinterpret_cast<const float*>(smem + kOffM);
+  const int col0 = wg * 256 + 2 * ln.q4;
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int row = ln.row0 + 8 * rr, h = w.h0 + row;
+    if (h >= a.heads) continue;
+    const float lr = sL[row];
+    if (w.splits == 1) {
+      const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+      float* dst = a.out + (int64_t(w.t) * a.heads + h) * kLora + col0;
+#pragma unroll
+      for (int jn = 0; jn < 32; ++jn)
+        *reinterpret_cast<float2*>(dst + 8 * jn) = make_float2(o[4 * jn + 2 * rr] * inv, o[4 * jn + 2 * rr + 1] * inv);
+    } else {
+      float* dst = part + ((int64_t(w.t) * w.splits + w.split) * a.heads + h) * (kLora + 2);
+#pragma unroll
+      for (int jn = 0; jn < 32; ++jn)
+        *reinterpret_cast<float2*>(dst + col0 + 8 * jn) = make_float2(o[4 * jn + 2 * rr], o[4 * jn + 2 * rr + 1]);
+      if (wg == 0 && ln.q4 == 0) {
+        dst[kLora] = sM[row];
+        dst[kLora + 1] = lr;
+      }
+    }
+  }
+}
+
+// Warpgroup 0: S = Q K^T, the online softmax, P to consumer 1, O[:, 0:256] += P V.
+__device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w, unsigned char* smem, float* part) {
+  const Lane ln(threadIdx.x);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
+  uint64_t* empty = full + 2;
+  float* sAlpha = reinterpret_cast<float*>(smem + kOffAlpha);
+  const uint32_t sbase = smem_u32addr(smem);
+  load_q(a, w.t, w.h0, smem + kOffQ, threadIdx.x);
+  fence_async_smem();
+  named_sync(kBarQ, 256);
+
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const float sl2 = a.scale * kLog2e;
+  for (int j = 0; j < w.n_tiles; ++j) {
+    const int b = j & 1;
+    const uint32_t tile = sbase + kOffK + b * kMatBytes;
+    mbar_wait(&full[b], (j >> 1) & 1);
+
+    // S = Q K^T over 36 k-steps of 16 dims (2048 bytes apart in both operands).
+    float s[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+    const uint64_t dq = wgmma_desc(sbase + kOffQ, 1024, 128), dk = wgmma_desc(tile, 1024, 128);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kDim / 16; ++ks) wgmma_m64n64k16_ss(s, dq + ks * (2048 >> 4), dk + ks * (2048 >> 4), ks);
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(s);
+
+    // Online softmax on rows row0 (e = 0, 1) and row0 + 8 (e = 2, 3); unused rows are -inf.
+    const uint8_t* valid = smem + kOffValid + b * kTile;
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[4 * jn + e] = valid[8 * jn + 2 * ln.q4 + (e & 1)] ? s[4 * jn + e] * sl2 : -INFINITY;
+    float alpha[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int jn = 0; jn < 8; ++jn) mx = fmaxf(mx, fmaxf(s[4 * jn + 2 * rr], s[4 * jn + 2 * rr + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[rr], mx);
+      const bool none = m_new == -INFINITY;
+      alpha[rr] = none ? 1.0f : exp2f(m[rr] - m_new);
+      float sum = 0.0f;
+#pragma unroll
+      for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+        for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
+          const float p = none ? 0.0f : exp2f(s[4 * jn + e] - m_new);
+          s[4 * jn + e] = p;
+          sum += p;
+        }
+      l[rr] = l[rr] * alpha[rr] + sum;
+      m[rr] = m_new;
+    }
+    rescale(o, alpha[0], alpha[1]);
+    // P as bf16: p[2 jn + rr] holds row row0 + 8 rr, columns 8 jn + 2 q4 and + 1.
+    uint32_t p[16];
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn) {
+      p[2 * jn] = pack_bf16(s[4 * jn], s[4 * jn + 1]);
+      p[2 * jn + 1] = pack_bf16(s[4 * jn + 2], s[4 * jn + 3]);
+    }
+
+    // Hand P and alpha to consumer 1 once it is done with the previous tile's.
+    if (j > 0) named_sync(kBarPFree, 256);
+#pragma unroll
+    for (int jn = 0; jn < 8; ++jn)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr)
+        *reinterpret_cast<uint32_t*>(smem + kOffP + jn * 1024 + (ln.row0 + 8 * rr) * 16 + ln.q4 * 4) = p[2 * jn + rr];
+    if (ln.q4 == 0) {
+      sAlpha[ln.row0] = alpha[0];
+      sAlpha[ln.row0 + 8] = alpha[1];
+    }
+    fence_async_smem();
+    named_arrive(kBarPReady, 256);
+
+    // O[:, 0:256] += P V: k-step kk takes rows 16 kk .. 16 kk + 15 (256 bytes into the tile).
+    const uint64_t dv = wgmma_desc(tile, 128, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) {
+      const uint32_t frag[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+      wgmma_m64n256k16_rs(o, frag, dv + kk * (256 >> 4));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(o);
+    reg_fence(p);
+    mbar_arrive(&empty[b]);
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+  }
+  if (ln.q4 == 0) {
+    float* sL = reinterpret_cast<float*>(smem + kOffL);
+    float* sM = reinterpret_cast<float*>(smem + kOffM);
+    sL[ln.row0] = l[0];
+    sL[ln.row0 + 8] = l[1];
+    sM[ln.row0] = m[0];
+    sM[ln.row0 + 8] = m[1];
+  }
+  named_sync(kBarEpi, 256);
+  store_output(a, w, ln, 0, o, smem, part);
+}
+
+// Warpgroup 1: O[:, 256:512] += P V with P and the rescale from consumer 0.
+__device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w, unsigned char* smem, float* part) {
+  const Lane ln(threadIdx.x);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
+  uint64_t* empty = full + 2;
+  const float* sAlpha = reinterpret_cast<const float*>(smem + kOffAlpha);
+  const uint32_t sbase = smem_u32addr(smem);
+  load_q(a, w.t, w.h0, smem + kOffQ, threadIdx.x);
+  fence_async_smem();
+  named_sync(kBarQ, 256);
+
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+  for (int j = 0; j < w.n_tiles; ++j) {
+    const int b = j & 1;
+    const uint32_t tile = sbase + kOffK + b * kMatBytes;
+    mbar_wait(&full[b], (j >> 1) & 1);
+    named_sync(kBarPReady, 256);
+    rescale(o, sAlpha[ln.row0], sAlpha[ln.row0 + 8]);
+    // P k-steps are 2048 bytes apart; V's dims 256.. start 32 chunks of 8 dims into the tile.
+    const uint64_t dp = wgmma_desc(sbase + kOffP, 1024, 128), dv = wgmma_desc(tile + 32 * 1024, 128, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kTile / 16; ++kk) wgmma_m64n256k16_ss(o, dp + kk * (2048 >> 4), dv + kk * (256 >> 4));
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(o);
+    mbar_arrive(&empty[b]);
+    if (j + 1 < w.n_tiles) named_sync(kBarPFree, 256);  // nothing to do before the next P anyway
+  }
+  named_sync(kBarEpi, 256);
+  store_output(a, w, ln, 1, o, smem, part);
+}
+
+template <bool FP8>
+__device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  Work w;
+  w.t = blockIdx.y;
+  w.h0 = blockIdx.x * kHeads;
+  w.split = blockIdx.z;
+  w.splits = gridDim.z;
+  const int n_rows = a.selected ? a.top_k : a.n_ctx[w.t];
+  w.r_begin = w.split * rows_per_split;
+  w.r_end = min(n_rows, w.r_begin + rows_per_split);
+  w.n_tiles = w.r_end > w.r_begin ? ceil_tiles(w.r_end - w.r_begin) : 0;
+  if (threadIdx.x == 0) {
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kOffBar);
+    mbar_init(&bars[0], 128);  // full: the producer's threads
+    mbar_init(&bars[1], 128);
+    mbar_init(&bars[2], 256);  // empty: both consumers' threads
+    mbar_init(&bars[3], 256);
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegsQk));
+    consume_qk(a, w, smem, part);
+  } else if (wg == 1) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsPv));
+    consume_pv(a, w, smem, part);
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsProducer));
+    produce<FP8>(a, w, smem, threadIdx.x - 256);
+  }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <bool FP8>
+__global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const __grid_constant__ AttentionArgs a,
+                                                                int rows_per_split, float* part) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  mla_wgmma_body<FP8>(a, rows_per_split, part);
+#else
+  __trap();  // no sm_90a code in this pass: the host side never launches it here
+#endif
+}
+
+}  // namespace
+
+void sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, Stream s) {
+#if !defined(SPARSEMLA_HAVE_SM90A)
+  fail("sparse_mla: this build has no sm_90a machine code for the wgmma kernel (90 is not in CMAKE_CUDA_ARCHITECTURES)");
+#endif
+  int dev = 0, major = 0, minor = 0;
+  SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
+  SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  if (major != 9 || minor != 0)
+    fail("sparse_mla: the wgmma kernel runs on compute capability 9.0 only, the device is {}.{}", major, minor);
+  if (a.kv_lora != kLora || a.rope != kRope)
+    fail("sparse_mla: the wgmma kernel takes latent {} + rope {}, got {} + {}", kLora, kRope, a.kv_lora, a.rope);
+  if (a.dtype != KvDtype::BF16 && a.dtype != KvDtype::FP8)
+    fail("sparse_mla: the wgmma kernel takes bf16 or fp8 latent rows, not {}", kv_dtype_name(a.dtype));
+  if (a.latent.row_bytes != latent_row_bytes(a.dtype, kLora, kRope))
+    fail("sparse_mla: latent rows of {} bytes, the wgmma kernel expects {}", a.latent.row_bytes,
+         latent_row_bytes(a.dtype, kLora, kRope));
+  auto kernel = a.dtype == KvDtype::FP8 ? mla_wgmma_kernel<true> : mla_wgmma_kernel<false>;
+  SPARSEMLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  const dim3 grid(unsigned(ceil_div(a.heads, kHeads)), unsigned(a.T), unsigned(splits));
+  kernel<<<grid, kThreads, kSmemBytes, static_cast<cudaStream_t>(s)>>>(a, rows_per_split, part);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace sparsemla::cuda
