@@ -3,15 +3,7 @@
 # them (shrunk sizes), and `bench attention`. Binaries come prebuilt in $BIN (with their libraries
 # in $LIBS); logs go to $OUT.
 set -uo pipefail
-BIN=${BIN:-.devbin/attn}
-export LD_LIBRARY_PATH=${LIBS:-$PWD/.devbin/lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-OUT=${OUT:-/tmp/out}
-# NCCL: the CUDA toolkit's, else the copy PyTorch's wheels bring.
-if ! ls /usr/local/cuda/lib64/libnccl.so.2 >/dev/null 2>&1; then
-  nccl=$(find /usr /opt -name libnccl.so.2 2>/dev/null | head -1)
-  [ -n "$nccl" ] && export LD_LIBRARY_PATH=$(dirname "$nccl"):$LD_LIBRARY_PATH
-fi
-export SPARSEMLA_FIXTURES_DIR=${SPARSEMLA_FIXTURES_DIR:-$PWD/tests/fixtures}
+. "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv
 timeout ${TEST_TIMEOUT:-150} "$BIN/sparsemla_tests" --gtest_filter="${FILTER:-CudaAttention*}" 2>&1 | tee "$OUT/tests.log" | grep -vE '^\[ +(RUN|OK) ' | tail -60
 SAN=/usr/local/cuda/bin/compute-sanitizer

@@ -3,9 +3,7 @@
 # sparse holes, random norms and router) with 2 and 3 main layers (the first dense), benchmarked on
 # the GPU; the difference between the two is one MoE layer's time. Binaries in $BIN.
 set -uo pipefail
-BIN=${BIN:-.devbin/attn}
-export LD_LIBRARY_PATH=${LIBS:-$PWD/.devbin/lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-OUT=${OUT:-/tmp/out}
+. "$(dirname "$0")/env.sh"
 for L in 2 3; do
   /usr/bin/time -f "make-model $L layers: %e s" "$BIN/sparsemla" make-model --preset glm5-width --layers $L \
     --type q4_k_m --zeros -o /tmp/glm5w_$L.gguf

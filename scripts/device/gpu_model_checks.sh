@@ -4,16 +4,7 @@
 # sharding tests, then decode benchmarks with CUDA graphs on and off (the bundled model and
 # GLM-5-width models). Binaries in $BIN (libraries in $LIBS); logs to $OUT.
 set -uo pipefail
-BIN=${BIN:-.devbin/attn}
-export LD_LIBRARY_PATH=${LIBS:-$PWD/.devbin/lib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-OUT=${OUT:-/tmp/out}
-if ! ls /usr/local/cuda/lib64/libnccl.so.2 >/dev/null 2>&1; then
-  nccl=$(find /usr /opt -name libnccl.so.2 2>/dev/null | head -1)
-  [ -n "$nccl" ] && export LD_LIBRARY_PATH=$(dirname "$nccl"):$LD_LIBRARY_PATH
-fi
-export SPARSEMLA_FIXTURES_DIR=${SPARSEMLA_FIXTURES_DIR:-$PWD/tests/fixtures}
-export NCCL_NVLS_ENABLE=0
-export SPARSEMLA_BINARY_PATH=${SPARSEMLA_BINARY_PATH:-$BIN/sparsemla}
+. "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 if [ -n "${FILTER:-GpuModel*:GpuTensorParallel*}" ]; then
   timeout ${TEST_TIMEOUT:-300} "$BIN/sparsemla_tests" --gtest_filter="${FILTER:-GpuModel*:GpuTensorParallel*}" 2>&1 \
