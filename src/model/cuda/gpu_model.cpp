@@ -93,6 +93,7 @@ class Arena {
       }
     }
     q.data = at(off);
+    show_progress();
     return q;
   }
 
@@ -101,6 +102,7 @@ class Arena {
     const uint64_t off = place(bytes);
     vectors += bytes;
     if (buf_ && bytes) buf_->upload(v.data(), bytes, off);
+    show_progress();
     return static_cast<const float*>(at(off));
   }
 
@@ -121,9 +123,11 @@ class Arena {
         buf_->upload(b.data(), n * 2, off);
       }
     }
+    show_progress();
     return at(off);
   }
   bool f32_absorption = false;
+  std::string progress_label;  // uploads print their progress under this label ("" : silent)
 
   uint64_t quantized = 0, absorption = 0, vectors = 0;
 
@@ -133,10 +137,25 @@ class Arena {
     end_ = align_up(end_ + bytes);
     return off;
   }
+  // After each upload, while uploading more than a GiB: "uploading weights to GPU 0: 3.2 / 7.4 GiB"
+  // on stderr, every 5%.
+  void show_progress() {
+    if (!buf_ || progress_label.empty()) return;
+    const uint64_t total = buf_->bytes();
+    if (total < (uint64_t(1) << 30)) return;
+    const int pct = int(end_ * 100 / total);
+    if (pct / 5 == shown_ / 5 && end_ < total) return;
+    shown_ = pct;
+    const double gib = double(uint64_t(1) << 30);
+    std::fprintf(stderr, "\r%s: %.1f / %.1f GiB", progress_label.c_str(), double(std::min(end_, total)) / gib,
+                 double(total) / gib);
+    if (end_ >= total) std::fprintf(stderr, "\n");
+  }
   void* at(uint64_t off) const { return buf_ ? buf_->as<char>() + off : nullptr; }
 
   cuda::DeviceBuffer* buf_ = nullptr;
   uint64_t end_ = 0;
+  int shown_ = -5;
   std::map<std::tuple<const void*, int64_t, int64_t>, uint64_t> placed_;  // (data, rows, cols) -> offset
 };
 
@@ -599,6 +618,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   Arena up;
   up.f32_absorption = opts.precise;
   up.begin_upload(st->weights);
+  up.progress_label = fmt::format("uploading weights to {}", g->mem_.device);
   bind(up, weights, ahp, sparse, *st);
   st->rope = std::make_unique<cuda::DeviceRope>(cpu.rope());
   for (int f = 0; f < kFormats; ++f) {
@@ -700,23 +720,22 @@ void GpuModel::forward(const std::vector<SeqInput>& batch, GpuCache& cache, std:
                        Decisions* record) {
   const int64_t R = enqueue(batch, cache, record);
   if (R == 0) return;
-  State& st = *st_;
-  Workspace& w = st.ws;
-  const cuda::Stream s = st.s();
   const int64_t V = hp_.n_vocab;
   const size_t base = logits.size();
   logits.resize(base + size_t(R * V));
-  if (!sharded()) {
-    gpu::download(logits.data() + base, w.logits, size_t(R * V) * sizeof(float), s);
-    return;
+  gpu::download(logits.data() + base, logit_rows(R), size_t(R * V) * sizeof(float), st_->s());
+}
+
+// The enqueued forward's logits as rows of [n_vocab]: ws.logits, where a sharded model first puts
+// every rank's gathered slice ([N, R, Vr] in ws.gathered) in its columns.   [R, V]
+const float* GpuModel::logit_rows(int64_t R) {
+  Workspace& w = st_->ws;
+  if (sharded()) {
+    const int64_t V = hp_.n_vocab, Vr = shard_.vocab_count;
+    for (int64_t k = 0; k < shard_.n_ranks; ++k)
+      gpu::copy_columns(w.gathered + k * R * Vr, Vr, w.logits + k * Vr, V, Vr, R, st_->s());
   }
-  // Every rank's vocabulary slice, [N, R, Vr], into rows of [N * Vr] in rank order.
-  const int64_t N = shard_.n_ranks, Vr = shard_.vocab_count;
-  std::vector<float> all(size_t(N * R * Vr));
-  gpu::download(all.data(), w.gathered, all.size() * sizeof(float), s);
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t k = 0; k < N; ++k)
-      std::copy_n(all.data() + (k * R + r) * Vr, Vr, logits.data() + base + size_t(r * V + k * Vr));
+  return w.logits;
 }
 
 void GpuModel::sample(const std::vector<SeqInput>& batch, GpuCache& cache, const std::vector<cuda::RowSampling>& params,
@@ -729,14 +748,9 @@ void GpuModel::sample(const std::vector<SeqInput>& batch, GpuCache& cache, const
   const int64_t R = enqueue(batch, cache, nullptr);
   if (R == 0) return;
   State& st = *st_;
-  Workspace& w = st.ws;
   const cuda::Stream s = st.s();
   const int64_t V = hp.n_vocab;
-  if (sharded()) {  // [N, R, Vr] -> [R, V] in place of this rank's own slice
-    const int64_t Vr = shard_.vocab_count;
-    for (int64_t k = 0; k < shard_.n_ranks; ++k)
-      gpu::copy_columns(w.gathered + k * R * Vr, Vr, w.logits + k * Vr, V, Vr, R, s);
-  }
+  const float* rows_of_logits = logit_rows(R);
   const uint64_t need = uint64_t(R) * sizeof(cuda::RowSampling) + kAlign + uint64_t(R) * 4 + kAlign +
                         cuda::sampling_workspace_bytes(R, V);
   if (need > st.sample_buf.bytes()) st.sample_buf = cuda::DeviceBuffer(need);
@@ -745,7 +759,7 @@ void GpuModel::sample(const std::vector<SeqInput>& batch, GpuCache& cache, const
   auto* dids = reinterpret_cast<int32_t*>(base + align_up(uint64_t(R) * sizeof(cuda::RowSampling)));
   void* scratch = base + align_up(uint64_t(R) * sizeof(cuda::RowSampling)) + align_up(uint64_t(R) * 4);
   gpu::upload_async(dparams, params.data(), size_t(R) * sizeof(cuda::RowSampling), s);
-  cuda::sample(w.logits, R, V, dparams, scratch, dids, s);
+  cuda::sample(rows_of_logits, R, V, dparams, scratch, dids, s);
   const size_t at = ids.size();
   ids.resize(at + size_t(R));
   gpu::download(ids.data() + at, dids, size_t(R) * 4, s);
