@@ -343,6 +343,17 @@ int64_t score_rows_for(int64_t T, int64_t max_ctx) {
 // Decode-sized MoE batches up to this many (token, expert) pairs take the path without a host sync.
 constexpr int64_t kSyncFreePairs = 64;
 
+// The context bound a decode graph is captured for: powers of two from 256 to 64K, then multiples
+// of 16K (a 131,073-token context gets 147,456, not 262,144: the indexer's grid and the scores'
+// stride follow the bound).
+static int64_t context_bucket(int64_t ctx) {
+  constexpr int64_t kPow2Up = int64_t(1) << 16, kStep = int64_t(1) << 14;
+  if (ctx > kPow2Up) return (ctx + kStep - 1) / kStep * kStep;
+  int64_t b = 256;
+  while (b < ctx) b *= 2;
+  return b;
+}
+
 struct GraphKey {
   int64_t T = 0, ctx = 0;
   const void* cache = nullptr;
@@ -801,7 +812,7 @@ int64_t GpuModel::enqueue(const std::vector<SeqInput>& batch, GpuCache& cache, D
     if (tok.pos + 1 > INT32_MAX) fail("forward: position {} is too large", tok.pos);
     max_ctx = std::max(max_ctx, tok.pos + 1);
   }
-  if (graph) max_ctx = std::max<int64_t>(256, int64_t(1) << int(std::ceil(std::log2(double(max_ctx)))));
+  if (graph) max_ctx = context_bucket(max_ctx);
   const int32_t max_blocks = int32_t((max_ctx + bs - 1) / bs);
   std::vector<int32_t> tables(size_t(n_seq * max_blocks), 0);
   for (int64_t s = 0; s < n_seq; ++s) {
