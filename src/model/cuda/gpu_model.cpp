@@ -388,6 +388,8 @@ struct GpuModel::State {
   Decisions* record = nullptr;  // the current forward's choices go here when set
   std::vector<int32_t> host_counts;  // [E]
   cuda::DeviceBuffer sample_buf;     // sample(): the rows' parameters, the ids, the sampler's scratch
+  std::unique_ptr<gpu::StepTimer> timer;  // SPARSEMLA_STEP_PROFILE=1: device time by operation
+  bool profiling = false;                 // this forward is a decode step, timed
   // Decode graphs by (batch size, context bucket, cache, cache format); an empty graph: not capturable.
   std::map<GraphKey, gpu::Graph> graphs;
   int64_t graph_captures = 0, graph_replays = 0;
@@ -491,7 +493,13 @@ void bind(Arena& a, const ModelWeights& w, const HParams& hp, bool sparse, GpuMo
 }  // namespace
 
 GpuModel::GpuModel() = default;
-GpuModel::~GpuModel() = default;
+GpuModel::~GpuModel() {
+  if (st_ && st_->timer) std::fprintf(stderr, "%s: %s", mem_.device.c_str(), st_->timer->report().c_str());
+}
+
+void GpuModel::mark(const char* label) {
+  if (st_->timer && st_->profiling) st_->timer->mark(label);
+}
 
 std::unique_ptr<GpuModel> GpuModel::load(const Model& cpu, const GpuModelOptions& opts) {
   return load_impl(cpu, nullptr, opts);
@@ -545,6 +553,11 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   g->opts_ = opts;
   // SPARSEMLA_CUDA_GRAPHS=0 turns the decode graphs off without a rebuild (comparisons, debugging).
   if (const char* e = std::getenv("SPARSEMLA_CUDA_GRAPHS"); e && std::string(e) == "0") g->opts_.cuda_graphs = false;
+  // SPARSEMLA_STEP_PROFILE=1: events between the operations of every decode step (graphs off), and the
+  // device time by operation printed to stderr when the model goes away.
+  const char* profile = std::getenv("SPARSEMLA_STEP_PROFILE");
+  const bool step_profile = profile && std::string(profile) == "1";
+  if (step_profile) g->opts_.cuda_graphs = false;
   const HParams& hp = g->hp_;
   const HParams& ahp = g->ahp_;
   const ModelWeights& weights = shard ? *shard->weights : cpu.weights();
@@ -632,6 +645,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   up.progress_label = fmt::format("uploading weights to {}", g->mem_.device);
   bind(up, weights, ahp, sparse, *st);
   st->rope = std::make_unique<cuda::DeviceRope>(cpu.rope());
+  if (step_profile) st->timer = std::make_unique<gpu::StepTimer>(st->s());
   for (int f = 0; f < kFormats; ++f) {
     st->idx_kernel[f] = idx_kernel[f];
     st->attn_kernel[f] = attn_kernel[f];
@@ -802,7 +816,10 @@ int64_t GpuModel::enqueue(const std::vector<SeqInput>& batch, GpuCache& cache, D
   // launched with the bucket as their context bound (each token still sees only its own positions).
   bool graph = opts_.cuda_graphs && !record && (!sharded() || coll_.capturable) &&
                T * int64_t(hp.n_expert_used) <= kSyncFreePairs;
-  for (const SeqInput& in : batch) graph = graph && in.tokens.size() == 1;
+  bool decode = true;
+  for (const SeqInput& in : batch) decode = decode && in.tokens.size() == 1;
+  graph = graph && decode;
+  st.profiling = decode;  // the step profile covers decode steps only
 
   // Metadata of the batch, on the host first.
   const int32_t bs = cache.block_size();
@@ -868,6 +885,7 @@ int64_t GpuModel::enqueue(const std::vector<SeqInput>& batch, GpuCache& cache, D
 
   if (!graph) {
     run_step(cache);
+    if (st.timer && st.profiling) st.timer->collect();
     st.eager_step_done();
   } else {
     const GraphKey key{T, max_ctx, cache.latent(0), cache.n_slots(), fi};
@@ -914,18 +932,22 @@ void GpuModel::run_step(GpuCache& cache) {
   const cuda::Stream s = st.s();
   const int64_t H = hp.n_embd, T = st.T, R = st.ws_dims.R;
   st.selection_made = false;
+  mark("begin");
   cuda::dequantize_rows(st.token_embd, w.ids, T, w.h, s);
   reduce(w.h, T * H);
   cuda::rms_norm(w.h, H, st.layers[0].attn_norm, T, H, hp.rms_eps, w.x, H, s);
+  mark("embedding");
   for (uint32_t il = 0; il < hp.n_layer; ++il) {
     const Layer& L = st.layers[il];
     attention_layer(L, int32_t(il), cache);
     reduce(w.attn, T * H);
     cuda::add_rms_norm(w.h, w.attn, L.ffn_norm, T, H, hp.rms_eps, w.x, s);
+    mark("attention: output all-reduce, norm");
     ffn(L, int32_t(il));
     reduce(w.attn, T * H);
     if (il + 1 < hp.n_layer) cuda::add_rms_norm(w.h, w.attn, st.layers[il + 1].attn_norm, T, H, hp.rms_eps, w.x, s);
     else cuda::add(w.h, w.attn, T * H, s);
+    mark("ffn: all-reduce, residual, norm");
   }
   // The output head, on the requested rows only.
   if (R == 0) return;
@@ -933,6 +955,7 @@ void GpuModel::run_step(GpuCache& cache) {
   cuda::rms_norm(w.rows_h, H, st.output_norm, R, H, hp.rms_eps, w.rows_n, H, s);
   product(st.output, w.rows_n, R, w.logits);
   if (sharded()) coll_.all_gather(w.logits, R * shard_.vocab_count, w.gathered);
+  mark("output head");
 }
 
 // attn = attention(x) for every new token, after writing their latent rows (and, on full indexer
@@ -957,6 +980,7 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   st.rope->apply(w.kv + kvl, T, 1, lat, w.pos, spec_->main_rope, s);
   cuda::write_latent_rows(w.kv, w.slots, T, cache.dtype(), int(kvl), int(rope), cache.latent(il),
                           cache.latent_row_bytes(), s);
+  mark("attention: q_a, kv_a, norms, rope, cache rows");
 
   if (sparse && L.indexer) {
     indexer(L, il, cache);
@@ -981,6 +1005,7 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   st.rope->apply(w.q + nope, T, nh, qk, w.pos, spec_->main_rope, s);
   st.blas.per_head(L.uk, w.q, qk, T, w.qfull, lat, s);
   gpu::copy_columns(w.q + nope, qk, w.qfull + kvl, lat, rope, T * nh, s);
+  mark("attention: q_b, rope, W_UK absorption");
 
   cuda::AttentionArgs a;
   a.q = w.qfull;
@@ -998,10 +1023,12 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   a.dtype = cache.dtype();
   a.out = w.olat;
   cuda::sparse_mla(a, st.attn_kernel[format_index(cache.dtype())], st.attn_ws, s);
+  mark(sparse ? "attention: sparse MLA kernel" : "attention: dense MLA kernel");
 
   // Out of the latent space per head, then the output projection.
   st.blas.per_head(L.uv, w.olat, kvl, T, w.o, hp.v_head, s);
   product(L.output, w.o, T, w.attn);
+  mark("attention: W_UV, output projection");
 }
 
 // The lightning indexer of a full layer: writes the new tokens' index keys, then selects for each
@@ -1025,6 +1052,7 @@ void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
   st.rope->apply(w.iq, T, heads, dim, w.pos, spec_->indexer_rope, s);
   product(L.idx_proj, w.x, T, w.iw);
   cuda::scale(w.iw, 1.0f / std::sqrt(float(heads) * float(dim)), T * heads, s);
+  mark("indexer: projections, keys, rope");
 
   const int fi = format_index(cache.dtype());
   const int64_t chunk = st.ws_dims.score_rows;
@@ -1045,10 +1073,12 @@ void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
     a.scores = w.scores;
     a.score_stride = st.max_ctx;
     cuda::indexer_scores(a, st.idx_kernel[fi], s);
+    mark("indexer: scores kernel");
     cuda::top_k(w.scores, n, st.max_ctx, w.nctx + t0, k, w.sel + t0 * k, s, &st.topk_ws);
     // In ascending order: the attention then sums a token's positions in one order on every run
     // (the top-k writes them in whatever order its threads finish).
     if (k <= cuda::kMaxSortRow) cuda::sort_rows(w.sel + t0 * k, n, k, s);
+    mark("indexer: top-k, sort");
   }
 }
 
@@ -1091,6 +1121,7 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
   const int64_t T = st.T, H = hp.n_embd;
   if (!L.moe) {
     mlp(L.gate, L.up, L.down, w.x, T, w.attn);
+    mark("ffn: dense MLP");
     return;
   }
   const int64_t k = hp.n_expert_used, Fe = hp.n_ff_exp;
@@ -1100,6 +1131,7 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
   // choice, and fp32 keeps it where the CPU's is.
   cuda::matmul_decode(L.gate_inp, w.x, T, w.rlog, s);
   cuda::moe_route(hp, w.rlog, L.exp_probs_b, T, w.rids, w.rw, s);
+  mark("moe: router");
   if (st.record) {
     std::vector<int32_t> ids(size_t(T * k));
     std::vector<float> wts(size_t(T * k));
@@ -1121,6 +1153,7 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     const int64_t P = T * k;
     if (L.shared) mlp(L.gate_shexp, L.up_shexp, L.down_shexp, w.x, T, w.attn);
     else gpu::fill_bytes(w.attn, 0, size_t(T * H) * sizeof(float), s);
+    mark("moe: shared expert");
     cuda::matmul_experts(L.gate_exps, Fe, ids, P, w.x, k, w.g, s);
     cuda::matmul_experts(L.up_exps, Fe, ids, P, w.x, k, w.u, s);
     cuda::silu_mul(w.g, w.u, P * Fe, s);
@@ -1132,6 +1165,7 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
       st.iota = cuda::to_device(iota);
     }
     gpu::moe_combine(w.oe, st.iota.as<int32_t>(), P, ids, w.rw, T, int(k), H, w.inv, w.attn, s);
+    mark("moe: routed experts (per pair)");
     return;
   }
   cuda::moe_group(ids, T * k, E, w.counts, w.offsets, w.perm, w.group_ws, s);
@@ -1162,6 +1196,7 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     off += n;
   }
   gpu::moe_combine(w.oe, w.perm, n_routed, ids, w.rw, T, int(k), H, w.inv, w.attn, s);
+  mark("moe: shared + routed experts (grouped)");
 }
 
 }  // namespace sparsemla::model

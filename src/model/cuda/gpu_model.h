@@ -187,6 +187,7 @@ class GpuModel {
   GpuModel();
   static std::unique_ptr<GpuModel> load_impl(const Model& cpu, const GpuShard* shard, const GpuModelOptions& opts);
   void reduce(float* data, int64_t n);  // the ranks' partial sums; nothing unsharded
+  void mark(const char* label);          // SPARSEMLA_STEP_PROFILE: the time since the last mark is `label`'s
   int64_t enqueue(const std::vector<SeqInput>& batch, GpuCache& cache, Decisions* record);
   const float* logit_rows(int64_t R);  // the enqueued forward's logits, [R, n_vocab] on the device
   void run_step(GpuCache& cache);        // the device work of one forward (enqueue() lays it out)

@@ -1,5 +1,7 @@
 #include "model/cuda/gpu_ops.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "ops/cuda/check.cuh"
@@ -153,6 +155,56 @@ void Graph::abandon_capture(cuda::Stream s) {
 
 void Graph::launch(cuda::Stream s) const {
   SPARSEMLA_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), st(s)));
+}
+
+StepTimer::~StepTimer() {
+  for (auto& m : marks_) pool_.push_back(m.second);
+  for (void* e : pool_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+void StepTimer::mark(const char* label) {
+  void* e = nullptr;
+  if (!pool_.empty()) {
+    e = pool_.back();
+    pool_.pop_back();
+  } else {
+    cudaEvent_t ev = nullptr;
+    SPARSEMLA_CUDA_CHECK(cudaEventCreate(&ev));
+    e = ev;
+  }
+  SPARSEMLA_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), st(s_)));
+  marks_.emplace_back(label, e);
+}
+
+void StepTimer::collect() {
+  if (marks_.empty()) return;
+  SPARSEMLA_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(marks_.back().second)));
+  for (size_t i = 1; i < marks_.size(); ++i) {
+    float ms = 0;
+    SPARSEMLA_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(marks_[i - 1].second),
+                                              static_cast<cudaEvent_t>(marks_[i].second)));
+    auto it = std::find_if(totals_.begin(), totals_.end(), [&](const auto& t) { return t.first == marks_[i].first; });
+    if (it == totals_.end()) it = totals_.insert(totals_.end(), {marks_[i].first, Total{}});
+    it->second.ms += ms;
+    ++it->second.calls;
+  }
+  for (auto& m : marks_) pool_.push_back(m.second);
+  marks_.clear();
+  ++steps_;
+}
+
+std::string StepTimer::report() const {
+  auto sorted = totals_;
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  double all = 0;
+  for (const auto& t : sorted) all += t.second.ms;
+  std::string out = fmt::format("device time by operation over {} decode steps ({:.3f} ms per step):\n", steps_,
+                                steps_ ? all / double(steps_) : 0.0);
+  for (const auto& t : sorted)
+    out += fmt::format("  {:<48} {:9.3f} ms {:5.1f}%  {:7} calls  {:8.4f} ms per step\n", t.first, t.second.ms,
+                       all > 0 ? 100.0 * t.second.ms / all : 0.0, t.second.calls,
+                       steps_ ? t.second.ms / double(steps_) : 0.0);
+  return out;
 }
 
 void synchronize(cuda::Stream s) { SPARSEMLA_CUDA_CHECK(cudaStreamSynchronize(st(s))); }

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ops/cuda/buffer.h"
 
@@ -53,6 +55,32 @@ class Graph {
 
  private:
   void* exec_ = nullptr;  // cudaGraphExec_t
+};
+
+// Device time between marks on a stream, summed by label over many steps: where a forward's time
+// goes, without a profiler. mark(label) records an event; the time since the previous mark is
+// charged to `label`. collect() waits for the stream and adds the step's intervals to the totals.
+class StepTimer {
+ public:
+  explicit StepTimer(cuda::Stream s) : s_(s) {}
+  ~StepTimer();
+  StepTimer(const StepTimer&) = delete;
+  StepTimer& operator=(const StepTimer&) = delete;
+  void mark(const char* label);
+  void collect();
+  // One line per label, largest first: total ms, share, calls, ms per step.
+  std::string report() const;
+
+ private:
+  struct Total {
+    double ms = 0;
+    int64_t calls = 0;
+  };
+  cuda::Stream s_;
+  std::vector<std::pair<const char*, void*>> marks_;  // this step's (label, cudaEvent_t)
+  std::vector<void*> pool_;                           // events to reuse
+  std::vector<std::pair<std::string, Total>> totals_;
+  int64_t steps_ = 0;
 };
 
 void upload_async(void* dst, const void* host, size_t bytes, cuda::Stream s);
