@@ -130,11 +130,7 @@ kv::RowRounding rounding_of(KvDtype d) {
 }
 
 std::string fixture_dir(const std::string& name) { return test::fixture_path(name); }
-// llama.cpp's converter named its output model-f32.gguf; the project's fixtures are model.gguf.
-std::string fixture_model(const std::string& name) {
-  const std::string converted = fixture_dir(name) + "/model-f32.gguf";
-  return std::filesystem::exists(converted) ? converted : fixture_dir(name) + "/model.gguf";
-}
+std::string fixture_model(const std::string& name) { return test::fixture_model_path(name); }
 
 GpuModelOptions options(KvDtype d, bool precise = false) {
   GpuModelOptions o;

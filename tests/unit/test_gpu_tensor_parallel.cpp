@@ -33,10 +33,7 @@ using cuda::KvDtype;
 using model::AttentionMode;
 using model::SeqInput;
 
-std::string fixture_model(const std::string& name) {
-  const std::string converted = test::fixture_path(name) + "/model-f32.gguf";
-  return std::filesystem::exists(converted) ? converted : test::fixture_path(name) + "/model.gguf";
-}
+std::string fixture_model(const std::string& name) { return test::fixture_model_path(name); }
 std::string bundled_model() { return test::bundled_model_path(); }
 
 int gpu_count() { return int(ops::list_devices().size()); }

@@ -45,6 +45,18 @@ Fixture& fixture() {
   return f;
 }
 
+// 4 sequences of up to 256 positions over 64 blocks of 4 tokens, on `backend`.
+SchedulerConfig config(const BackendOptions& backend, int32_t batch_tokens) {
+  SchedulerConfig cfg;
+  cfg.max_seqs = 4;
+  cfg.batch_tokens = batch_tokens;
+  cfg.ctx_size = 256;
+  cfg.kv_blocks = 64;
+  cfg.block_size = 4;
+  cfg.backend = backend;
+  return cfg;
+}
+
 GenerationRequest greedy(std::vector<int32_t> prompt, int max_tokens) {
   GenerationRequest r;
   r.prompt = std::move(prompt);
@@ -71,14 +83,7 @@ Outcome run_requests(const BackendOptions& backend) {
   shared.insert(shared.end(), f.seq1.begin() + 50, f.seq1.begin() + 59);
   const std::vector<GenerationRequest> reqs = {greedy(f.greedy_prompt, int(f.greedy_tokens.size())),
                                                greedy(f.seq0, 10), greedy(part1, 8), greedy(shared, 9)};
-  SchedulerConfig cfg;
-  cfg.max_seqs = 4;
-  cfg.batch_tokens = 16;  // prompts arrive in chunks, mixed with decodes
-  cfg.ctx_size = 256;
-  cfg.kv_blocks = 64;
-  cfg.block_size = 4;
-  cfg.backend = backend;
-  Scheduler s(*f.model, *f.tok, cfg);
+  Scheduler s(*f.model, *f.tok, config(backend, 16));  // prompts arrive in chunks, mixed with decodes
   Outcome out;
   out.description = s.backend().description();
   out.tokens.resize(reqs.size());
@@ -191,14 +196,7 @@ struct RunResult {
 };
 RunResult run_all(const BackendOptions& backend, const std::vector<GenerationRequest>& reqs) {
   Fixture& f = fixture();
-  SchedulerConfig cfg;
-  cfg.max_seqs = 4;
-  cfg.batch_tokens = 32;
-  cfg.ctx_size = 256;
-  cfg.kv_blocks = 64;
-  cfg.block_size = 4;
-  cfg.backend = backend;
-  Scheduler s(*f.model, *f.tok, cfg);
+  Scheduler s(*f.model, *f.tok, config(backend, 32));
   RunResult out;
   out.tokens.resize(reqs.size());
   out.sampled.resize(reqs.size());

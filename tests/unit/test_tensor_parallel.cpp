@@ -432,10 +432,7 @@ TEST(ShardPlan, FfnColumnSplitsFallOnBlockBoundaries) {
 // ---------------------------------------------------------------------------------------------
 // The bind-time check: a shard that is not the plan's slice is refused, naming tensor and rank.
 
-std::string fixture_model(const std::string& name) {
-  const std::string converted = test::fixture_path(name + "/model-f32.gguf");
-  return std::filesystem::exists(converted) ? converted : test::fixture_path(name + "/model.gguf");
-}
+std::string fixture_model(const std::string& name) { return test::fixture_model_path(name); }
 
 TEST(ShardBind, AShardOfTheWrongHeadOrShapeIsCaughtWithAClearMessage) {
   auto m = model::Model::load(fixture_model("glm_share_q8_0"), {AttentionMode::Sparse, 1});

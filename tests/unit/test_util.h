@@ -26,6 +26,12 @@ inline std::string fixture_path(const std::string& rel) {
   const char* dir = std::getenv("SPARSEMLA_FIXTURES_DIR");
   return std::string(dir && *dir ? dir : SPARSEMLA_FIXTURES) + "/" + rel;
 }
+// A fixture's model: llama.cpp's converter named its output model-f32.gguf, the project's own
+// fixtures are model.gguf.
+inline std::string fixture_model_path(const std::string& name) {
+  const std::string converted = fixture_path(name + "/model-f32.gguf");
+  return std::filesystem::exists(converted) ? converted : fixture_path(name + "/model.gguf");
+}
 // The model bundled in the repository (models/), found from the fixtures directory.
 inline std::string bundled_model_path() { return fixture_path("../../models/tiny-glm5-q8_0.gguf"); }
 // The sparsemla binary: $SPARSEMLA_BINARY_PATH when set, else the one built with the tests.
