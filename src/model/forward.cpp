@@ -8,6 +8,16 @@
 
 namespace sparsemla::model {
 
+kv::CacheShape cache_shape_for(const HParams& hp, int32_t n_blocks, int32_t block_size) {
+  kv::CacheShape s;
+  s.n_layers = int32_t(hp.n_layer);
+  s.latent_dim = int32_t(hp.kv_lora_rank + hp.qk_rope);
+  s.idx_dim = hp.has_indexer() ? int32_t(hp.idx_dim) : 0;
+  s.block_size = block_size;
+  s.n_blocks = n_blocks;
+  return s;
+}
+
 FlatBatch flatten_batch(const std::vector<SeqInput>& batch, const kv::BlockAllocator& blocks, uint32_t n_vocab) {
   FlatBatch b;
   for (size_t s = 0; s < batch.size(); ++s) {

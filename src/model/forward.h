@@ -31,6 +31,10 @@ struct FlatBatch {
   std::vector<int64_t> out_rows;                     // indices into toks of the tokens whose logits are returned
 };
 
+// The paged cache the layer stack writes for a model: a latent row per layer and position, and an
+// index key where the model has an indexer.
+kv::CacheShape cache_shape_for(const HParams& hp, int32_t n_blocks, int32_t block_size);
+
 // Checks every sequence (block table, tokens, ids < n_vocab) and flattens the batch; throws Error.
 // `blocks` maps positions to slots: the CPU cache, or the GPU cache (the same slot numbering).
 FlatBatch flatten_batch(const std::vector<SeqInput>& batch, const kv::BlockAllocator& blocks, uint32_t n_vocab);

@@ -26,13 +26,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
 }
 
 kv::CacheShape Model::cache_shape(int32_t n_blocks, int32_t block_size) const {
-  kv::CacheShape s;
-  s.n_layers = int32_t(hp_.n_layer);
-  s.latent_dim = int32_t(hp_.kv_lora_rank + hp_.qk_rope);
-  s.idx_dim = hp_.has_indexer() ? int32_t(hp_.idx_dim) : 0;
-  s.block_size = block_size;
-  s.n_blocks = n_blocks;
-  return s;
+  return cache_shape_for(hp_, n_blocks, block_size);
 }
 
 void Model::forward(const std::vector<SeqInput>& batch, kv::PagedCache& cache, std::vector<float>& logits,

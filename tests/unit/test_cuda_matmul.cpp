@@ -47,13 +47,7 @@ ops::ThreadPool& pool() {
   return p;
 }
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
-}
+using test::randn;
 
 void put_fp16(uint8_t* p, float v) {
   const uint16_t h = f32_to_fp16(v);

@@ -21,19 +21,14 @@
 
 #include "engine/sampler.h"
 #include "gpu_test_util.h"
+#include "test_util.h"
 #include "ops/cuda/buffer.h"
 #include "ops/cuda/sampling.h"
 
 namespace sparsemla::cuda {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
-}
+using test::randn;
 
 // Logits on a grid of 0.5: the best token and the cut points tie with many others.
 std::vector<float> tied_logits(size_t n, uint32_t seed) {

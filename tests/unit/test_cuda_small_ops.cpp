@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "test_util.h"
 #include "model/blocks/ffn.h"
 #include "model/hparams.h"
 #include "ops/cpu/basic.h"
@@ -37,13 +38,7 @@ namespace {
 const std::vector<int64_t> kRowLengths = {1, 7, 64, 6144};
 const std::vector<int64_t> kTokenCounts = {1, 3, 100};
 
-std::vector<float> randn(size_t n, uint32_t seed, float mean = 0.0f, float sd = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(mean, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
-}
+using test::randn;
 
 // NaN / inf positions first, then |got - want| <= rel * |want| + abs; reports the first few misses.
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rel, double abs,
@@ -90,7 +85,7 @@ TEST(CudaSmallOps, RmsNormMatchesCpu) {
   SPARSEMLA_REQUIRE_GPU();
   for (int64_t n : kRowLengths)
     for (int64_t T : kTokenCounts) {
-      const auto x = randn(size_t(T * n), uint32_t(n * 7 + T), 0.3f, 2.0f);
+      const auto x = randn(size_t(T * n), uint32_t(n * 7 + T), 2.0f, 0.3f);
       const auto w = randn(size_t(n), uint32_t(n + 1));
       std::vector<float> want(x.size());
       for (int64_t t = 0; t < T; ++t) ops::rms_norm(x.data() + t * n, w.data(), n, 1e-6f, want.data() + t * n);
@@ -117,7 +112,7 @@ TEST(CudaSmallOps, AddRmsNormUpdatesResidualThenNorms) {
   for (int64_t n : kRowLengths)
     for (int64_t T : kTokenCounts) {
       const auto h = randn(size_t(T * n), uint32_t(n * 3 + T)), delta = randn(size_t(T * n), uint32_t(n * 5 + T));
-      const auto w = randn(size_t(n), uint32_t(n + 2), 1.0f, 0.2f);
+      const auto w = randn(size_t(n), uint32_t(n + 2), 0.2f, 1.0f);
       std::vector<float> h_want(h.size()), out_want(h.size());
       for (size_t i = 0; i < h.size(); ++i) h_want[i] = h[i] + delta[i];
       for (int64_t t = 0; t < T; ++t) ops::rms_norm(h_want.data() + t * n, w.data(), n, 1e-5f, out_want.data() + t * n);
@@ -133,7 +128,7 @@ TEST(CudaSmallOps, LayerNormMatchesCpuWithAndWithoutBias) {
   for (int64_t n : kRowLengths)
     for (int64_t T : kTokenCounts)
       for (bool with_bias : {true, false}) {
-        const auto x = randn(size_t(T * n), uint32_t(n * 11 + T), 0.5f, 1.5f);
+        const auto x = randn(size_t(T * n), uint32_t(n * 11 + T), 1.5f, 0.5f);
         const auto w = randn(size_t(n), uint32_t(n + 3)), b = randn(size_t(n), uint32_t(n + 4));
         std::vector<float> want(x.size());
         for (int64_t t = 0; t < T; ++t)
@@ -218,7 +213,7 @@ TEST(CudaSmallOps, SiluMulPlainAndFusedMatchCpu) {
   SPARSEMLA_REQUIRE_GPU();
   for (int64_t F : kRowLengths)
     for (int64_t T : kTokenCounts) {
-      const auto gate = randn(size_t(T * F), uint32_t(F * 13 + T), 0.0f, 3.0f);
+      const auto gate = randn(size_t(T * F), uint32_t(F * 13 + T), 3.0f, 0.0f);
       const auto up = randn(size_t(T * F), uint32_t(F * 17 + T));
       std::vector<float> want(gate);
       ops::silu_mul(want.data(), up.data(), T * F);
@@ -258,7 +253,7 @@ TEST(CudaSmallOps, SoftmaxRowsMatchesCpu) {
   SPARSEMLA_REQUIRE_GPU();
   for (int64_t n : kRowLengths)
     for (int64_t T : kTokenCounts) {
-      auto x = randn(size_t(T * n), uint32_t(n * 19 + T), 1.0f, 4.0f);
+      auto x = randn(size_t(T * n), uint32_t(n * 19 + T), 4.0f, 1.0f);
       if (n > 1) x[1] = -std::numeric_limits<float>::infinity();  // a masked entry
       std::vector<float> want(x);
       for (int64_t t = 0; t < T; ++t) ops::softmax(want.data() + t * n, n);
@@ -271,7 +266,7 @@ TEST(CudaSmallOps, SoftmaxRowsMatchesCpu) {
 
 TEST(CudaSmallOps, Bf16ConversionsAreBitExact) {
   SPARSEMLA_REQUIRE_GPU();
-  std::vector<float> x = randn(100000, 5, 0.0f, 100.0f);
+  std::vector<float> x = randn(100000, 5, 100.0f);
   std::mt19937 rng(6);
   for (int i = 0; i < 20000; ++i) {  // raw bit patterns: ties, subnormals, NaNs with payloads
     uint32_t b = rng();
@@ -351,8 +346,8 @@ TEST(CudaRouter, MatchesCpuRouteOnRandomLogits) {
   for (const auto& c : kRouters)
     for (int64_t T : kTokenCounts) {
       const model::HParams hp = router_params(c);
-      const auto logits = randn(size_t(T * c.experts), uint32_t(T * 101 + c.experts), 0.0f, 2.0f);
-      const auto bias = randn(c.experts, uint32_t(c.experts + 77), 0.0f, 0.1f);
+      const auto logits = randn(size_t(T * c.experts), uint32_t(T * 101 + c.experts), 2.0f, 0.0f);
+      const auto bias = randn(c.experts, uint32_t(c.experts + 77), 0.1f);
       check_router(hp, logits, bias, T, c.name + " T=" + std::to_string(T));
     }
 }
@@ -420,7 +415,7 @@ TEST(CudaRouter, RouteThenGroupMatchesCpuRouting) {
   SPARSEMLA_REQUIRE_GPU();
   const model::HParams hp = router_params(kRouters[1]);
   const int64_t T = 300, E = hp.n_expert, k = hp.n_expert_used;
-  const auto logits = randn(size_t(T * E), 99, 0.0f, 2.0f), bias = randn(size_t(E), 98, 0.0f, 0.1f);
+  const auto logits = randn(size_t(T * E), 99, 2.0f), bias = randn(size_t(E), 98, 0.1f);
   DeviceBuffer dl = to_device(logits), db = to_device(bias), dids(size_t(T * k) * 4), dw(size_t(T * k) * 4),
       dcounts(size_t(E) * 4), doffsets(size_t(E + 1) * 4), dperm(size_t(T * k) * 4),
       ws(moe_group_workspace_bytes(T * k, E));

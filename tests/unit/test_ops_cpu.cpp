@@ -26,13 +26,7 @@
 namespace sparsemla::ops {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
-}
+using test::randn;
 
 // For each quantized type, the random blocks of tests/data/quants (from gguf-py) are the weight
 // rows, and gguf-py's dequantization of them is the reference matrix.

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,15 @@ inline std::string fixture_path(const std::string& rel) {
   const char* dir = std::getenv("SPARSEMLA_FIXTURES_DIR");
   return std::string(dir && *dir ? dir : SPARSEMLA_FIXTURES) + "/" + rel;
 }
+// n draws of N(mean, sd^2) from a generator seeded with `seed`: the same values on every run.
+inline std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f, float mean = 0.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(mean, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
 // A fixture's model: llama.cpp's converter named its output model-f32.gguf, the project's own
 // fixtures are model.gguf.
 inline std::string fixture_model_path(const std::string& name) {

@@ -47,16 +47,17 @@ void DeviceBuffer::zero() {
 
 void synchronize() { SPARSEMLA_CUDA_CHECK(cudaDeviceSynchronize()); }
 
-double time_ms(int reps, void (*fn)(void*), void* ctx) {
+double time_ms(int reps, void (*fn)(void*), void* ctx, Stream s) {
+  const auto st = static_cast<cudaStream_t>(s);
   cudaEvent_t a, b;
   SPARSEMLA_CUDA_CHECK(cudaEventCreate(&a));
   SPARSEMLA_CUDA_CHECK(cudaEventCreate(&b));
   fn(ctx);  // warm-up
   float best = 1e30f;
   for (int r = 0; r < reps; ++r) {
-    SPARSEMLA_CUDA_CHECK(cudaEventRecord(a));
+    SPARSEMLA_CUDA_CHECK(cudaEventRecord(a, st));
     fn(ctx);
-    SPARSEMLA_CUDA_CHECK(cudaEventRecord(b));
+    SPARSEMLA_CUDA_CHECK(cudaEventRecord(b, st));
     SPARSEMLA_CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
     SPARSEMLA_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));

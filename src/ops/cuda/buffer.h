@@ -50,7 +50,8 @@ std::vector<T> to_host(const DeviceBuffer& b, size_t n) {
 // Waits for all work on the device and reports any asynchronous kernel error.
 void synchronize();
 
-// Elapsed milliseconds of `fn` (launched on the default stream) by CUDA events, best of `reps`.
-double time_ms(int reps, void (*fn)(void*), void* ctx);
+// Elapsed milliseconds of `fn` (which launches on stream `s`; nullptr: the default stream) by CUDA
+// events, best of `reps` after one warm-up call.
+double time_ms(int reps, void (*fn)(void*), void* ctx, Stream s = nullptr);
 
 }  // namespace sparsemla::cuda

@@ -48,22 +48,13 @@ double graph_time_us(int reps, int calls, void (*fn)(void*, void*), void* ctx) {
   SPARSEMLA_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
   cudaGraphExec_t exec;
   SPARSEMLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  SPARSEMLA_CUDA_CHECK(cudaEventCreate(&a));
-  SPARSEMLA_CUDA_CHECK(cudaEventCreate(&b));
-  SPARSEMLA_CUDA_CHECK(cudaGraphLaunch(exec, st));
-  float best = 1e30f;
-  for (int r = 0; r < reps; ++r) {
-    SPARSEMLA_CUDA_CHECK(cudaEventRecord(a, st));
-    SPARSEMLA_CUDA_CHECK(cudaGraphLaunch(exec, st));
-    SPARSEMLA_CUDA_CHECK(cudaEventRecord(b, st));
-    SPARSEMLA_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    SPARSEMLA_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    best = std::min(best, ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  struct Replay {
+    cudaGraphExec_t exec;
+    cudaStream_t st;
+  } replay{exec, st};
+  const double best = time_ms(
+      reps, [](void* p) { SPARSEMLA_CUDA_CHECK(cudaGraphLaunch(static_cast<Replay*>(p)->exec, static_cast<Replay*>(p)->st)); },
+      &replay, st);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(st);

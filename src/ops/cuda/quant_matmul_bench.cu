@@ -1,6 +1,7 @@
 #include "ops/cuda/quant_matmul_bench.h"
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "gguf/ggml_types.h"
@@ -11,26 +12,10 @@ namespace sparsemla::cuda {
 
 namespace {
 
-// Best time in ms of `runs` runs of fn() between two events on stream s.
+// Best time in ms of `runs` runs of fn() between two events on stream s (cuda::time_ms).
 template <class Fn>
 double best_ms(int runs, cudaStream_t s, Fn&& fn) {
-  cudaEvent_t a, b;
-  SPARSEMLA_CUDA_CHECK(cudaEventCreate(&a));
-  SPARSEMLA_CUDA_CHECK(cudaEventCreate(&b));
-  fn();  // warm-up
-  float best = 1e30f;
-  for (int r = 0; r < runs; ++r) {
-    SPARSEMLA_CUDA_CHECK(cudaEventRecord(a, s));
-    fn();
-    SPARSEMLA_CUDA_CHECK(cudaEventRecord(b, s));
-    SPARSEMLA_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    SPARSEMLA_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    best = std::min(best, ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return double(best);
+  return time_ms(runs, [](void* f) { (*static_cast<std::remove_reference_t<Fn>*>(f))(); }, &fn, s);
 }
 
 }  // namespace
