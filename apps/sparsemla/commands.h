@@ -21,5 +21,6 @@ Runner add_make_model(CLI::App& app);
 Runner add_write_gguf(CLI::App& app);
 Runner add_serve(CLI::App& app);
 Runner add_ppl(CLI::App& app);
+Runner add_worker(CLI::App& app);
 
 }  // namespace sparsemla::app

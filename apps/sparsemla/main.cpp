@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   add(sparsemla::app::add_write_gguf);
   add(sparsemla::app::add_serve);
   add(sparsemla::app::add_ppl);
+  add(sparsemla::app::add_worker);
 
   CLI11_PARSE(app, argc, argv);
   try {

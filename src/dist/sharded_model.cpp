@@ -1,5 +1,8 @@
 #include "dist/sharded_model.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -24,17 +27,23 @@ struct ShardedModel::Rank {
   std::unique_ptr<ops::ThreadPool> pool;
 };
 
-ShardedModel::ShardedModel(const model::Model& model, int n_ranks, int threads)
+ShardedModel::ShardedModel(const model::Model& model, int n_ranks, int threads, int only_rank)
     : model_(model), plan_(ShardPlan::make(model.hparams(), n_ranks, types_of(model.file()))) {
   const model::HParams& hp = model.hparams();
+  if (only_rank >= n_ranks) fail("tensor parallel: rank {} of a group of {}", only_rank, n_ranks);
   if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int local = only_rank >= 0 ? 1 : n_ranks;
   for (int r = 0; r < n_ranks; ++r) {
+    if (only_rank >= 0 && r != only_rank) {
+      ranks_.push_back(nullptr);
+      continue;
+    }
     auto rank = std::make_unique<Rank>();
     rank->w = bind_shard(model.weights(), hp, plan_, r);
     rank->attn_hp = hp;
     rank->attn_hp.n_head = uint32_t(plan_.heads_per_rank());
     rank->experts = {r * plan_.experts_per_rank(), plan_.experts_per_rank()};
-    rank->pool = std::make_unique<ops::ThreadPool>(std::max(1, threads / n_ranks));
+    rank->pool = std::make_unique<ops::ThreadPool>(std::max(1, threads / local));
     ranks_.push_back(std::move(rank));
   }
 }
@@ -49,6 +58,9 @@ void ShardedModel::forward(const std::vector<model::SeqInput>& batch, Replicated
                            std::vector<float>& logits) {
   if (cache.n_ranks() != n_ranks())
     fail("tensor parallel: a cache of {} replicas for {} ranks", cache.n_ranks(), n_ranks());
+  if (local_ranks().size() != ranks_.size())
+    fail("tensor parallel: this process holds rank {} of {} only: forward_rank() runs it", fmt::join(local_ranks(), ", "),
+         n_ranks());
   const model::FlatBatch b = model::flatten_batch(batch, cache.replica(0), model_.hparams().n_vocab);
   const size_t base = logits.size();
   logits.resize(base + b.out_rows.size() * model_.hparams().n_vocab);
@@ -61,6 +73,29 @@ void ShardedModel::forward(const std::vector<model::SeqInput>& batch, Replicated
     logits.resize(base);
     throw;
   }
+}
+
+void ShardedModel::forward_rank(Communicator& comm, const std::vector<model::SeqInput>& batch, kv::PagedCache& cache,
+                                std::vector<float>& logits) {
+  if (comm.size() != n_ranks() || comm.rank() < 0 || comm.rank() >= n_ranks() || !ranks_[size_t(comm.rank())])
+    fail("tensor parallel: rank {} of {} asked to run, but this process holds {}", comm.rank(), comm.size(),
+         fmt::join(local_ranks(), ", "));
+  const model::FlatBatch b = model::flatten_batch(batch, cache, model_.hparams().n_vocab);
+  const size_t base = logits.size();
+  if (comm.rank() == 0) logits.resize(base + b.out_rows.size() * model_.hparams().n_vocab);
+  try {
+    rank_forward(comm, b, cache, comm.rank() == 0 ? logits.data() + base : nullptr);
+  } catch (...) {
+    logits.resize(base);
+    throw;
+  }
+}
+
+std::vector<int> ShardedModel::local_ranks() const {
+  std::vector<int> out;
+  for (size_t r = 0; r < ranks_.size(); ++r)
+    if (ranks_[r]) out.push_back(int(r));
+  return out;
 }
 
 void ShardedModel::rank_forward(Communicator& comm, const model::FlatBatch& b, kv::PagedCache& cache, float* logits) {

@@ -36,7 +36,9 @@ class ShardedModel {
   // Plans `n_ranks` ranks for `model` and binds each rank's shard (views into its file); `threads`
   // CPU threads in all (0: one per hardware thread), split between the ranks. `model` must outlive
   // this. Throws Error when the model does not divide by n_ranks.
-  ShardedModel(const model::Model& model, int n_ranks, int threads = 0);
+  // only_rank >= 0: this process runs that one rank of a multi-process group (forward_rank), with
+  // all `threads`; the other ranks' shards are not bound.
+  ShardedModel(const model::Model& model, int n_ranks, int threads = 0, int only_rank = -1);
   ~ShardedModel();
 
   int n_ranks() const { return plan_.n_ranks(); }
@@ -48,8 +50,15 @@ class ShardedModel {
   // logits rows ([n_vocab] each) in batch order.
   void forward(const std::vector<model::SeqInput>& batch, ReplicatedCache& cache, std::vector<float>& logits);
 
+  // One rank's part of forward() in a multi-process group: `comm` reaches the other processes'
+  // ranks (comm.rank() is only_rank), `cache` is this rank's replica. Rank 0 appends the logits
+  // rows to `logits`; the other ranks leave it as it was.
+  void forward_rank(Communicator& comm, const std::vector<model::SeqInput>& batch, kv::PagedCache& cache,
+                    std::vector<float>& logits);
+
  private:
   struct Rank;
+  std::vector<int> local_ranks() const;  // the ranks this process holds
   // One rank's forward. logits: [n_out_rows, n_vocab], written by the rank that is given it.
   void rank_forward(Communicator& comm, const model::FlatBatch& b, kv::PagedCache& cache, float* logits);
 

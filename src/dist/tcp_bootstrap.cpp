@@ -38,6 +38,7 @@ std::string errno_text(int err) { return std::system_category().message(err); }
 
 // Milliseconds to `d` for poll(), rounded up (so a wait never spins), 0 once it has passed.
 int ms_left(Deadline d) {
+  if (d == Deadline::max()) return -1;  // no deadline: poll() waits until the socket is ready
   const auto left = std::chrono::ceil<std::chrono::milliseconds>(d - Clock::now()).count();
   return int(std::clamp<int64_t>(left, 0, 1 << 30));
 }
@@ -503,8 +504,12 @@ TcpBootstrap TcpBootstrap::join(std::string_view root_address, int rank, int wor
 // Exchanges over the star: every rank sends its bytes to rank 0, which sends everyone all of them.
 
 std::vector<std::vector<uint8_t>> TcpBootstrap::all_gather(std::span<const uint8_t> mine) {
+  return all_gather(mine, timeout_);
+}
+
+std::vector<std::vector<uint8_t>> TcpBootstrap::all_gather(std::span<const uint8_t> mine, Ms timeout) {
   const uint64_t seq = exchanges_++;
-  const Deadline d = Clock::now() + timeout_;
+  const Deadline d = timeout == kForever ? Deadline::max() : Clock::now() + timeout;
   std::vector<std::vector<uint8_t>> all(static_cast<size_t>(size_));
   if (size_ == 1) {
     all[0].assign(mine.begin(), mine.end());
@@ -525,7 +530,7 @@ std::vector<std::vector<uint8_t>> TcpBootstrap::all_gather(std::span<const uint8
     if (!err.empty()) {
       root_sock_ = Socket();
       fail("{}: exchange #{}: {}", where(), seq,
-           err == kTimedOut ? fmt::format("timed out after {} ms waiting for the other ranks", timeout_.count())
+           err == kTimedOut ? fmt::format("timed out after {} ms waiting for the other ranks", timeout.count())
                               : "lost rank 0: " + err);
     }
     if (m.type == kAbort) {
@@ -560,7 +565,7 @@ std::vector<std::vector<uint8_t>> TcpBootstrap::all_gather(std::span<const uint8
     if (rc < 0 && errno == EINTR) continue;
     if (rc < 0) fail_all(fmt::format("exchange #{}: poll: {}", seq, errno_text(errno)));
     if (rc == 0)
-      fail_all(fmt::format("exchange #{}: timed out after {} ms waiting for rank(s) {}", seq, timeout_.count(),
+      fail_all(fmt::format("exchange #{}: timed out after {} ms waiting for rank(s) {}", seq, timeout.count(),
                            rank_list(ranks)));
     for (size_t i = 0; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;

@@ -98,6 +98,10 @@ class TcpBootstrap {
   // Every rank's bytes, in rank order, on every rank; the sizes may differ between ranks. Each call
   // waits at most the bootstrap's timeout. Every rank must call the same exchanges in the same order.
   std::vector<std::vector<uint8_t>> all_gather(std::span<const uint8_t> mine);
+  // The same with a deadline of its own for this call; kForever waits as long as the peers stay
+  // connected (a worker waiting for rank 0's next step: a peer that goes away still ends it).
+  static constexpr Ms kForever = Ms::max();
+  std::vector<std::vector<uint8_t>> all_gather(std::span<const uint8_t> mine, Ms timeout);
   // Returns once every rank has called it.
   void barrier() { all_gather({}); }
 

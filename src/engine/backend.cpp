@@ -3,6 +3,7 @@
 #include <new>
 
 #include "dist/sharded_model.h"
+#include "engine/remote_ranks.h"
 #include "kv/paged_cache.h"
 #include "util/error.h"
 
@@ -130,6 +131,7 @@ std::unique_ptr<Backend> make_backend(model::Model& model, const BackendOptions&
   if (opts.tensor_parallel < 1) fail("tensor parallel over {} ranks: at least 1 is needed", opts.tensor_parallel);
   if (kv_blocks <= 0 || block_size <= 0 || batch_tokens <= 0)
     fail("backend: a KV cache of {} blocks of {} tokens for {}-token forwards", kv_blocks, block_size, batch_tokens);
+  if (!opts.procs.master.empty()) return make_leader_backend(model, opts, kv_blocks, block_size, batch_tokens);
   if (opts.device == Device::Cpu) {
     try {
       if (opts.tensor_parallel == 1) return std::make_unique<CpuBackend>(model, kv_blocks, block_size);

@@ -6,6 +6,7 @@
 // Every cache is a kv::BlockAllocator with the same slot numbering, so a block table (and the
 // scheduler's kv::BlockManager on top of blocks()) means the same thing on all of them.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,10 +25,20 @@ namespace sparsemla::engine {
 
 enum class Device { Cpu, Cuda };
 
+// The ranks of a split model in separate processes (engine/remote_ranks.h): set `master` to make
+// this process rank 0 of a multi-process group listening there.
+struct ProcessGroupOptions {
+  int rank = 0;
+  std::string master;  // rank 0's host:port ("" : every rank in this process)
+  bool host_staged = false;  // --device cuda: collectives over the TCP star instead of NCCL
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // joining, and each exchange
+};
+
 struct BackendOptions {
   Device device = Device::Cpu;
   int tensor_parallel = 1;  // ranks the model is split over (1: not split)
   int threads = 0;          // CPU threads (0: all): the model's at load, the sharded CPU forward's
+  ProcessGroupOptions procs;  // procs.master set: ranks 1.. are other processes (`sparsemla worker`)
 #if SPARSEMLA_HAVE_CUDA
   // Device::Cuda: cache format, precise mode, the printed kernel table, the GPU of an unsplit model.
   // min_cache_tokens and max_batch_tokens are make_backend's to set, from the cache it makes.

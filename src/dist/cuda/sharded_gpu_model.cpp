@@ -38,7 +38,7 @@ namespace {
 // waiting for it. Any number of ranks per GPU.
 class HostStagedCommunicator : public Communicator {
  public:
-  explicit HostStagedCommunicator(cuda::Stream s) : s_(s) {}
+  explicit HostStagedCommunicator(cuda::Stream s, Communicator* in = nullptr) : inner(in), s_(s) {}
   Communicator* inner = nullptr;
   int rank() const override { return inner->rank(); }
   int size() const override { return inner->size(); }
@@ -76,7 +76,45 @@ class HostStagedCommunicator : public Communicator {
   std::vector<float> host_;
 };
 
+model::GpuShard shard_of(const ShardPlan& plan, int r, const model::ModelWeights& views) {
+  model::GpuShard shard;
+  shard.weights = &views;
+  shard.rank = r;
+  shard.n_ranks = plan.n_ranks();
+  shard.n_head = uint32_t(plan.heads_per_rank());
+  shard.experts = {r * plan.experts_per_rank(), plan.experts_per_rank()};
+  shard.vocab_first = r * plan.vocab_per_rank();
+  shard.vocab_count = plan.vocab_per_rank();
+  return shard;
+}
+
 }  // namespace
+
+std::unique_ptr<Communicator> host_staged(Communicator& inner, cuda::Stream s) {
+  return std::make_unique<HostStagedCommunicator>(s, &inner);
+}
+
+model::GpuCollectives collectives_of(Communicator& comm, bool capturable) {
+  model::GpuCollectives c;
+  Communicator* p = &comm;
+  c.all_reduce_sum = [p](float* data, int64_t n) { p->all_reduce_sum(data, n); };
+  c.all_gather = [p](const float* in, int64_t n, float* out) { p->all_gather(in, n, out); };
+  c.capturable = capturable;
+  return c;
+}
+
+std::unique_ptr<GpuRank> load_gpu_rank(const model::Model& cpu, int n_ranks, int rank, const model::GpuModelOptions& o) {
+  if (rank < 0 || rank >= n_ranks) fail("tensor parallel: rank {} of a group of {}", rank, n_ranks);
+  auto g = std::make_unique<GpuRank>();
+  g->plan = ShardPlan::make(cpu.hparams(), n_ranks, types_of(cpu.file()));
+  g->views = bind_shard(cpu.weights(), cpu.hparams(), g->plan, rank);
+  try {
+    g->gpu = model::GpuModel::load_shard(cpu, shard_of(g->plan, rank, g->views), o);
+  } catch (const Error& e) {
+    fail("tensor parallel: rank {} on GPU {}: {}", rank, o.device, e.what());
+  }
+  return g;
+}
 
 struct ShardedGpuModel::Rank {
   int device = 0;
@@ -159,14 +197,7 @@ std::unique_ptr<ShardedGpuModel> ShardedGpuModel::load(const model::Model& cpu, 
     auto rank = std::make_unique<Rank>();
     rank->device = devices[size_t(r)];
     rank->views = bind_shard(cpu.weights(), hp, m->plan_, r);
-    model::GpuShard shard;
-    shard.weights = &rank->views;
-    shard.rank = r;
-    shard.n_ranks = n_ranks;
-    shard.n_head = uint32_t(m->plan_.heads_per_rank());
-    shard.experts = {r * m->plan_.experts_per_rank(), m->plan_.experts_per_rank()};
-    shard.vocab_first = r * m->plan_.vocab_per_rank();
-    shard.vocab_count = m->plan_.vocab_per_rank();
+    const model::GpuShard shard = shard_of(m->plan_, r, rank->views);
     model::GpuModelOptions o = opts.gpu;
     o.device = rank->device;
     o.verbose = opts.gpu.verbose && r == 0;
@@ -196,12 +227,8 @@ std::unique_ptr<ShardedGpuModel> ShardedGpuModel::load(const model::Model& cpu, 
 #endif
   }
   for (int r = 0; r < n_ranks; ++r) {
-    Communicator* comm = m->communicator(r);
-    model::GpuCollectives c;
-    c.all_reduce_sum = [comm](float* data, int64_t n) { comm->all_reduce_sum(data, n); };
-    c.all_gather = [comm](const float* in, int64_t n, float* out) { comm->all_gather(in, n, out); };
-    c.capturable = opts.transport == TpTransport::Nccl;  // NCCL only enqueues; the host-staged copies wait
-    m->ranks_[size_t(r)]->gpu->set_collectives(std::move(c));
+    // NCCL only enqueues; the host-staged copies wait.
+    m->ranks_[size_t(r)]->gpu->set_collectives(collectives_of(*m->communicator(r), opts.transport == TpTransport::Nccl));
   }
   return m;
 }

@@ -45,6 +45,23 @@ class ShardedGpuCache : public kv::BlockAllocator {
 
 enum class TpTransport { Nccl, HostStaged };
 
+// One rank of a multi-process group (engine/remote_ranks.h), in this process: the rank's shard,
+// bound and checked as ShardedGpuModel::load binds each, on GPU o.device. Its collectives are the
+// caller's to set (GpuModel::set_collectives) once its communicator exists.
+struct GpuRank {
+  ShardPlan plan;
+  model::ModelWeights views;  // the rank's views into `cpu`'s tensors
+  std::unique_ptr<model::GpuModel> gpu;
+};
+std::unique_ptr<GpuRank> load_gpu_rank(const model::Model& cpu, int n_ranks, int rank, const model::GpuModelOptions& o);
+
+// Collectives on device memory through host memory and `inner` (a host Communicator: the in-process
+// group, or TCP between processes): each copies the data to the host, runs inner's collective and
+// copies the result back, waiting for it (so it cannot be captured in a CUDA graph).
+std::unique_ptr<Communicator> host_staged(Communicator& inner, cuda::Stream s);
+// The collectives a GpuModel uses, through `comm` (which must outlive the model's use of them).
+model::GpuCollectives collectives_of(Communicator& comm, bool capturable);
+
 struct ShardedGpuOptions {
   model::GpuModelOptions gpu;   // per rank; gpu.device is ignored (devices below)
   std::vector<int> devices;     // [N] the GPU of each rank; empty: rank r on GPU r

@@ -144,6 +144,7 @@ class GpuModel {
   const HParams& hparams() const { return hp_; }
   AttentionMode attention() const { return attention_; }
   cuda::KvDtype kv_dtype() const { return opts_.kv_cache; }
+  int device() const { return opts_.device; }
   const ops::BackendPlan& plan(cuda::KvDtype d) const { return plans_[format_index(d)]; }
   const GpuMemory& memory() const { return mem_; }
   // Decode graphs captured and replayed so far.
