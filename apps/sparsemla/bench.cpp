@@ -1,7 +1,9 @@
 // `sparsemla bench`: prefill and decode tokens/s of a model on this machine (CPU or --device cuda,
 // whole or split over --tensor-parallel ranks) next to its bound, and
 // `sparsemla make-model`: random-weight models of chosen widths to benchmark.
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -45,9 +47,9 @@ double memcpy_rate() {
 
 struct BenchArgs {
   std::string model;
-  int prompt = 128;
+  std::string prompt = "128";  // one size or a comma list
   int gen = 32;
-  int batch = 1;
+  std::string batch = "1";     // one size or a comma list
   int threads = 0;
   std::string attention = "sparse";
   DeviceArgs dev;
@@ -60,13 +62,90 @@ std::vector<int32_t> random_prompt(int n, uint32_t n_vocab) {
   return prompt;
 }
 
-// Prefill of --prompt random tokens for each of --batch sequences, then --gen decode steps of one
-// token per sequence, on the backend the device options name. The bound is the weight bytes one
-// decode step reads (once for the whole batch: a lower bound on what a MoE step reads, whose
-// sequences may route to different experts) over the copy rate: one CPU thread's memcpy (the ranks
-// of a split CPU model share the memory), or the device-to-device copy of each GPU.
+// "1,8,32" -> {1, 8, 32}; every entry a positive integer.
+std::vector<int> parse_sizes(const std::string& text, const char* option) {
+  std::vector<int> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t end = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, end - at);
+    char* stop = nullptr;
+    const long v = std::strtol(item.c_str(), &stop, 10);
+    if (item.empty() || *stop != '\0' || v <= 0 || v > (1 << 30))
+      fail("{} {}: '{}' is not a positive size (give one, or a comma list such as 1,8,32)", option, text, item);
+    out.push_back(int(v));
+    at = end + 1;
+  }
+  return out;
+}
+
+struct BenchRow {
+  int prompt = 0, batch = 0;
+  double prefill_tps = 0, decode_tps = 0, ms_per_step = 0, pct_of_bound = 0;
+};
+
+// Prefill of `prompt` random tokens for each of `batch` sequences, then --gen decode steps of one
+// token per sequence, on the backend the device options name (made once for the largest case).
+// The bound is the weight bytes one decode step reads (once for the whole batch: a lower bound on
+// what a MoE step reads, whose sequences may route to different experts) over the copy rate: one
+// CPU thread's memcpy (the ranks of a split CPU model share the memory), or the device-to-device
+// copy of each GPU.
+BenchRow bench_case(const BenchArgs& a, const model::Model& m, engine::Backend& backend, int prompt_n, int batch,
+                    double bw, const std::string& bound_of, const model::TokenCost& cost) {
+  constexpr int kChunk = 4096;  // prompts go through in chunks, as a server's batches would take them
+  const auto& hp = m.hparams();
+  const int64_t total = int64_t(prompt_n) + a.gen;
+  kv::BlockAllocator& blocks = backend.blocks();
+  std::vector<float> logits;
+  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(batch));
+  for (auto& table : tables)
+    if (!blocks.reserve(table, total)) fail("bench: KV cache too small");
+  const std::vector<int32_t> prompt = random_prompt(prompt_n, hp.n_vocab);
+  auto t0 = Clock::now();
+  for (auto& table : tables)
+    for (int at = 0; at < prompt_n; at += kChunk) {
+      const int n = std::min(kChunk, prompt_n - at);
+      logits.clear();
+      backend.forward({model::SeqInput{{prompt.begin() + at, prompt.begin() + at + n}, at, &table, false}}, logits);
+    }
+  const double prefill_s = seconds_since(t0);
+  t0 = Clock::now();
+  for (int i = 0; i < a.gen; ++i) {
+    std::vector<model::SeqInput> step;
+    for (size_t s = 0; s < tables.size(); ++s)
+      step.push_back(model::SeqInput{{int32_t((i * 31 + int(s) * 7) % hp.n_vocab)}, prompt_n + i, &tables[s], false});
+    logits.clear();
+    backend.forward(step, logits);
+  }
+  const double decode_s = seconds_since(t0);
+  for (auto& table : tables) blocks.release(table);
+  BenchRow row{prompt_n, batch, double(prompt_n) * batch / prefill_s, double(a.gen) * batch / decode_s, 0, 0};
+  if (a.dev.cuda())
+    std::printf("prefill %d x %d tokens: %.1f tokens/s (%.2f TFLOP/s)\n", batch, prompt_n, row.prefill_tps,
+                row.prefill_tps * cost.flops / 1e12);
+  else
+    std::printf("prefill %d x %d tokens: %.1f tokens/s (%.2f GFLOP/s)\n", batch, prompt_n, row.prefill_tps,
+                row.prefill_tps * cost.flops / 1e9);
+  const double steps_per_s = a.gen / decode_s;
+  const double bound_steps = bw / double(cost.weight_bytes);
+  row.ms_per_step = 1e3 / steps_per_s;
+  row.pct_of_bound = 100.0 * steps_per_s / bound_steps;
+  std::printf("decode %d steps of batch %d, context %d..%d: %.2f tokens/s, %.3f ms per step (%.2f GB/s of weights); "
+              "bound %.2f steps/s (%s): %.1f%% of it\n",
+              a.gen, batch, prompt_n + 1, prompt_n + a.gen, row.decode_tps, row.ms_per_step,
+              steps_per_s * cost.weight_bytes / 1e9, bound_steps, bound_of.c_str(), row.pct_of_bound);
+  if (const double us = backend.all_reduce_us(int64_t(batch) * hp.n_embd); us >= 0)
+    std::printf("all-reduce of [%d, %u] fp32 between the ranks: %.1f us; 2 per layer: %.3f ms per step over %u layers "
+                "(%.1f%% of the step)\n",
+                batch, hp.n_embd, us, 2 * us * hp.n_layer / 1e3, hp.n_layer,
+                100.0 * 2 * us * hp.n_layer / 1e3 / row.ms_per_step);
+  std::fflush(stdout);
+  return row;
+}
+
 int run_bench(const BenchArgs& a) {
-  if (a.prompt <= 0 || a.gen <= 0 || a.batch <= 0) fail("--prompt, --gen and --batch must be > 0");
+  const std::vector<int> prompts = parse_sizes(a.prompt, "--prompt"), batches = parse_sizes(a.batch, "--batch");
+  if (a.gen <= 0) fail("--gen must be > 0");
   check_device_args(a.dev);
   model::ModelOptions o;
   o.threads = a.threads;
@@ -74,16 +153,15 @@ int run_bench(const BenchArgs& a) {
   auto m = model::Model::load(a.model, o);
   const auto& hp = m->hparams();
   const model::TokenCost cost = model::token_cost(m->file(), hp);
-  const int64_t total = int64_t(a.prompt) + a.gen;
-  const int32_t blocks_per_seq = int32_t((total + 15) / 16);
-  // Prompts go through in chunks of at most kChunk tokens, as a server's batches would take them.
-  constexpr int kChunk = 4096;
-  auto backend = engine::make_backend(*m, backend_options(a.dev, a.threads), blocks_per_seq * a.batch + 4, 16,
-                                      std::min(a.prompt, kChunk));
-  kv::BlockAllocator& blocks = backend->blocks();
-  std::vector<float> logits;
+  const int max_prompt = *std::max_element(prompts.begin(), prompts.end());
+  const int max_batch = *std::max_element(batches.begin(), batches.end());
+  const int32_t blocks_per_seq = int32_t((int64_t(max_prompt) + a.gen + 15) / 16);
+  auto backend = engine::make_backend(*m, backend_options(a.dev, a.threads), blocks_per_seq * max_batch + 4, 16,
+                                      std::min(max_prompt, 4096));
   {  // warm-up: first launches, cuBLAS's setup, the GPU workspace at its largest; pages of the weights
-    const int warm_n = std::min(a.prompt, 32);
+    kv::BlockAllocator& blocks = backend->blocks();
+    std::vector<float> logits;
+    const int warm_n = std::min(max_prompt, 32);
     std::vector<int32_t> warm;
     blocks.reserve(warm, warm_n + 1);
     const std::vector<int32_t> ids = random_prompt(warm_n, hp.n_vocab);
@@ -92,28 +170,6 @@ int run_bench(const BenchArgs& a) {
     backend->forward({model::SeqInput{{ids[0]}, warm_n, &warm, false}}, logits);
     blocks.release(warm);
   }
-  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(a.batch));
-  for (auto& table : tables)
-    if (!blocks.reserve(table, total)) fail("bench: KV cache too small");
-  const std::vector<int32_t> prompt = random_prompt(a.prompt, hp.n_vocab);
-  auto t0 = Clock::now();
-  for (auto& table : tables)
-    for (int at = 0; at < a.prompt; at += kChunk) {
-      const int n = std::min(kChunk, a.prompt - at);
-      logits.clear();
-      backend->forward({model::SeqInput{{prompt.begin() + at, prompt.begin() + at + n}, at, &table, false}}, logits);
-    }
-  const double prefill_s = seconds_since(t0);
-  t0 = Clock::now();
-  for (int i = 0; i < a.gen; ++i) {
-    std::vector<model::SeqInput> step;
-    for (size_t s = 0; s < tables.size(); ++s)
-      step.push_back(model::SeqInput{{int32_t((i * 31 + int(s) * 7) % hp.n_vocab)}, a.prompt + i, &tables[s], false});
-    logits.clear();
-    backend->forward(step, logits);
-  }
-  const double decode_s = seconds_since(t0);
-  const double prefill_tps = double(a.prompt) * a.batch / prefill_s, decode_tps = double(a.gen) * a.batch / decode_s;
   std::printf("model: %s (%s, %u layers), %.1f MB of weights read per decode token, %.2f GFLOP per token\n",
               a.model.c_str(), m->spec().name, hp.n_layer, cost.weight_bytes / 1e6, cost.flops / 1e9);
   std::printf("%s\n", backend->description().c_str());
@@ -128,28 +184,23 @@ int run_bench(const BenchArgs& a) {
     std::printf("device: %s KV cache, %s attention; device-to-device copy %.0f GB/s (read + write)%s\n",
                 a.dev.kv_cache.empty() ? "bf16" : a.dev.kv_cache.c_str(), a.attention.c_str(), bw / gpus / 1e9,
                 gpus > 1 ? " per GPU" : "");
-    std::printf("prefill %d x %d tokens: %.1f tokens/s (%.2f TFLOP/s)\n", a.batch, a.prompt, prefill_tps,
-                prefill_tps * cost.flops / 1e12);
 #endif
   } else {
     bw = memcpy_rate();
     bound_of = "weight bytes per token / memcpy rate";
     std::printf("threads: %d, memcpy: %.2f GB/s\n",
                 int(o.threads ? o.threads : int(std::thread::hardware_concurrency())), bw / 1e9);
-    std::printf("prefill %d x %d tokens: %.1f tokens/s (%.2f GFLOP/s)\n", a.batch, a.prompt, prefill_tps,
-                prefill_tps * cost.flops / 1e9);
   }
-  const double steps_per_s = a.gen / decode_s;
-  const double bound_steps = bw / double(cost.weight_bytes);
-  std::printf("decode %d steps of batch %d, context %d..%d: %.2f tokens/s, %.3f ms per step (%.2f GB/s of weights); "
-              "bound %.2f steps/s (%s): %.1f%% of it\n",
-              a.gen, a.batch, a.prompt + 1, a.prompt + a.gen, decode_tps, 1e3 / steps_per_s,
-              steps_per_s * cost.weight_bytes / 1e9, bound_steps, bound_of.c_str(), 100.0 * steps_per_s / bound_steps);
-  if (const double us = backend->all_reduce_us(int64_t(a.batch) * hp.n_embd); us >= 0)
-    std::printf("all-reduce of [%d, %u] fp32 between the ranks: %.1f us; 2 per layer: %.3f ms per step over %u layers "
-                "(%.1f%% of the step)\n",
-                a.batch, hp.n_embd, us, 2 * us * hp.n_layer / 1e3, hp.n_layer,
-                100.0 * 2 * us * hp.n_layer / 1e3 / (1e3 / steps_per_s));
+  std::vector<BenchRow> rows;
+  for (int p : prompts)
+    for (int b : batches) rows.push_back(bench_case(a, *m, *backend, p, b, bw, bound_of, cost));
+  if (rows.size() > 1) {
+    std::printf("\n%9s %6s %14s %14s %12s %10s\n", "context", "batch", "prefill tok/s", "decode tok/s", "ms/step",
+                "% bound");
+    for (const BenchRow& r : rows)
+      std::printf("%9d %6d %14.1f %14.1f %12.3f %9.1f%%\n", r.prompt, r.batch, r.prefill_tps, r.decode_tps,
+                  r.ms_per_step, r.pct_of_bound);
+  }
   return 0;
 }
 
@@ -185,9 +236,12 @@ Runner add_bench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Prefill and decode tokens/s on the CPU or the GPU, next to the memory-bandwidth bound");
   cmd->add_option("--model,-m", a->model, "GGUF model");
-  cmd->add_option("--prompt", a->prompt, "prompt tokens (random ids)");
+  cmd->add_option("--prompt", a->prompt,
+                  "prompt tokens (random ids), or a comma list of sizes to run in turn (e.g. 1024,32768,131072)");
   cmd->add_option("--gen", a->gen, "decode steps");
-  cmd->add_option("--batch", a->batch, "sequences decoding together (each with its own --prompt)");
+  cmd->add_option("--batch", a->batch,
+                  "sequences decoding together (each with its own --prompt), or a comma list (e.g. 1,8,32): every "
+                  "prompt size with every batch, one model load, and a table at the end");
   cmd->add_option("--attention", a->attention, "sparse (the model's DSA top-k, default) or dense (every position)")
       ->check(CLI::IsMember({"sparse", "dense"}));
   cmd->add_option("--threads,-t", a->threads, "CPU threads (default: all)");

@@ -183,7 +183,16 @@ TEST(DeviceCli, BenchReportsBatchedDecodeOnTheCpu) {
   }
   const CliResult bad = cli("bench -m " + model() + " --batch 0");
   EXPECT_NE(bad.status, 0);
-  EXPECT_TRUE(contains(bad.out, "--batch must be > 0")) << bad.out;
+  EXPECT_TRUE(contains(bad.out, "--batch 0: '0' is not a positive size")) << bad.out;
+  // Lists: every prompt size with every batch on one loaded model, then the table.
+  const CliResult sweep = cli("bench -m " + model() + " --prompt 8,20 --gen 2 --batch 1,3 --threads 2");
+  ASSERT_EQ(sweep.status, 0) << sweep.out;
+  for (const char* line : {"prefill 1 x 8 tokens", "prefill 3 x 8 tokens", "prefill 1 x 20 tokens",
+                           "decode 2 steps of batch 3, context 21..22", "context  batch  prefill tok/s"})
+    EXPECT_TRUE(contains(sweep.out, line)) << line << "\n" << sweep.out;
+  const CliResult bad_list = cli("bench -m " + model() + " --prompt 8,,20");
+  EXPECT_NE(bad_list.status, 0);
+  EXPECT_TRUE(contains(bad_list.out, "--prompt 8,,20: '' is not a positive size")) << bad_list.out;
 }
 
 TEST(DeviceCli, ServeSplitOverTwoCpuRanksAnswersAsTheWholeModel) {
