@@ -62,7 +62,9 @@ class Graph {
 // charged to `label`. collect() waits for the stream and adds the step's intervals to the totals.
 class StepTimer {
  public:
-  explicit StepTimer(cuda::Stream s) : s_(s) {}
+  // hold_us > 0: each step starts behind a kernel that waits that long, while the host enqueues
+  // the step (make it longer than the host takes to launch one step).
+  explicit StepTimer(cuda::Stream s, int hold_us = 0) : s_(s), hold_us_(hold_us) {}
   ~StepTimer();
   StepTimer(const StepTimer&) = delete;
   StepTimer& operator=(const StepTimer&) = delete;
@@ -77,6 +79,7 @@ class StepTimer {
     int64_t calls = 0;
   };
   cuda::Stream s_;
+  int hold_us_ = 0;
   std::vector<std::pair<const char*, void*>> marks_;  // this step's (label, cudaEvent_t)
   std::vector<void*> pool_;                           // events to reuse
   std::vector<std::pair<std::string, Total>> totals_;

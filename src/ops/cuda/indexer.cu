@@ -11,6 +11,7 @@
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.cuh"
+#include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
 
 namespace sparsemla::cuda {
@@ -239,13 +240,11 @@ void launch_stages(const IndexerArgs& a, int run, cudaStream_t st) {
   auto kernel = indexer_mma_kernel<DIM, FP8, STAGES>;
   // Enough tiles per block that one wave of resident blocks covers the keys, so that each block
   // streams several tiles through its stages.
-  int dev = 0, sms = 0, per_sm = 0;
-  SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
-  SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int sms = sm_count();
   const size_t smem_max = mma_smem_bytes<DIM, FP8, STAGES>(a.heads, a.keys.row_bytes,
                                                            pages_per_block(kMaxTilesPerBlock, a.keys.block_size));
-  SPARSEMLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_max)));
-  SPARSEMLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem_max));
+  allow_smem(kernel, smem_max);
+  const int per_sm = blocks_per_sm(kernel, kThreads, smem_max);
   const int64_t tiles = ceil_div(a.max_ctx, kKeysPerTile);
   const int64_t slots = int64_t(std::max(1, sms * per_sm));
   const int per_block = int(std::clamp<int64_t>((tiles * a.T + slots - 1) / slots, 1, kMaxTilesPerBlock));

@@ -15,6 +15,7 @@
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_smem.h"
 #include "ops/cuda/check.cuh"
+#include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
 
 namespace sparsemla::cuda {
@@ -473,7 +474,7 @@ void launch_mma(const AttentionArgs& a, const Geometry& geo, float* part, cudaSt
   // GLM-5 / DeepSeek rows (512 + 64) get the k-loop unrolled: 18 k-steps of 16 per half of 288.
   auto kernel = NV == 32 && geo.d_pad == 576 ? mla_mma_kernel<NV, FP8, HG, STAGES, (NV == 32 ? 18 : 0)>
                                              : mla_mma_kernel<NV, FP8, HG, STAGES, 0>;
-  SPARSEMLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  allow_smem(kernel, smem);
   const dim3 grid(unsigned(ceil_div(a.heads, HG * 16)), unsigned(a.T), unsigned(geo.splits));
   kernel<<<grid, HG * 64, smem, st>>>(a, geo, part);
   SPARSEMLA_CUDA_LAUNCH_CHECK();

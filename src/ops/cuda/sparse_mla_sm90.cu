@@ -26,6 +26,7 @@
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_smem.h"
 #include "ops/cuda/check.cuh"
+#include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
 
 namespace sparsemla::cuda {
@@ -595,7 +596,7 @@ void sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, fl
     fail("sparse_mla: latent rows of {} bytes, the wgmma kernel expects {}", a.latent.row_bytes,
          latent_row_bytes(a.dtype, kLora, kRope));
   auto kernel = a.dtype == KvDtype::FP8 ? mla_wgmma_kernel<true> : mla_wgmma_kernel<false>;
-  SPARSEMLA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  allow_smem(kernel, kSmemBytes);
   const dim3 grid(unsigned(ceil_div(a.heads, kHeads)), unsigned(a.T), unsigned(splits));
   kernel<<<grid, kThreads, kSmemBytes, static_cast<cudaStream_t>(s)>>>(a, rows_per_split, part);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
