@@ -1,6 +1,8 @@
 // Matrix products on quantized weights on the GPU: time per call, the weight bandwidth reached and
-// its fraction of the measured device-to-device copy bandwidth, for Q8_0, Q4_K and BF16 weights of
-// a 4096-square and the GLM-5 widths (6144 -> 2048 and 2048 -> 6144) at 1 to 512 tokens.
+// its fraction of the measured device-to-device copy bandwidth, for Q8_0, Q4_K, Q6_K and BF16
+// weights of a 4096-square and the GLM-5 widths (6144 -> 2048 and 2048 -> 6144) at 1 to 512 tokens;
+// for the quantized types also 16384 -> 6144, 2048 -> 16384 and the output head (6144 -> 154880)
+// at 1 to 64 tokens; and the routed experts of one MoE layer (matmul_experts, 8 pairs).
 //
 //   bench_cuda_matmul [--quick]
 // Weights are random bytes with small block scales (values do not change the work); each shape
@@ -9,6 +11,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gguf/ggml_types.h"
@@ -38,9 +41,34 @@ std::vector<uint8_t> random_weight(GgmlType t, int64_t n_rows, int64_t n_cols) {
       std::memcpy(&w[at], &small, 2);
       std::memcpy(&w[at + 2], &small, 2);
     }
+    if (t == GgmlType::Q6_K) std::memcpy(&w[at + 208], &small, 2);
     if (t == GgmlType::BF16) w[at + 1] = uint8_t(0x3C + (w[at + 1] & 1));  // |x| in [2^-7, 2^-5)
   }
   return w;
+}
+
+// Device copies of one weight, enough of them to exceed 256 MB together.
+struct Copies {
+  std::vector<cuda::DeviceBuffer> bufs;
+  std::vector<cuda::QuantMatrix> mats;
+  Copies(GgmlType t, int64_t rows, int64_t cols) {
+    const std::vector<uint8_t> bytes = random_weight(t, rows, cols);
+    const int n = int(std::max<size_t>(1, (size_t(256) << 20) / bytes.size() + 1));
+    for (int i = 0; i < n; ++i) {
+      bufs.push_back(cuda::to_device(bytes));
+      mats.push_back({t, cols, rows, gguf::row_bytes(t, uint64_t(cols)), bufs.back().get()});
+    }
+  }
+};
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+void print_line(GgmlType t, Shape sh, const char* what, const cuda::MatmulTiming& m, double copy) {
+  std::printf("%-5s %6lldx%-6lld %5s %10.1f %9.0f %6.0f%% %8.1f\n", std::string(gguf::type_name(t)).c_str(),
+              (long long)sh.rows, (long long)sh.cols, what, m.us_per_call, m.weight_gbs, 100.0 * m.weight_gbs / copy,
+              m.tflops);
 }
 
 }  // namespace
@@ -54,27 +82,29 @@ int main(int argc, char** argv) {
   }
   const double copy = cuda::bench_copy_gbs(size_t(1) << 30, quick ? 3 : 10);
   std::printf("%s: device-to-device copy %.0f GB/s (read + written)\n\n", devices[0].name.c_str(), copy);
-  std::printf("%-5s %-11s %5s %10s %9s %7s %8s\n", "type", "rows x cols", "T", "us/call", "GB/s", "% copy", "TFLOP/s");
-  struct Shape {
-    int64_t rows, cols;
-  };
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::BF16}) {
-    for (Shape sh : {Shape{4096, 4096}, Shape{2048, 6144}, Shape{6144, 2048}}) {
-      const std::vector<uint8_t> bytes = random_weight(t, sh.rows, sh.cols);
-      const int n_copies = int(std::max<size_t>(1, (size_t(256) << 20) / bytes.size() + 1));
-      std::vector<cuda::DeviceBuffer> bufs;
-      std::vector<cuda::QuantMatrix> copies;
-      for (int i = 0; i < n_copies; ++i) {
-        bufs.push_back(cuda::to_device(bytes));
-        copies.push_back({t, sh.cols, sh.rows, gguf::row_bytes(t, uint64_t(sh.cols)), bufs.back().get()});
-      }
-      for (int64_t T : {1, 8, 16, 64, 512}) {
-        const cuda::MatmulTiming m = cuda::bench_matmul(copies.data(), n_copies, T, quick ? 4 : 20, quick ? 2 : 5);
-        std::printf("%-5s %4lldx%-6lld %5lld %10.1f %9.0f %6.0f%% %8.1f\n", std::string(gguf::type_name(t)).c_str(),
-                    (long long)sh.rows, (long long)sh.cols, (long long)T, m.us_per_call, m.weight_gbs,
-                    100.0 * m.weight_gbs / copy, m.tflops);
+  std::printf("%-5s %-13s %5s %10s %9s %7s %8s\n", "type", "rows x cols", "T", "us/call", "GB/s", "% copy", "TFLOP/s");
+  const int calls = quick ? 8 : 20, runs = quick ? 3 : 5;
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16}) {
+    std::vector<Shape> shapes = {{4096, 4096}, {2048, 6144}, {6144, 2048}};
+    if (t != GgmlType::BF16) shapes.insert(shapes.end(), {{6144, 16384}, {16384, 2048}, {154880, 6144}});
+    for (Shape sh : shapes) {
+      const Copies c(t, sh.rows, sh.cols);
+      const bool large = sh.rows * sh.cols > 64 << 20;
+      for (int64_t T : {1, 2, 4, 8, 16, 64, 512}) {
+        if (large && T > 64) continue;
+        const cuda::MatmulTiming m = cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, large ? 4 : calls, runs);
+        print_line(t, sh, std::to_string(T).c_str(), m, copy);
       }
     }
+  }
+  // The routed experts of one MoE layer at batch 1: 8 (token, expert) pairs of one token, distinct
+  // random experts of a 64-expert stack (GLM-5 widths: gate/up 2048 x 6144, down 6144 x 2048).
+  for (auto [t, rows, cols] : {std::tuple{GgmlType::Q4_K, int64_t(2048), int64_t(6144)},
+                               std::tuple{GgmlType::Q6_K, int64_t(6144), int64_t(2048)}}) {
+    const std::vector<uint8_t> bytes = random_weight(t, 64 * rows, cols);
+    const cuda::DeviceBuffer buf = cuda::to_device(bytes);
+    const cuda::QuantMatrix w{t, cols, 64 * rows, gguf::row_bytes(t, uint64_t(cols)), buf.get()};
+    print_line(t, {rows, cols}, "8exp", cuda::bench_matmul_experts(w, rows, 8, calls, runs), copy);
   }
   return 0;
 }

@@ -150,11 +150,13 @@ struct Shape {
   int64_t n_rows, n_cols;
 };
 
-// Rows never a multiple of the 128-row tile or the 2-row decode block; columns an odd number of
+// Rows never a multiple of the 128-row tile or the 4-row decode block; columns an odd number of
 // blocks (misaligned rows for the 2-byte aligned formats) and, for the small blocks, not a
-// multiple of the 64-column tile either.
+// multiple of the 64-column tile either. 8960 columns give the decode kernel its largest thread
+// count (256) with units left over after the unrolled steps, 768 and 256 its smallest (32) with
+// idle threads.
 std::vector<Shape> shapes_for(GgmlType t) {
-  std::vector<Shape> s = {{67, 768}, {131, 256}};
+  std::vector<Shape> s = {{67, 768}, {131, 256}, {19, 8960}};
   const uint32_t bs = gguf::traits(t).block_size;
   if (bs == 1) s.push_back({33, 200});
   if (bs == 32) s.push_back({33, 160});

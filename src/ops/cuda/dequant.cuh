@@ -275,9 +275,9 @@ struct Dq<GgmlType::Q4_K> : Quarters256 {
   static constexpr bool kScaled = true, kHasMin = true;
   __device__ static void unit(const uint8_t* b, int u, float (&q)[16], float (&sc)[2], float (&mn)[2], const QuantTables&) {
     const int k = u / 4, l0 = 8 * (u % 4);
-    const uint32_t dd = ld32(b);
-    const float d = half_to_f(dd & 0xFFFF), dmin = half_to_f(dd >> 16);
-    const uint32_t s0 = ld32(b + 4), s1 = ld32(b + 8), s2 = ld32(b + 12);
+    const uint4 hd = ld128(b);  // fp16 d, dmin | scales[12]: 144-byte blocks are 16-byte aligned
+    const float d = half_to_f(hd.x & 0xFFFF), dmin = half_to_f(hd.x >> 16);
+    const uint32_t s0 = hd.y, s1 = hd.z, s2 = hd.w;
     const uint2 w = ld64(b + 16 + 32 * k + l0);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -298,9 +298,9 @@ struct Dq<GgmlType::Q5_K> : Quarters256 {
   static constexpr bool kScaled = true, kHasMin = true;
   __device__ static void unit(const uint8_t* b, int u, float (&q)[16], float (&sc)[2], float (&mn)[2], const QuantTables&) {
     const int k = u / 4, l0 = 8 * (u % 4);
-    const uint32_t dd = ld32(b);
-    const float d = half_to_f(dd & 0xFFFF), dmin = half_to_f(dd >> 16);
-    const uint32_t s0 = ld32(b + 4), s1 = ld32(b + 8), s2 = ld32(b + 12);
+    const uint4 hd = ld128(b);  // fp16 d, dmin | scales[12]: 176-byte blocks are 16-byte aligned
+    const float d = half_to_f(hd.x & 0xFFFF), dmin = half_to_f(hd.x >> 16);
+    const uint32_t s0 = hd.y, s1 = hd.z, s2 = hd.w;
     const uint2 h = ld64(b + 16 + l0);
     const uint2 w = ld64(b + 48 + 32 * k + l0);
 #pragma unroll
@@ -586,6 +586,77 @@ struct Dq<GgmlType::IQ1_M> : Consecutive16 {
   }
 };
 
+// ---- wide units for the decode product ----
+//
+// The decode product (gemv.cuh) is limited by the L1 requests of its small scattered weight loads
+// when a unit is 16 elements; these views of Q4_K and Q6_K take 32 elements per unit (4 runs) from
+// the bytes that two of the units above share, in fewer and wider loads. They have the interface
+// of Dq<T> (kRuns = 4) and serve only the decode product; GemvUnits<D> names the view it uses.
+
+// Q4_K in 8 units of 32: unit w = 2k + j takes qs bytes 16 + 16w .. + 16 (one 16-byte load) of
+// quarter k: run 0 / 1 the low nibbles of bytes 0..7 / 8..15 (group 2k), run 2 / 3 the high
+// nibbles (group 2k + 1). Run r is at 64k + 32 (r / 2) + 16j + 8 (r % 2).
+struct Q4KWide {
+  static constexpr int kBlock = 256, kBytes = 144, kUnit = 32, kUnitsPerBlock = 8;
+  static constexpr bool kScaled = true, kHasMin = true;
+  __device__ static int run(int w, int r) { return 64 * (w / 2) + 32 * (r / 2) + 16 * (w % 2) + 8 * (r % 2); }
+  __device__ static void unit(const uint8_t* b, int w, float (&q)[32], float (&sc)[4], float (&mn)[4], const QuantTables&) {
+    const int k = w / 2;
+    const uint4 hd = ld128(b);
+    const uint4 qs = ld128(b + 16 + 16 * w);
+    const float d = half_to_f(hd.x & 0xFFFF), dmin = half_to_f(hd.x >> 16);
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {  // nibble n: group 2k + n, runs 2n and 2n + 1
+      int s, m;
+      k4_scale_min(hd.y, hd.z, hd.w, 2 * k + n, &s, &m);
+      sc[2 * n] = sc[2 * n + 1] = __fmul_rn(d, int_to_f(s));
+      mn[2 * n] = mn[2 * n + 1] = __fmul_rn(dmin, int_to_f(m));
+      bytes8_to_f((qs.x >> (4 * n)) & 0x0F0F0F0Fu, (qs.y >> (4 * n)) & 0x0F0F0F0Fu, 0, q + 16 * n);
+      bytes8_to_f((qs.z >> (4 * n)) & 0x0F0F0F0Fu, (qs.w >> (4 * n)) & 0x0F0F0F0Fu, 0, q + 16 * n + 8);
+    }
+  }
+};
+
+// Q6_K in 8 units of 32: unit w (half h = w / 4, l0 = 8 (w % 4)) takes runs k = 0..3 of half h
+// at 128h + 32k + l0, which share their ql bytes (k and k + 2: two nibbles of ql[64h + 32 (k % 2)
+// + l]) and their qh bytes (bits 2k of qh[32h + l]); the four scales sc[8h + l0 / 16 + 2k] lie in
+// one 8-byte span. 13 loads for 32 elements instead of 24.
+struct Q6KWide {
+  static constexpr int kBlock = 256, kBytes = 210, kUnit = 32, kUnitsPerBlock = 8;
+  static constexpr bool kScaled = true, kHasMin = false;
+  __device__ static int run(int w, int r) { return 128 * (w / 4) + 32 * r + 8 * (w % 4); }
+  __device__ static void unit(const uint8_t* b, int w, float (&q)[32], float (&sc)[4], float (&)[4], const QuantTables&) {
+    const int h = w / 4, l0 = 8 * (w % 4), sub = l0 / 16;
+    const float d = half_to_f(ld16(b + 208));
+    const uint2 hb = ld64_a2(b + 128 + 32 * h + l0);
+    const uint2 lb[2] = {ld64_a2(b + 64 * h + l0), ld64_a2(b + 64 * h + 32 + l0)};
+    const uint2 sw = ld64_a2(b + 192 + 8 * h);  // scales 8h .. 8h + 8: run k's is byte sub + 2k
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t word = k < 2 ? sw.x : sw.y;
+      sc[k] = __fmul_rn(d, int_to_f(int(int8_t((word >> (8 * (sub + 2 * (k % 2)))) & 0xFF))));
+      const uint2 l = lb[k % 2];
+      const uint32_t w0 = ((l.x >> (4 * (k / 2))) & 0x0F0F0F0Fu) | (((hb.x >> (2 * k)) & 0x03030303u) << 4);
+      const uint32_t w1 = ((l.y >> (4 * (k / 2))) & 0x0F0F0F0Fu) | (((hb.y >> (2 * k)) & 0x03030303u) << 4);
+      bytes8_to_f(w0, w1, 32, q + 8 * k);
+    }
+  }
+};
+
+// The units the decode product takes for weights of decoder D.
+template <class D>
+struct GemvUnits {
+  using type = D;
+};
+template <>
+struct GemvUnits<Dq<GgmlType::Q4_K>> {
+  using type = Q4KWide;
+};
+template <>
+struct GemvUnits<Dq<GgmlType::Q6_K>> {
+  using type = Q6KWide;
+};
+
 // ---- consumers' helpers ----
 
 template <class D>
@@ -613,46 +684,6 @@ __device__ __forceinline__ void dequantize_fast(const uint8_t* blk, int u, float
   if constexpr (D::kScaled) {
 #pragma unroll
     for (int i = 0; i < D::kUnit; ++i) v[i] = D::kHasMin ? __fmaf_rn(sc[i / 8], v[i], -mn[i / 8]) : sc[i / 8] * v[i];
-  }
-}
-
-// The decode product's step: acc[r][t] += (unit u of block `blk[r]`) . x[t], where x[t] holds
-// the unit's 16 (or 8) activations of token t in run order. Per run: the 8 products q * x chained
-// through fmaf, then sc * that - mn * sum(x). The order is fixed, so token t's sum does not
-// depend on NT or R (batch invariance).
-template <class D, int R, int NT>
-__device__ __forceinline__ void unit_dot(const uint8_t* const (&blk)[R], int u, const float (&x)[NT][D::kUnit],
-                                         float (&acc)[R][NT], const QuantTables& t) {
-  constexpr int kR = kRuns<D>;
-  float sx[NT][kR];
-  if constexpr (D::kHasMin) {
-#pragma unroll
-    for (int k = 0; k < NT; ++k)
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        float s = x[k][8 * r];
-#pragma unroll
-        for (int i = 1; i < 8; ++i) s = __fadd_rn(s, x[k][8 * r + i]);
-        sx[k][r] = s;
-      }
-  }
-#pragma unroll
-  for (int row = 0; row < R; ++row) {
-    float q[D::kUnit], sc[kR], mn[kR];
-    D::unit(blk[row], u, q, sc, mn, t);
-#pragma unroll
-    for (int k = 0; k < NT; ++k)
-#pragma unroll
-      for (int r = 0; r < kR; ++r) {
-        float d = __fmul_rn(q[8 * r], x[k][8 * r]);
-#pragma unroll
-        for (int i = 1; i < 8; ++i) d = __fmaf_rn(q[8 * r + i], x[k][8 * r + i], d);
-        if constexpr (D::kScaled)
-          acc[row][k] = __fmaf_rn(sc[r], d, acc[row][k]);
-        else
-          acc[row][k] = __fadd_rn(acc[row][k], d);
-        if constexpr (D::kHasMin) acc[row][k] = __fmaf_rn(-mn[r], sx[k][r], acc[row][k]);
-      }
   }
 }
 

@@ -1,28 +1,78 @@
-// The decode product (few tokens): each block takes kGemvRows weight rows and all tokens; its
-// threads split a row's units (dequant.cuh) round-robin, decode them to fp32 in registers and
-// multiply them with fp32 activations read through the L1 cache. The activation loads, not the
-// weight bytes, are most of the L1 traffic, so every load feeds all the block's rows. Tokens are
-// processed NT = 1, 2 or 4 at a time (accumulators per row); more tokens take several passes over
+// The decode product (few tokens): each block takes R weight rows and all tokens; its threads
+// split a row's units (dequant.cuh; the wide units of GemvUnits<D> for Q4_K and Q6_K) round-robin,
+// decode them to fp32 in registers and multiply them with fp32 activations read through the L1
+// cache. Every activation load feeds all the block's rows. A thread takes U units per step, fully
+// unrolled, so that U x R units' weight loads are in flight at once (one unit at a time left the
+// kernel waiting on memory latency). At one token the remaining limit is instruction issue (about
+// 3 instructions per weight element to decode and multiply); see docs/PERFORMANCE.md. Tokens are
+// processed NT = 1, 2, 4 or 8 at a time (R x NT accumulators); more tokens take several passes over
 // the rows, which the L1/L2 caches then serve.
 //
-// Batch invariance: the number of threads depends only on n_cols, thread i takes units
-// i, i + threads, ... in that order, each unit's products are summed in a fixed order
-// (dq::unit_dot), and the per-thread sums are reduced by a fixed shuffle tree and then warp by
-// warp. None of it depends on NT, on the number of tokens or on the other tokens' values.
+// Batch invariance: the number of threads depends only on n_cols (and the type), thread i takes
+// units i, i + threads, ... and adds each unit's runs into acc[row][token] in that order, each run
+// summed in a fixed order; the per-thread sums are reduced by a fixed shuffle tree and then warp by
+// warp. None of it depends on NT (U and R are fixed per type), on the number of tokens or on the
+// other tokens' values.
 #pragma once
 #include "ops/cuda/quant_matmul_kernels.cuh"
 
 namespace sparsemla::cuda {
 
-constexpr int kGemvRows = 4;         // weight rows per block (share the activation loads)
-constexpr int kGemvMaxThreads = 128;
+constexpr int kGemvMaxThreads = 256;
 
-template <class D, int NT>
+// acc[row][t] += (unit u of block blk[row]) . (the unit's activations of token t), run by run:
+// per run the 8 products q * x chained through fmaf, then sc * that - mn * sum(x). Decoding a
+// unit once per run leaves the compiler one set of loads (they are common subexpressions) and
+// only the run's 8 values live per row.
+template <class V, int R, int NT>
+__device__ __forceinline__ void gemv_unit(const uint8_t* const (&w)[R], const float* const (&x)[NT], int iu,
+                                          float (&acc)[R][NT], const QuantTables& tables) {
+  constexpr int kRuns = V::kUnit / 8;
+  const int b = iu / V::kUnitsPerBlock, u = iu % V::kUnitsPerBlock;
+  const int64_t c0 = int64_t(b) * V::kBlock;
+#pragma unroll
+  for (int r = 0; r < kRuns; ++r) {
+    float q[R][8], sc[R], mn[R];
+#pragma unroll
+    for (int row = 0; row < R; ++row) {
+      float qa[V::kUnit], sa[kRuns], ma[kRuns];
+      V::unit(w[row] + int64_t(b) * V::kBytes, u, qa, sa, ma, tables);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) q[row][i] = qa[8 * r + i];
+      sc[row] = sa[r];
+      mn[row] = ma[r];
+    }
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float4* p = reinterpret_cast<const float4*>(x[t] + c0 + V::run(u, r));
+      const float4 x0 = __ldg(p), x1 = __ldg(p + 1);
+      const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      float sx = 0.0f;
+      if constexpr (V::kHasMin) {
+        sx = xs[0];
+#pragma unroll
+        for (int i = 1; i < 8; ++i) sx = __fadd_rn(sx, xs[i]);
+      }
+#pragma unroll
+      for (int row = 0; row < R; ++row) {
+        float d = __fmul_rn(q[row][0], xs[0]);
+#pragma unroll
+        for (int i = 1; i < 8; ++i) d = __fmaf_rn(q[row][i], xs[i], d);
+        if constexpr (V::kScaled)
+          acc[row][t] = __fmaf_rn(sc[row], d, acc[row][t]);
+        else
+          acc[row][t] = __fadd_rn(acc[row][t], d);
+        if constexpr (V::kHasMin) acc[row][t] = __fmaf_rn(-mn[row], sx, acc[row][t]);
+      }
+    }
+  }
+}
+
+template <class V, int NT, int R, int U>
 __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) {
-  constexpr int R = kGemvRows;
   __shared__ float partial[kGemvMaxThreads / 32][R * NT];  // per warp: [row][token]
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, n_warps = blockDim.x / 32;
-  const int n_units = int(a.n_cols / D::kUnit);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, n_threads = blockDim.x, n_warps = n_threads / 32;
+  const int n_units = int(a.n_cols / V::kUnit);
   const int64_t row0 = int64_t(blockIdx.x) * R;
   // Expert mode: this block's pair selects the expert's rows, its activation row and output row;
   // the product is then the one-token product, summed exactly as a one-token call sums it.
@@ -54,24 +104,12 @@ __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) 
 #pragma unroll
       for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
 
-    for (int iu = tid; iu < n_units; iu += blockDim.x) {
-      const int b = iu / D::kUnitsPerBlock, u = iu % D::kUnitsPerBlock;
-      const int64_t c0 = int64_t(b) * D::kBlock;
-      float xs[NT][D::kUnit];
+    int iu = tid;
+    for (; iu + (U - 1) * n_threads < n_units; iu += U * n_threads) {
 #pragma unroll
-      for (int t = 0; t < NT; ++t)
-#pragma unroll
-        for (int run = 0; run < D::kUnit / 8; ++run) {
-          const float4* p = reinterpret_cast<const float4*>(x[t] + c0 + D::run(u, run));
-          const float4 x0 = __ldg(p), x1 = __ldg(p + 1);
-          float* o = xs[t] + 8 * run;
-          o[0] = x0.x, o[1] = x0.y, o[2] = x0.z, o[3] = x0.w, o[4] = x1.x, o[5] = x1.y, o[6] = x1.z, o[7] = x1.w;
-        }
-      const uint8_t* blk[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) blk[r] = w[r] + int64_t(b) * D::kBytes;
-      dq::unit_dot<D, R, NT>(blk, u, xs, acc, a.tables);
+      for (int j = 0; j < U; ++j) gemv_unit<V, R, NT>(w, x, iu + j * n_threads, acc, a.tables);
     }
+    for (; iu < n_units; iu += n_threads) gemv_unit<V, R, NT>(w, x, iu, acc, a.tables);
 
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -83,29 +121,51 @@ __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) 
         if (lane == 0) partial[warp][r * NT + t] = s;
       }
     __syncthreads();
-    if (tid < R * NT) {
-      const int r = tid / NT, t = tid % NT;
-      float s = partial[0][tid];
-      for (int i = 1; i < n_warps; ++i) s += partial[i][tid];
+    for (int i = tid; i < R * NT; i += n_threads) {
+      const int r = i / NT, t = i % NT;
+      float s = partial[0][i];
+      for (int k = 1; k < n_warps; ++k) s += partial[k][i];
       if (row0 + r < a.n_rows && t0 + t < n_tokens) ybase[(t0 + t) * a.n_rows + row0 + r] = s;
     }
     __syncthreads();
   }
 }
 
+// Rows per block: each activation load feeds kGemvRows rows.
+constexpr int kGemvRows = 4;
+
+// Units a thread takes per step, fully unrolled: 4 units of 8 or 16 elements, 2 of the 32-element
+// wide units. Measured on the H200 (2026-11-29, bench_cuda_matmul --variants, R x U in {2, 4, 8} x
+// {1, 2, 4}): R = 4 with these U was best or within a few percent of best for Q8_0, Q4_K and Q6_K
+// at T = 1 on every shape; R = 8 or R = 2 lost up to 20 points on some shape.
+template <class V>
+constexpr int kGemvUnroll = V::kUnit == 32 ? 2 : 4;
+
+// Threads per block: enough that each takes about kGemvUnroll units of a row, a multiple of 32 in
+// [32, kGemvMaxThreads]. A function of n_cols and the type only (batch invariance).
+template <class V>
+int gemv_threads(int64_t n_cols) {
+  const int64_t n_units = n_cols / V::kUnit;
+  const int64_t want = (n_units + kGemvUnroll<V> - 1) / kGemvUnroll<V>;
+  return int(std::min<int64_t>(kGemvMaxThreads, std::max<int64_t>(32, (want + 31) / 32 * 32)));
+}
+
 template <class D>
 void launch_gemv(const MatArgs& a, cudaStream_t s) {
-  const int64_t n_units = a.n_cols / D::kUnit;
-  const int threads = int(std::min<int64_t>(kGemvMaxThreads, std::max<int64_t>(32, (n_units + 31) / 32 * 32)));
-  const unsigned blocks = unsigned(ceil_div(a.n_rows, kGemvRows));
+  using V = typename dq::GemvUnits<D>::type;
+  constexpr int R = kGemvRows, U = kGemvUnroll<V>;
+  const int threads = gemv_threads<V>(a.n_cols);
+  const unsigned blocks = unsigned(ceil_div(a.n_rows, int64_t(R)));
   if (a.expert_ids)
-    gemv_kernel<D, 1><<<dim3(blocks, unsigned(a.n_tokens)), threads, 0, s>>>(a);
+    gemv_kernel<V, 1, R, U><<<dim3(blocks, unsigned(a.n_tokens)), threads, 0, s>>>(a);
   else if (a.n_tokens == 1)
-    gemv_kernel<D, 1><<<blocks, threads, 0, s>>>(a);
+    gemv_kernel<V, 1, R, U><<<blocks, threads, 0, s>>>(a);
   else if (a.n_tokens == 2)
-    gemv_kernel<D, 2><<<blocks, threads, 0, s>>>(a);
+    gemv_kernel<V, 2, R, U><<<blocks, threads, 0, s>>>(a);
+  else if (a.n_tokens <= 4)
+    gemv_kernel<V, 4, R, U><<<blocks, threads, 0, s>>>(a);
   else
-    gemv_kernel<D, 4><<<blocks, threads, 0, s>>>(a);
+    gemv_kernel<V, 8, R, U><<<blocks, threads, 0, s>>>(a);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 

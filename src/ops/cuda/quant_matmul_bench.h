@@ -20,6 +20,12 @@ struct MatmulTiming {
 // model's forward pass; pass enough copies to exceed L2.
 MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs);
 
+// Times `calls` back-to-back matmul_experts calls of n_pairs (token, expert) pairs on one token,
+// captured and replayed as bench_matmul does. Each call takes its own n_pairs distinct experts
+// drawn at random (seed 1) from w's n_rows / rows_per_expert, so that the expert weights come from
+// memory; weight_gbs counts the bytes of the experts read.
+MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs);
+
 // Device-to-device cudaMemcpy of `bytes`, best of `runs`: GB/s counting bytes read plus bytes
 // written, the memory traffic a streaming kernel can hope for.
 double bench_copy_gbs(size_t bytes, int runs);
