@@ -200,6 +200,7 @@ int run_bench(const BenchArgs& a) {
     for (const BenchRow& r : rows)
       std::printf("%9d %6d %14.1f %14.1f %12.3f %9.1f%%\n", r.prompt, r.batch, r.prefill_tps, r.decode_tps,
                   r.ms_per_step, r.pct_of_bound);
+    std::fflush(stdout);
   }
   return 0;
 }

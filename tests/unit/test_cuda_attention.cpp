@@ -273,6 +273,9 @@ TEST(CudaAttention, IndexerScoresOneLongRow) {
   for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) check_indexer({32, 128, {len}, 1, 64}, d, cuda::IndexerKernel::Mma, rng);
 }
 
+// The top-k's span (ops/cuda/topk.cu): rows of a stride over it take the span path with a workspace.
+constexpr int64_t kSpanTest = 4096;
+
 // With a workspace (`ws`), long rows take the span path (many blocks per row); without, one block
 // per row. The output is poisoned first, so that an entry left unwritten shows.
 std::vector<int32_t> gpu_top_k(const std::vector<float>& scores, const std::vector<int32_t>& n, int64_t stride, int k,
@@ -292,8 +295,7 @@ void expect_selection(const std::vector<int32_t>& got, const std::vector<float>&
     const int64_t used = std::min<int64_t>(k, n[t]);
     for (int64_t i = used; i < k; ++i) ASSERT_EQ(g[size_t(i)], -1) << what << " row " << t;
     g.resize(static_cast<size_t>(used));
-    std::sort(g.begin(), g.end());
-    std::sort(ref.begin(), ref.end());
+    std::sort(ref.begin(), ref.end());  // the GPU writes the selection in ascending order
     ASSERT_EQ(g, ref) << what << ": row " << t << " (n " << n[t] << ", k " << k << ")";
   }
 }
@@ -327,6 +329,16 @@ TEST(CudaAttention, TopKEqualsTheCpuSelectionIncludingTies) {
     for (size_t i = 0; i < s.size(); i += 2) s[i] = -0.0f;
     expect_same_selection(s, n, stride, 100, "all zero");
   }
+  {  // n around k on both paths: k - 1, k, k + 1, 2k - 1, 2k, 2k + 1; k = 1; n = 1
+    const int k = 2048;
+    const int64_t stride = 3 * kSpanTest;
+    const std::vector<int32_t> n = {k - 1, k, k + 1, 2 * k - 1, 2 * k, 2 * k + 1, 1, 4097, 8193};
+    std::vector<float> s = random_vec(size_t(stride * n.size()), rng);
+    expect_same_selection(s, n, stride, k, "n near k");
+    expect_same_selection(s, n, stride, 1, "n near k, k=1");
+    for (float& x : s) x = std::round(x * 4.0f);  // few levels: ties at every boundary
+    expect_same_selection(s, n, stride, k, "n near k, ties");
+  }
   {  // many prefill rows, causal lengths, small k as in the fixtures
     const int64_t T = 300, stride = 300;
     std::vector<int32_t> n(static_cast<size_t>(T));
@@ -339,8 +351,8 @@ TEST(CudaAttention, TopKEqualsTheCpuSelectionIncludingTies) {
 }
 
 // One decode token at long context (the span path, T = 1), over score distributions that take each
-// of its ways: few candidates on the boundary digit (staged in shared memory), more (read from the
-// candidate buffer), too many for the buffer (the whole row again), heavy ties at the boundary,
+// of its ways: few keys on the boundary prefix (read back by the last block), all of them equal
+// (the mask taken as it is), many unequal ones on one 22-bit prefix, heavy ties at the boundary,
 // and rows shorter than k. One workspace serves every call: its state must be left clean.
 TEST(CudaAttention, TopKOneLongRowEqualsTheCpuSelection) {
   SPARSEMLA_REQUIRE_GPU();
@@ -374,7 +386,8 @@ TEST(CudaAttention, TopKOneLongRowEqualsTheCpuSelection) {
     const std::vector<int32_t> n_short = {k - 5};
     expect_selection(gpu_top_k(s, n_short, len, k, &ws), s, n_short, len, k, "shorter than k");
   }
-  // A narrow distribution on a row of 40000: its boundary digit holds ~10000, more than shared memory stages.
+  // A narrow distribution on a row of 40000: its boundary digit holds ~10000; then one so narrow
+  // that every key shares its first 22 bits (the last block reads every score back).
   {
     const int len = 40000;
     std::uniform_real_distribution<float> unit(1.0f, 2.0f);
@@ -382,6 +395,21 @@ TEST(CudaAttention, TopKOneLongRowEqualsTheCpuSelection) {
     for (float& x : s) x = unit(rng);
     const std::vector<int32_t> n = {len};
     expect_selection(gpu_top_k(s, n, len, k, &ws), s, n, len, k, "uniform [1, 2), 40000");
+    std::uniform_real_distribution<float> narrow(1.0f, 1.0f + 1.0f / 8192.0f);
+    for (float& x : s) x = narrow(rng);
+    expect_selection(gpu_top_k(s, n, len, k, &ws), s, n, len, k, "uniform [1, 1 + 2^-13), 40000");
+  }
+  // As the model calls it: the score stride is the cache's capacity, a little over the context (4K
+  // and 128K), on random scores and on all-equal ones (a model with zero weights scores every
+  // position 0).
+  for (int ctx : small_mode() ? std::vector<int>{4096} : std::vector<int>{4096, 131072}) {
+    const int64_t stride = ctx + 200;
+    const std::vector<int32_t> n = {ctx + 17};
+    std::vector<float> s = random_vec(size_t(stride), rng);
+    expect_selection(gpu_top_k(s, n, stride, k, &ws), s, n, stride, k, fmt_what("model-shaped, random", n[0]));
+    expect_selection(gpu_top_k(s, n, stride, k, nullptr), s, n, stride, k, fmt_what("model-shaped, rows", n[0]));
+    std::fill(s.begin(), s.end(), 0.0f);
+    expect_selection(gpu_top_k(s, n, stride, k, &ws), s, n, stride, k, fmt_what("model-shaped, all equal", n[0]));
   }
 }
 
@@ -630,7 +658,12 @@ TEST(CudaAttention, AbsorptionProductsMatchTheCpu) {
   std::mt19937 rng(6);
   cuda::Blas blas;
   for (auto [heads, rows, cols, T] :
-       std::vector<std::tuple<int, int, int, int>>{{64, 512, 192, 5}, {16, 256, 512, 33}, {4, 32, 16, 1}, {2, 24, 16, 7}}) {
+       std::vector<std::tuple<int, int, int, int>>{
+           // decode-sized batches (the head-batched GEMV): GLM-5's W_UK / W_UV, DeepSeek-V3.2's
+           {64, 512, 192, 1}, {64, 256, 512, 1}, {64, 512, 192, 5}, {64, 256, 512, 16}, {128, 512, 128, 2},
+           {128, 128, 512, 8}, {4, 32, 16, 1}, {2, 24, 16, 7}, {3, 40, 24, 3},
+           // cuBLAS: more tokens, or columns that are not whole 16-byte chunks
+           {64, 512, 192, 17}, {16, 256, 512, 33}, {4, 32, 12, 2}}) {
     std::vector<float> w = random_vec(size_t(heads) * rows * cols, rng, 0.05f);
     for (float& x : w) x = round_bf16(x);
     const int x_stride = cols + 3, out_stride = rows + 5;

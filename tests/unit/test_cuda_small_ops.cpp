@@ -55,32 +55,6 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   }
 }
 
-// Rows sorted ascending as std::sort sorts them: -1 padding, repeats, every size up to the limit;
-// beyond it a clear error.
-TEST(CudaSmallOps, SortRowsEqualsStdSort) {
-  SPARSEMLA_REQUIRE_GPU();
-  std::mt19937 rng(11);
-  for (int64_t n : {1, 2, 5, 64, 255, 256, 257, 600, 2048, 4096}) {
-    const int64_t rows = 7;
-    std::vector<int32_t> v(size_t(rows * n));
-    for (auto& x : v) x = rng() % 5 == 0 ? -1 : int32_t(rng() % 200000);
-    DeviceBuffer d = to_device(v);
-    sort_rows(d.as<int32_t>(), rows, n, nullptr);
-    synchronize();
-    const std::vector<int32_t> got = to_host<int32_t>(d, v.size());
-    for (int64_t r = 0; r < rows; ++r) std::sort(v.begin() + r * n, v.begin() + (r + 1) * n);
-    EXPECT_EQ(got, v) << "n = " << n;
-  }
-  DeviceBuffer d(sizeof(int32_t) * 5000);
-  std::string err;
-  try {
-    sort_rows(d.as<int32_t>(), 1, 5000, nullptr);
-  } catch (const sparsemla::Error& e) {
-    err = e.what();
-  }
-  EXPECT_NE(err.find("at most 4096 per row"), std::string::npos) << err;
-}
-
 TEST(CudaSmallOps, RmsNormMatchesCpu) {
   SPARSEMLA_REQUIRE_GPU();
   for (int64_t n : kRowLengths)

@@ -233,7 +233,18 @@ std::unique_ptr<ShardedGpuModel> ShardedGpuModel::load(const model::Model& cpu, 
   return m;
 }
 
-ShardedGpuModel::~ShardedGpuModel() = default;
+ShardedGpuModel::~ShardedGpuModel() {
+#if SPARSEMLA_HAVE_NCCL
+  // ncclCommDestroy first finalizes the communicator, which waits for the group's other members to
+  // finalize too: with every member in this process, destroying them one after another waits
+  // forever (seen on two H200s: the first destroy never returned). One thread per rank.
+  if (group_ && group_->nccl.size() > 1) {
+    std::vector<std::thread> threads;
+    for (auto& c : group_->nccl) threads.emplace_back([&c] { c.reset(); });
+    for (std::thread& t : threads) t.join();
+  }
+#endif
+}
 
 const model::HParams& ShardedGpuModel::hparams() const { return ranks_[0]->gpu->hparams(); }
 

@@ -554,7 +554,9 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   // SPARSEMLA_CUDA_GRAPHS=0 turns the decode graphs off without a rebuild (comparisons, debugging).
   if (const char* e = std::getenv("SPARSEMLA_CUDA_GRAPHS"); e && std::string(e) == "0") g->opts_.cuda_graphs = false;
   // SPARSEMLA_STEP_PROFILE=1: events between the operations of every decode step (graphs off), and the
-  // device time by operation printed to stderr when the model goes away.
+  // device time by operation printed to stderr when the model goes away. Each step waits behind a
+  // 20 ms hold kernel (SPARSEMLA_STEP_PROFILE_HOLD_US) while the host enqueues it, so the times are
+  // the device's work without the host's launch gaps.
   const char* profile = std::getenv("SPARSEMLA_STEP_PROFILE");
   const bool step_profile = profile && std::string(profile) == "1";
   if (step_profile) g->opts_.cuda_graphs = false;
@@ -645,7 +647,10 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   up.progress_label = fmt::format("uploading weights to {}", g->mem_.device);
   bind(up, weights, ahp, sparse, *st);
   st->rope = std::make_unique<cuda::DeviceRope>(cpu.rope());
-  if (step_profile) st->timer = std::make_unique<gpu::StepTimer>(st->s());
+  if (step_profile) {
+    const char* hold = std::getenv("SPARSEMLA_STEP_PROFILE_HOLD_US");
+    st->timer = std::make_unique<gpu::StepTimer>(st->s(), hold ? std::atoi(hold) : 20000);
+  }
   for (int f = 0; f < kFormats; ++f) {
     st->idx_kernel[f] = idx_kernel[f];
     st->attn_kernel[f] = attn_kernel[f];
@@ -1068,11 +1073,9 @@ void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
     a.score_stride = st.max_ctx;
     cuda::indexer_scores(a, st.idx_kernel[fi], s);
     mark("indexer: scores kernel");
+    // In ascending position order: the attention sums a token's positions in one order on every run.
     cuda::top_k(w.scores, n, st.max_ctx, w.nctx + t0, k, w.sel + t0 * k, s, &st.topk_ws);
-    // In ascending order: the attention then sums a token's positions in one order on every run
-    // (the top-k writes them in whatever order its threads finish).
-    if (k <= cuda::kMaxSortRow) cuda::sort_rows(w.sel + t0 * k, n, k, s);
-    mark("indexer: top-k, sort");
+    mark("indexer: top-k");
   }
 }
 

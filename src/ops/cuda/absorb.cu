@@ -1,4 +1,6 @@
-// The per-head absorption products of MLA on cuBLAS (strided batched GEMM, bf16 x bf16 -> fp32).
+// The per-head absorption products of MLA: decode-sized batches of the bf16 path on a head-batched
+// GEMV of this file's own, everything else on cuBLAS (strided batched GEMM, bf16 x bf16 -> fp32, or
+// fp32 pedantic for the reference's arithmetic).
 #include <cublas_v2.h>
 
 #include "ops/cuda/attention.h"
@@ -28,6 +30,98 @@ __global__ void pack_bf16_kernel(const float* x, int64_t rows, int cols, int64_t
 }
 
 unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256, 65535)); }
+
+// Decode-sized batches: cuBLAS's batched GEMM with n = 1..16 columns reads the weights (12.6 MB for
+// GLM-5's W_UK) at a small fraction of the memory bandwidth, so these take a GEMV that reads each
+// weight once, in 16-byte loads. A block computes kHgRows rows of one head for all tokens: its head's
+// activations, rounded to bf16 as the GEMM path rounds them, are staged in shared memory; each of
+// the 4 warps takes 8 rows, its lanes split every row into 8-column chunks (chunk i: lanes i,
+// i + 32, ...), and a butterfly sums the lanes. A token's sum is formed in the same order whatever
+// the batch size (tokens are taken NT at a time with separate accumulators).
+constexpr int kHgWarps = 4, kHgRowsPerWarp = 8, kHgRows = kHgWarps * kHgRowsPerWarp;
+constexpr int kHgMaxTokens = 16;
+constexpr int kHgMaxStaged = 12288;  // T * cols floats (48 KB of shared memory)
+
+__device__ __forceinline__ void bf16x8_to_f(const uint4& v, float (&f)[8]) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(u[i] << 16);
+    f[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
+  }
+}
+
+template <int NT>
+__global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const __nv_bfloat16* __restrict__ w, int heads,
+                                                                   int rows, int cols, const float* __restrict__ x,
+                                                                   int64_t x_stride, int T, float* __restrict__ out,
+                                                                   int64_t out_stride) {
+  extern __shared__ float xs[];  // [T][cols]
+  const int h = blockIdx.y;
+  for (int i = threadIdx.x; i < T * cols; i += blockDim.x) {
+    const int t = i / cols, c = i % cols;
+    xs[i] = __bfloat162float(__float2bfloat16(x[(int64_t(t) * heads + h) * x_stride + c]));
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, chunks = cols / 8;
+  const int r0 = blockIdx.x * kHgRows + warp * kHgRowsPerWarp;
+  if (r0 >= rows) return;
+  const __nv_bfloat16* wh = w + int64_t(h) * rows * cols;
+  for (int t0 = 0; t0 < T; t0 += NT) {
+    float acc[kHgRowsPerWarp][NT];
+#pragma unroll
+    for (int r = 0; r < kHgRowsPerWarp; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    for (int ch = lane; ch < chunks; ch += 32) {
+      uint4 wv[kHgRowsPerWarp];
+#pragma unroll
+      for (int r = 0; r < kHgRowsPerWarp; ++r)
+        wv[r] = __ldg(reinterpret_cast<const uint4*>(wh + int64_t(min(r0 + r, rows - 1)) * cols) + ch);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const float4* xp = reinterpret_cast<const float4*>(xs + min(t0 + t, T - 1) * cols + 8 * ch);
+        const float4 a = xp[0], b = xp[1];
+        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int r = 0; r < kHgRowsPerWarp; ++r) {
+          float wf[8];
+          bf16x8_to_f(wv[r], wf);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(wf[i], xv[i], acc[r][t]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kHgRowsPerWarp; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        float v = acc[r][t];
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
+        if (lane == 0 && r0 + r < rows && t0 + t < T) out[(int64_t(t0 + t) * heads + h) * out_stride + r0 + r] = v;
+      }
+  }
+}
+
+bool head_gemv_fits(const HeadBatchedGemm& g, int64_t T) {
+  return !g.f32 && T <= kHgMaxTokens && g.cols % 8 == 0 && T * g.cols <= kHgMaxStaged &&
+         (reinterpret_cast<uintptr_t>(g.w) & 15) == 0 && g.heads <= 65535;
+}
+
+void head_gemv(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_t T, float* out, int64_t out_stride,
+               cudaStream_t s) {
+  const dim3 grid(unsigned((g.rows + kHgRows - 1) / kHgRows), unsigned(g.heads));
+  const size_t smem = size_t(T * g.cols) * sizeof(float);
+  const auto* w = static_cast<const __nv_bfloat16*>(g.w);
+  if (T == 1)
+    head_gemv_kernel<1><<<grid, kHgWarps * 32, smem, s>>>(w, g.heads, g.rows, g.cols, x, x_stride, int(T), out, out_stride);
+  else if (T == 2)
+    head_gemv_kernel<2><<<grid, kHgWarps * 32, smem, s>>>(w, g.heads, g.rows, g.cols, x, x_stride, int(T), out, out_stride);
+  else
+    head_gemv_kernel<4><<<grid, kHgWarps * 32, smem, s>>>(w, g.heads, g.rows, g.cols, x, x_stride, int(T), out, out_stride);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
 
 }  // namespace
 
@@ -64,6 +158,10 @@ void Blas::per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, 
         int64_t(g.rows) * g.cols, x, CUDA_R_32F, int64_t(g.heads) * x_stride, x_stride, &zero, out, CUDA_R_32F,
         int64_t(g.heads) * out_stride, out_stride, g.heads, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
     SPARSEMLA_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
+    return;
+  }
+  if (head_gemv_fits(g, T)) {
+    head_gemv(g, x, x_stride, T, out, out_stride, st);
     return;
   }
   const int64_t n = T * g.heads * g.cols;

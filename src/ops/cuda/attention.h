@@ -67,15 +67,15 @@ struct IndexerArgs {
 };
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
 
-// Indices of the k largest of scores[t][0 .. n[t]) per row, in no particular order; ties at the
-// boundary go to the lower index (the CPU top_k's rule). Rows with n[t] <= k list 0 .. n[t]-1.
-// Unused entries are -1.   out: [T, k]
-// With a workspace, long rows are shared among many blocks (a histogram of the row in global
-// memory, then the row's last block selects among the few scores on the boundary).
+// Indices of the k largest of scores[t][0 .. n[t]) per row, in ascending order (so the attention
+// sums a token's positions in one order on every run); ties at the boundary go to the lower index
+// (the CPU top_k's rule). Rows with n[t] <= k list 0 .. n[t]-1. Unused entries are -1.   out: [T, k]
+// With a workspace, long rows are shared among many blocks (the row's histograms in global memory;
+// the row's last block compacts bit masks of the selection in order).
 struct TopKWorkspace {
-  // [rows] per-row state (a histogram and counters, zero between calls), then [rows, cap] scores on
-  // the boundary digit and [rows, cap] their indices. One buffer: its address alone says whether a
-  // captured CUDA graph's workspace is still in place.
+  // [rows] per-row state (three histograms and a counter, zero between calls), then [rows, 2, cap]
+  // bit masks over each row's positions (cap words each). One buffer: its address alone says
+  // whether a captured CUDA graph's workspace is still in place.
   DeviceBuffer candidates;
   int64_t rows = 0, cap = 0;
   int sm_count = 0;

@@ -58,12 +58,6 @@ void scale(float* x, float factor, int64_t n, Stream s);
 // In-place softmax of each row (max-subtracted).   x: [T, n]
 void softmax_rows(float* x, int64_t T, int64_t n, Stream s);
 
-// Each of `rows` rows of n int32 values sorted ascending in place (n <= kMaxSortRow). Used on the
-// top-k's selections, so that the attention sums a token's positions in one order on every run.
-//   data: [rows, n]
-inline constexpr int kMaxSortRow = 4096;
-void sort_rows(int32_t* data, int64_t rows, int64_t n, Stream s);
-
 // fp32 <-> bf16 (stored as uint16), bit for bit as util/half.h: round to nearest even, NaN stays a
 // quiet NaN.   [n] each
 void f32_to_bf16(const float* x, uint16_t* out, int64_t n, Stream s);

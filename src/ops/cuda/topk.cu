@@ -1,20 +1,27 @@
-// Top-k selection per row by radix select over an order-preserving 32-bit key of each score: three
-// histogram passes (11 + 11 + 10 bits) find the exact k-th largest key; a last pass writes every
-// index above it and, of the indices equal to it, the lowest ones (the CPU top_k's tie rule, found
-// by a second radix select over the tied indices when the ties straddle the boundary).
+// Top-k selection per row, written in ascending position order. A radix select over an
+// order-preserving 32-bit key of each score finds the k-th largest key thr, digit by digit (11 + 11 +
+// 10 bits), and need_eq: how many of the keys equal to thr are taken (the CPU top_k gives ties at
+// the boundary to the lower index). An ordered compaction then writes every position whose key is
+// above thr and the first need_eq whose key equals it, each at its rank among the selected (a block
+// scan of per-thread counts), so the attention reads a token's positions in one order on every run
+// without a sort.
 //
 // Two paths:
 //  - rows: one block per row runs the whole selection (many rows, or short ones).
 //  - spans (with a workspace, long rows): each row is shared among blocks, a run of spans of kSpan
-//    scores each (more rows: fewer, longer runs, about one wave of blocks in all). (1) every block
-//    adds its share's histogram of the key's top 11 bits into the row's histogram in global
-//    memory; (2) every block finds the boundary digit d from that histogram,
-//    writes the indices whose digit is above d straight to the output (they are in the top-k
-//    whatever the rest holds) and appends those with digit d to the row's candidate list. The
-//    last block of the row to finish (a counter) selects the remaining k - above among the
-//    candidates with the rows path's block selection, from shared memory when they fit, and
-//    leaves the row's histogram and counters zeroed for the next call. When the candidates
-//    overflow their buffer (massive ties), that block selects over the whole row instead.
+//    scores each (more rows: fewer, longer runs, about one wave of blocks in all). Three launches
+//    over the row's blocks: (1) the histogram of the key's first digit, added into the row's
+//    histogram in global memory; (2) every block finds thr's first digit from it and adds the
+//    histogram of the second digit over the keys that start with it; (3) every block finds thr's
+//    first 22 bits (P), adds the histogram of the last digit over the keys with prefix P, and writes
+//    its share of two bit masks over the row: keys whose first 22 bits are above P (selected
+//    whatever their last digit) and keys with prefix P (the boundary). The row's last block (a
+//    counter) finds thr from the last histogram, splits the boundary into keys above, equal to and
+//    below thr (without reading a score when every boundary key is thr, as in a run of ties),
+//    compacts the masks in order, and leaves the row's histograms and counter zeroed for the next
+//    call.
+// Ties cost little on either path: a warp whose keys share a histogram bin adds them with one
+// atomic, and the compaction stops once the k positions are written.
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
@@ -27,11 +34,15 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr int kMaxBins = 2048;
-constexpr int kPerThread = 4;                     // scores per thread in the span kernels
-constexpr int kSpan = kThreads * kPerThread;      // scores per block on the span path
-constexpr int kTopShift = 21;                     // the first digit: the key's top 11 bits
-constexpr int kStagedCandidates = 6144;           // candidates the last block stages in shared memory
-constexpr int64_t kCandidatesPerRow = 16384;      // candidate buffer per row (global memory)
+constexpr int kPerThread = 4;                 // scores per thread per span
+constexpr int kSpan = kThreads * kPerThread;  // scores per span (the span path's unit of work)
+constexpr int kWordsPerThread = 4;            // mask words per thread per round of the span path's compaction
+
+// The digits of a key: pass 0 its bits 31..21, pass 1 bits 20..10, pass 2 bits 9..0.
+__host__ __device__ constexpr int digit_shift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
+__host__ __device__ constexpr int digit_bins(int pass) { return pass == 2 ? 1024 : 2048; }
+// The key bits fixed by the passes before `pass`.
+__host__ __device__ constexpr uint32_t prefix_mask(int pass) { return pass == 0 ? 0u : ~0u << digit_shift(pass - 1); }
 
 // Larger float -> larger unsigned key; -0 and +0 are the same key (the CPU compares them equal).
 __device__ __forceinline__ uint32_t order_key(float f) {
@@ -39,31 +50,43 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// hist[bin] += 1 for every lane with `live`: one shared atomic for the warp when all its live lanes
+// share a bin (a run of equal scores would otherwise put the whole warp's atomics on one address),
+// else one per lane (a shuffle and a vote; __match_any_sync costs more than the atomics it saves on
+// scattered bins). Every lane of the warp calls it.
+__device__ __forceinline__ void count_bin(uint32_t* hist, uint32_t bin, bool live) {
+  const uint32_t active = __ballot_sync(0xffffffffu, live);
+  if (active == 0) return;
+  const int leader = __ffs(active) - 1;
+  const uint32_t leader_bin = __shfl_sync(0xffffffffu, bin, leader);
+  if (__all_sync(0xffffffffu, !live || bin == leader_bin)) {
+    if (int(threadIdx.x % 32) == leader) atomicAdd(&hist[bin], uint32_t(__popc(active)));
+  } else if (live) {
+    atomicAdd(&hist[bin], 1u);
+  }
+}
+
 using Scan = cub::BlockScan<uint32_t, kThreads>;
+using PairScan = cub::BlockScan<uint64_t, kThreads>;  // a count above thr (low half) and one equal (high half)
 
 struct SelectSmem {
-  typename Scan::TempStorage scan;
+  union {
+    typename Scan::TempStorage scan;
+    typename PairScan::TempStorage pair_scan;
+  };
   uint32_t hist[kMaxBins];
-  uint32_t bucket, above, n_gt, n_eq;
+  uint32_t bucket, above;
+  uint32_t run_gt, run_eq;  // positions above / equal to thr counted by the compaction's earlier rounds
 };
 
-// Per row of the span path, in global memory (zero between calls).
-struct RowState {
-  uint32_t hist[kMaxBins];  // counts of the first digit over the row
-  uint32_t n_win;           // indices written so far with a digit above the boundary
-  uint32_t n_cand;          // candidates appended so far (may exceed the buffer)
-  uint32_t n_done;          // blocks of the row finished
-  uint32_t pad;
-};
-
-// Over the histogram sm.hist of nb bins (nb = 1024 or 2048), the bin holding the `rank`-th largest
-// (1-based) key: sm.bucket, and sm.above = the count in the bins above it. Ends with a barrier.
-__device__ void find_bucket(SelectSmem& sm, int nb, uint32_t rank) {
+// Over the histogram hist of nb bins (1024 or 2048), the bin holding the `rank`-th largest (1-based)
+// key: sm.bucket, and sm.above = the count in the bins above it. Ends with a barrier.
+__device__ void find_bucket(SelectSmem& sm, const uint32_t* hist, int nb, uint32_t rank) {
   const int tid = threadIdx.x;
   // Counts from the top bin down: thread j holds bins nb-1-2j and nb-2-2j (or one bin when nb = 1024).
   const int per = nb / kThreads;
   const int hi = nb - 1 - per * tid;
-  const uint32_t c_hi = sm.hist[hi], c_lo = per == 2 ? sm.hist[hi - 1] : 0u;
+  const uint32_t c_hi = hist[hi], c_lo = per == 2 ? hist[hi - 1] : 0u;
   uint32_t incl;
   Scan(sm.scan).InclusiveSum(c_hi + c_lo, incl);
   const uint32_t excl = incl - c_hi - c_lo;
@@ -79,88 +102,114 @@ __device__ void find_bucket(SelectSmem& sm, int nb, uint32_t rank) {
   __syncthreads();
 }
 
-// Finds the `rank`-th largest (1-based) of the keys key_of(i) for i < n with accept(i), by three
-// radix passes (from `first_pass` on, when every accepted key starts with the digits in `prefix`).
-// Returns the key; *count_eq receives how many accepted keys equal it and *need_eq how many of
-// those are within the rank.
-template <class KeyOf, class Accept>
-__device__ uint32_t radix_select(SelectSmem& sm, int n, uint32_t rank, KeyOf key_of, Accept accept, uint32_t* need_eq,
-                                 uint32_t* count_eq, int first_pass = 0, uint32_t prefix = 0) {
+// The `rank`-th largest (1-based) of the keys key_of(i), i < n, by one block: the key, and in
+// *need_eq how many of the keys equal to it are within the rank.
+template <class KeyOf>
+__device__ uint32_t radix_select(SelectSmem& sm, int n, uint32_t rank, KeyOf key_of, uint32_t* need_eq) {
   const int tid = threadIdx.x;
-  uint32_t mask = first_pass == 0 ? 0u : ~0u << (32 - 11 * first_pass), remaining = rank, last = 0;
+  uint32_t prefix = 0;
 #pragma unroll 1
-  for (int pass = first_pass; pass < 3; ++pass) {
-    const int nb = pass == 2 ? 1024 : 2048, shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int nb = digit_bins(pass), shift = digit_shift(pass);
+    const uint32_t mask = prefix_mask(pass);
     for (int b = tid; b < nb; b += kThreads) sm.hist[b] = 0;
     __syncthreads();
-    for (int i = tid; i < n; i += kThreads) {
-      if (!accept(i)) continue;
-      const uint32_t key = key_of(i);
-      if ((key & mask) == prefix) atomicAdd(&sm.hist[(key >> shift) & uint32_t(nb - 1)], 1u);
+    for (int i0 = 0; i0 < n; i0 += kSpan) {
+      uint32_t key[kPerThread];
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {  // every load in flight at once
+        const int i = i0 + j * kThreads + tid;
+        key[j] = i < n ? key_of(i) : 0u;
+      }
+#pragma unroll
+      for (int j = 0; j < kPerThread; ++j) {
+        const int i = i0 + j * kThreads + tid;
+        count_bin(sm.hist, (key[j] >> shift) & uint32_t(nb - 1), i < n && (key[j] & mask) == prefix);
+      }
     }
     __syncthreads();
-    find_bucket(sm, nb, remaining);
-    remaining -= sm.above;
+    find_bucket(sm, sm.hist, nb, rank);
+    rank -= sm.above;
     prefix |= sm.bucket << shift;
-    mask |= uint32_t(nb - 1) << shift;
-    last = sm.hist[sm.bucket];
-    __syncthreads();
+    __syncthreads();  // sm.bucket, sm.above and the histogram are reused by the next pass
   }
-  *need_eq = remaining;
-  *count_eq = last;
+  *need_eq = rank;
   return prefix;
 }
 
-// The k best of items 0..n) (n >= k) by (value desc, index asc), value_of(i) and index_of(i),
-// written to out[0..k) in no particular order. `top_digit`: every key's first digit, when known.
-template <class ValueOf, class IndexOf>
-__device__ void block_top_k(SelectSmem& sm, int n, int k, ValueOf value_of, IndexOf index_of, int32_t* out,
-                            int top_digit = -1) {
-  const int tid = threadIdx.x;
-  auto value_key = [&](int i) { return order_key(value_of(i)); };
-  auto all = [](int) { return true; };
-  uint32_t need_eq, count_eq;
-  const uint32_t thr = top_digit < 0 ? radix_select(sm, n, uint32_t(k), value_key, all, &need_eq, &count_eq)
-                                     : radix_select(sm, n, uint32_t(k), value_key, all, &need_eq, &count_eq, 1,
-                                                    uint32_t(top_digit) << kTopShift);
-  const uint32_t n_gt = uint32_t(k) - need_eq;
-  // Among the values equal to the threshold, the need_eq lowest indices: all of them when they fit,
-  // else those up to the need_eq-th smallest index (a second selection, on inverted indices).
-  uint32_t idx_thr = 0;  // inverted-index threshold: take tied i with ~index >= idx_thr
-  if (count_eq != need_eq) {
-    uint32_t need2, count2;
-    idx_thr = radix_select(
-        sm, n, need_eq, [&](int i) { return ~uint32_t(index_of(i)); }, [&](int i) { return value_key(i) == thr; },
-        &need2, &count2);
+// One round of the ordered compaction, called by every thread of the block. Each thread holds W
+// bit words of consecutive 32-position groups, the first at position `first` (bit b of word w:
+// position first + 32 w + b); a lower thread holds earlier positions, and earlier rounds earlier
+// ones still. gt: positions whose key is above thr; eq: positions whose key equals it. Writes every
+// gt position and every eq position among the first need_eq of them (counted from the row's start),
+// each at its rank among the selected. Returns whether all k = n_gt + need_eq are written.
+template <int W>
+__device__ bool compact_round(SelectSmem& sm, const uint32_t (&gt)[W], const uint32_t (&eq)[W], int first,
+                              uint32_t need_eq, uint32_t n_gt, int32_t* out) {
+  uint32_t c_gt = 0, c_eq = 0;
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    c_gt += uint32_t(__popc(gt[w]));
+    c_eq += uint32_t(__popc(eq[w]));
   }
-  if (tid == 0) {
-    sm.n_gt = 0;
-    sm.n_eq = 0;
+  uint64_t before, total;
+  PairScan(sm.pair_scan).ExclusiveSum(uint64_t(c_gt) | uint64_t(c_eq) << 32, before, total);
+  uint32_t r_gt = sm.run_gt + uint32_t(before), r_eq = sm.run_eq + uint32_t(before >> 32);
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    // Positions in order; once need_eq equal ones are out, only those above thr.
+    uint32_t m = gt[w] | (r_eq < need_eq ? eq[w] : 0u);
+    while (m) {
+      const int b = __ffs(m) - 1;
+      m &= m - 1;
+      const int32_t pos = first + 32 * w + b;
+      if ((gt[w] >> b) & 1u) {
+        out[r_gt + min(r_eq, need_eq)] = pos;
+        ++r_gt;
+      } else {
+        out[r_gt + r_eq] = pos;
+        if (++r_eq == need_eq) m &= gt[w];
+      }
+    }
+  }
+  __syncthreads();  // every thread has read run_gt and run_eq, and the scan storage is free
+  if (threadIdx.x == 0) {
+    sm.run_gt += uint32_t(total);
+    sm.run_eq += uint32_t(total >> 32);
   }
   __syncthreads();
-  // Slots by one shared atomic per warp (thousands of winners on one counter would serialize).
-  const int lane = tid % 32;
-  const uint32_t lanes_below = (1u << lane) - 1u;
-  for (int i0 = 0; i0 < n; i0 += kThreads) {
-    const int i = i0 + tid;
-    bool gt = false, eq = false;
-    if (i < n) {
-      const uint32_t key = value_key(i);
-      gt = key > thr;
-      eq = key == thr && ~uint32_t(index_of(i)) >= idx_thr;
-    }
-    const uint32_t m_gt = __ballot_sync(0xffffffffu, gt), m_eq = __ballot_sync(0xffffffffu, eq);
-    uint32_t base_gt = 0, base_eq = 0;
-    if (lane == 0) {
-      if (m_gt) base_gt = atomicAdd(&sm.n_gt, uint32_t(__popc(m_gt)));
-      if (m_eq) base_eq = atomicAdd(&sm.n_eq, uint32_t(__popc(m_eq)));
-    }
-    base_gt = __shfl_sync(0xffffffffu, base_gt, 0);
-    base_eq = __shfl_sync(0xffffffffu, base_eq, 0);
-    if (gt) out[base_gt + __popc(m_gt & lanes_below)] = index_of(i);
-    if (eq) out[n_gt + base_eq + __popc(m_eq & lanes_below)] = index_of(i);
+  return sm.run_gt == n_gt && sm.run_eq >= need_eq;
+}
+
+// The ordered compaction over the keys of a row [0, n), in rounds of kThreads * 32 positions: warp
+// w's 32 ballots cover positions base + 1024 w .. + 1024 and lane j keeps the j-th, so that thread
+// x holds positions base + 32 x .. + 32.
+template <class KeyOf>
+__device__ void compact_keys(SelectSmem& sm, int n, KeyOf key_of, uint32_t thr, uint32_t need_eq, uint32_t n_gt,
+                             int32_t* out) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) {
+    sm.run_gt = 0;
+    sm.run_eq = 0;
   }
   __syncthreads();
+  for (int base = 0; base < n; base += kThreads * 32) {
+    const int wbase = base + warp * 1024;
+    uint32_t gt[1] = {0u}, eq[1] = {0u};
+#pragma unroll 8
+    for (int j = 0; j < 32; ++j) {
+      const int i = wbase + 32 * j + lane;
+      const bool in = i < n;
+      const uint32_t key = in ? key_of(i) : 0u;
+      const uint32_t b_gt = __ballot_sync(0xffffffffu, in && key > thr);
+      const uint32_t b_eq = __ballot_sync(0xffffffffu, in && key == thr);
+      if (lane == j) {
+        gt[0] = b_gt;
+        eq[0] = b_eq;
+      }
+    }
+    if (compact_round<1>(sm, gt, eq, wbase + 32 * lane, need_eq, n_gt, out)) break;
+  }
 }
 
 // Rows with n <= k list 0 .. n-1, then -1; `part` of `parts` blocks of the row writes its share.
@@ -176,161 +225,229 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const float* scores
   int32_t* o = out + int64_t(t) * k;
   if (n <= k) return write_short_row(n, k, o, 0, 1);
   const float* row = scores + int64_t(t) * stride;
-  block_top_k(sm, n, k, [&](int i) { return row[i]; }, [](int i) { return i; }, o);
+  auto key_of = [&](int i) { return order_key(row[i]); };
+  uint32_t need_eq;
+  const uint32_t thr = radix_select(sm, n, uint32_t(k), key_of, &need_eq);
+  compact_keys(sm, n, key_of, thr, need_eq, uint32_t(k) - need_eq, o);
 }
 
-// Span path, step 1: the row histograms of the first digit. Block x of row t takes spans
-// x * spans_per_block .. +spans_per_block of the row.   state: [T]
-__global__ void __launch_bounds__(kThreads) topk_span_hist_kernel(const float* scores, int64_t stride,
-                                                                  const int32_t* nn, int k, int spans_per_block,
-                                                                  RowState* state) {
-  __shared__ uint32_t hist[kMaxBins];
-  const int t = blockIdx.y, tid = threadIdx.x;
-  const int n = nn[t];
-  const int begin = blockIdx.x * spans_per_block * kSpan, end = min(n, begin + spans_per_block * kSpan);
-  if (n <= k || begin >= n) return;
-  const float* row = scores + int64_t(t) * stride;
-  for (int b = tid; b < kMaxBins; b += kThreads) hist[b] = 0;
-  __syncthreads();
+// Per row of the span path, in global memory (zero between calls).
+struct RowState {
+  uint32_t hist0[2048];  // the first digit of every key of the row
+  uint32_t hist1[2048];  // the second digit of the keys that start with thr's first digit
+  uint32_t hist2[1024];  // the last digit of the keys that start with thr's first 22 bits
+  uint32_t n_done;       // blocks of the row past the last histogram
+  uint32_t pad[3];       // the masks after the states stay 16-byte aligned
+};
+
+// The span path's loop over a block's share [begin, end) of a row: f(span, v) with v[j] the score at
+// span + j * kThreads + threadIdx.x (0 past end), the next span's scores in flight meanwhile.
+// `prologue` runs once the first span's loads are issued (also when the share is empty). Every
+// thread of the block runs the same iterations.
+template <class Prologue, class F>
+__device__ void for_each_span(const float* row, int begin, int end, Prologue&& prologue, F&& f) {
+  float next[kPerThread];
+  auto load = [&](int span) {
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int i = span + j * kThreads + int(threadIdx.x);
+      next[j] = i < end ? row[i] : 0.0f;
+    }
+  };
+  if (begin < end) load(begin);
+  prologue();
   for (int span = begin; span < end; span += kSpan) {
     float v[kPerThread];
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      const int i = span + j * kThreads + tid;
-      v[j] = i < end ? row[i] : 0.0f;
-    }
+    for (int j = 0; j < kPerThread; ++j) v[j] = next[j];
+    if (span + kSpan < end) load(span + kSpan);
+    f(span, v);
+  }
+}
+
+// Block x of row t (blockIdx.y) takes spans x * spans_per_block .. + spans_per_block of the row.
+__device__ void share_of(int n, int spans_per_block, int* begin, int* end) {
+  *begin = int(blockIdx.x) * spans_per_block * kSpan;
+  *end = min(n, *begin + spans_per_block * kSpan);
+}
+
+// Span path, launch 1: the row histograms of the first digit.   state: [T]
+__global__ void __launch_bounds__(kThreads) topk_span_first_kernel(const float* scores, int64_t stride,
+                                                                   const int32_t* nn, int k, int spans_per_block,
+                                                                   RowState* state) {
+  __shared__ uint32_t hist[kMaxBins];
+  const int t = blockIdx.y, tid = threadIdx.x;
+  const int n = nn[t];
+  int begin, end;
+  share_of(n, spans_per_block, &begin, &end);
+  if (n <= k || begin >= end) return;
+  const float* row = scores + int64_t(t) * stride;
+  auto zero = [&] {
+    for (int b = tid; b < kMaxBins; b += kThreads) hist[b] = 0;
+    __syncthreads();
+  };
+  for_each_span(row, begin, end, zero, [&](int span, const float (&v)[kPerThread]) {
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j)
-      if (span + j * kThreads + tid < end) atomicAdd(&hist[order_key(v[j]) >> kTopShift], 1u);
-  }
+      count_bin(hist, order_key(v[j]) >> digit_shift(0), span + j * kThreads + tid < end);
+  });
   __syncthreads();
-  uint32_t* g = state[t].hist;
+  uint32_t* g = state[t].hist0;
   for (int b = tid; b < kMaxBins; b += kThreads)
     if (hist[b]) atomicAdd(&g[b], hist[b]);
 }
 
-// Span path, step 2: the indices above the boundary digit out, those on it to the candidates, and
-// the row's last block selects among the candidates.
-//   cand_val, cand_idx: [T, kCandidatesPerRow]   dynamic shared memory: kStagedCandidates * 8 bytes
-__global__ void __launch_bounds__(kThreads) topk_span_select_kernel(const float* scores, int64_t stride,
+// Span path, launch 2: thr's first digit, and the row histograms of the second digit over the keys
+// that start with it.
+__global__ void __launch_bounds__(kThreads) topk_span_second_kernel(const float* scores, int64_t stride,
                                                                     const int32_t* nn, int k, int spans_per_block,
-                                                                    RowState* state,
-                                                                    float* cand_val, int32_t* cand_idx,
-                                                                    int64_t cand_cap, int32_t* out) {
+                                                                    RowState* state) {
   __shared__ SelectSmem sm;
-  __shared__ uint32_t s_base_win, s_base_cand;
-  __shared__ bool s_last;
-  extern __shared__ __align__(16) unsigned char staged[];
   const int t = blockIdx.y, tid = threadIdx.x;
+  const int n = nn[t];
+  int begin, end;
+  share_of(n, spans_per_block, &begin, &end);
+  if (n <= k || begin >= end) return;
+  const RowState& st = state[t];
+  const float* row = scores + int64_t(t) * stride;
+  uint32_t first = 0;  // thr's first digit, in place
+  auto find_first = [&] {
+    for (int b = tid; b < kMaxBins; b += kThreads) sm.hist[b] = st.hist0[b];
+    __syncthreads();
+    find_bucket(sm, sm.hist, kMaxBins, uint32_t(k));
+    first = sm.bucket << digit_shift(0);
+    __syncthreads();
+    for (int b = tid; b < kMaxBins; b += kThreads) sm.hist[b] = 0;
+    __syncthreads();
+  };
+  for_each_span(row, begin, end, find_first, [&](int span, const float (&v)[kPerThread]) {
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const uint32_t key = order_key(v[j]);
+      count_bin(sm.hist, (key >> digit_shift(1)) & uint32_t(digit_bins(1) - 1),
+                span + j * kThreads + tid < end && (key & prefix_mask(1)) == first);
+    }
+  });
+  __syncthreads();
+  uint32_t* g = state[t].hist1;
+  for (int b = tid; b < kMaxBins; b += kThreads)
+    if (sm.hist[b]) atomicAdd(&g[b], sm.hist[b]);
+}
+
+// Span path, launch 3: thr's first 22 bits P; the row histograms of the last digit over the keys
+// with prefix P; this block's share of the masks. The row's last block finds thr and compacts.
+//   masks: [T, 2, mask_words] (above P, then on P)   out: [T, k]
+__global__ void __launch_bounds__(kThreads) topk_span_last_kernel(const float* scores, int64_t stride,
+                                                                  const int32_t* nn, int k, int spans_per_block,
+                                                                  RowState* state, uint32_t* masks,
+                                                                  int64_t mask_words, int32_t* out) {
+  __shared__ SelectSmem sm;
+  __shared__ uint32_t hist1[kMaxBins];  // the row's second-digit histogram
+  __shared__ uint32_t hist2[1024];      // this block's last-digit histogram, then the row's
+  __shared__ bool s_last;
+  const int t = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int n = nn[t];
   int32_t* o = out + int64_t(t) * k;
   if (n <= k) return write_short_row(n, k, o, blockIdx.x, gridDim.x);
   RowState& st = state[t];
   const float* row = scores + int64_t(t) * stride;
-  float* cv = cand_val + int64_t(t) * cand_cap;
-  int32_t* ci = cand_idx + int64_t(t) * cand_cap;
+  uint32_t* above_p = masks + 2 * int64_t(t) * mask_words;
+  uint32_t* on_p = above_p + mask_words;
+  int begin, end;
+  share_of(n, spans_per_block, &begin, &end);
 
-  const int begin = blockIdx.x * spans_per_block * kSpan, end = min(n, begin + spans_per_block * kSpan);
-  float v[kPerThread];
-  bool live[kPerThread];  // positions past the block's share take no part
-  auto load_span = [&](int span) {
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      const int i = span + j * kThreads + tid;
-      live[j] = i < end;
-      v[j] = live[j] ? row[i] : 0.0f;
+  uint32_t prefix = 0, rank = 0, n_on_p = 0;  // P; thr's rank among the keys with prefix P; their count
+  auto find_prefix = [&] {
+    for (int b = tid; b < kMaxBins; b += kThreads) {
+      sm.hist[b] = st.hist0[b];
+      hist1[b] = st.hist1[b];
     }
-  };
-  load_span(begin);  // in flight while the boundary is found
-  // The boundary digit: the row's histogram is complete (the previous kernel).
-  for (int b = tid; b < kMaxBins; b += kThreads) sm.hist[b] = st.hist[b];
-  __syncthreads();
-  find_bucket(sm, kMaxBins, uint32_t(k));
-  const uint32_t digit = sm.bucket, above = sm.above;
-
-  for (int span = begin; span < end; span += kSpan) {
-    if (span != begin) load_span(span);
-    uint32_t d[kPerThread];
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) d[j] = order_key(v[j]) >> kTopShift;
-    uint32_t n_win = 0, n_cand = 0;
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      n_win += live[j] && d[j] > digit;
-      n_cand += live[j] && d[j] == digit;
-    }
-    // Offsets of this thread's entries in the span's share (both counts packed: each <= kSpan).
-    uint32_t off, total;
-    Scan(sm.scan).ExclusiveSum(n_win | (n_cand << 16), off, total);
-    if (tid == 0) {
-      s_base_win = (total & 0xffffu) ? atomicAdd(&st.n_win, total & 0xffffu) : 0u;
-      s_base_cand = (total >> 16) ? atomicAdd(&st.n_cand, total >> 16) : 0u;
-    }
+    for (int b = tid; b < 1024; b += kThreads) hist2[b] = 0;
     __syncthreads();
-    uint32_t w = s_base_win + (off & 0xffffu), c = s_base_cand + (off >> 16);
+    find_bucket(sm, sm.hist, kMaxBins, uint32_t(k));
+    prefix = sm.bucket << digit_shift(0);
+    rank = uint32_t(k) - sm.above;
+    __syncthreads();
+    find_bucket(sm, hist1, kMaxBins, rank);
+    prefix |= sm.bucket << digit_shift(1);
+    rank -= sm.above;
+    n_on_p = hist1[sm.bucket];
+    __syncthreads();
+  };
+  for_each_span(row, begin, end, find_prefix, [&](int span, const float (&v)[kPerThread]) {
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
-      if (!live[j]) continue;
-      const int i = span + j * kThreads + tid;
-      if (d[j] > digit) {
-        o[w++] = i;
-      } else if (d[j] == digit) {
-        if (c < cand_cap) {
-          cv[c] = v[j];
-          ci[c] = i;
-        }
-        ++c;
+      const int group = span + j * kThreads + warp * 32;  // the warp's 32 positions, one mask word
+      const bool live = group + lane < end;
+      const uint32_t key = order_key(v[j]), p = key & prefix_mask(2);
+      count_bin(hist2, key & 1023u, live && p == prefix);
+      const uint32_t b_above = __ballot_sync(0xffffffffu, live && p > prefix);
+      const uint32_t b_on = __ballot_sync(0xffffffffu, live && p == prefix);
+      if (lane == 0 && group < end) {
+        above_p[group / 32] = b_above;
+        on_p[group / 32] = b_on;
       }
     }
-    __syncthreads();  // the scan storage and the bases are reused by the next span
-  }
+  });
+  __syncthreads();
+  for (int b = tid; b < 1024; b += kThreads)
+    if (hist2[b]) atomicAdd(&st.hist2[b], hist2[b]);
   __threadfence();
   __syncthreads();
   if (tid == 0) s_last = atomicAdd(&st.n_done, 1u) == gridDim.x - 1;
   __syncthreads();
   if (!s_last) return;
 
-  // The last block of the row: every other block's entries are visible (their fences came first).
+  // The last block of the row: every other block's histogram and masks are visible (their fences
+  // came first).
   __threadfence();
-  const int n_c = int(__ldcg(&st.n_cand));
-  const int need = k - int(above);  // 1 <= need <= n_c
-  if (n_c <= kStagedCandidates) {
-    float* sv = reinterpret_cast<float*>(staged);
-    int32_t* si = reinterpret_cast<int32_t*>(sv + kStagedCandidates);
-    constexpr int kPer = (kStagedCandidates + kThreads - 1) / kThreads;
-    float v[kPer];
-    int32_t x[kPer];
+  for (int b = tid; b < 1024; b += kThreads) hist2[b] = __ldcg(&st.hist2[b]);
+  __syncthreads();
+  find_bucket(sm, hist2, 1024, rank);
+  const uint32_t thr = prefix | sm.bucket, need_eq = rank - sm.above;
+  const bool all_on_p_equal = hist2[sm.bucket] == n_on_p;  // every key with prefix P is thr
+  if (tid == 0) {
+    sm.run_gt = 0;
+    sm.run_eq = 0;
+  }
+  __syncthreads();
+  const int n_words = (n + 31) / 32;
+  for (int w0 = 0; w0 < n_words; w0 += kThreads * kWordsPerThread) {
+    const int w = w0 + tid * kWordsPerThread;
+    uint32_t gt[kWordsPerThread] = {}, eq[kWordsPerThread] = {};
+    if (w < n_words) {
+      const uint4 a = __ldcg(reinterpret_cast<const uint4*>(above_p + w));
+      const uint4 b = __ldcg(reinterpret_cast<const uint4*>(on_p + w));
+      const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {  // every load in flight at once
-      const int i = j * kThreads + tid;
-      if (i < n_c) {
-        v[j] = __ldcg(cv + i);
-        x[j] = __ldcg(ci + i);
+      for (int q = 0; q < kWordsPerThread; ++q) {
+        gt[q] = w + q < n_words ? av[q] : 0u;
+        eq[q] = w + q < n_words ? bv[q] : 0u;
       }
     }
+    if (!all_on_p_equal) {  // the keys with prefix P: above, equal to or below thr by their last digit
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = j * kThreads + tid;
-      if (i < n_c) {
-        sv[i] = v[j];
-        si[i] = x[j];
+      for (int q = 0; q < kWordsPerThread; ++q) {
+        uint32_t m = eq[q], on_thr = 0;
+        while (m) {
+          const int b = __ffs(m) - 1;
+          m &= m - 1;
+          const uint32_t key = order_key(row[(w + q) * 32 + b]);
+          if (key > thr) gt[q] |= 1u << b;
+          else if (key == thr) on_thr |= 1u << b;
+        }
+        eq[q] = on_thr;
       }
     }
-    __syncthreads();
-    block_top_k(sm, n_c, need, [&](int i) { return sv[i]; }, [&](int i) { return si[i]; }, o + above, int(digit));
-  } else if (n_c <= cand_cap) {
-    block_top_k(sm, n_c, need, [&](int i) { return __ldcg(cv + i); }, [&](int i) { return __ldcg(ci + i); },
-                o + above, int(digit));
-  } else {  // too many candidates for the buffer: the whole row, as the rows path selects it
-    block_top_k(sm, n, k, [&](int i) { return row[i]; }, [](int i) { return i; }, o);
+    if (compact_round<kWordsPerThread>(sm, gt, eq, w * 32, need_eq, uint32_t(k) - need_eq, o)) break;
   }
   // Leave the row's state zeroed for the next call.
-  for (int b = tid; b < kMaxBins; b += kThreads) st.hist[b] = 0;
-  if (tid == 0) {
-    st.n_win = 0;
-    st.n_cand = 0;
-    st.n_done = 0;
+  for (int b = tid; b < kMaxBins; b += kThreads) {
+    st.hist0[b] = 0;
+    st.hist1[b] = 0;
   }
+  for (int b = tid; b < 1024; b += kThreads) st.hist2[b] = 0;
+  if (tid == 0) st.n_done = 0;
 }
 
 }  // namespace
@@ -348,27 +465,26 @@ void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int
       SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
       SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&ws->sm_count, cudaDevAttrMultiProcessorCount, dev));
     }
-    const int64_t cap = std::min<int64_t>(stride, kCandidatesPerRow);
-    if (T > ws->rows || cap > ws->cap) {  // grown (both ways at once); the state rows start zero
+    const int64_t words = ceil_div(stride, 128) * 4;  // mask words per row, whole 16-byte groups
+    if (T > ws->rows || words > ws->cap) {  // grown (both ways at once); the state rows start zero
       ws->rows = std::max<int64_t>(ws->rows, T);
-      ws->cap = std::max(ws->cap, cap);
-      ws->candidates = DeviceBuffer(size_t(ws->rows) * (sizeof(RowState) + size_t(ws->cap) * 8));
+      ws->cap = std::max(ws->cap, words);
+      ws->candidates = DeviceBuffer(size_t(ws->rows) * (sizeof(RowState) + size_t(ws->cap) * 2 * sizeof(uint32_t)));
       SPARSEMLA_CUDA_CHECK(cudaMemsetAsync(ws->candidates.get(), 0, size_t(ws->rows) * sizeof(RowState), st));
     }
     auto* state = ws->candidates.as<RowState>();
-    float* cv = reinterpret_cast<float*>(state + ws->rows);
-    auto* ci = reinterpret_cast<int32_t*>(cv + size_t(ws->rows) * size_t(ws->cap));
+    auto* masks = reinterpret_cast<uint32_t*>(state + ws->rows);
     // About one wave of blocks (two of 1024 threads per SM): a row gets fewer, longer shares as rows
-    // are added, so that each block's fixed costs (the boundary search, the counters) stay few.
+    // are added, so that each block's fixed costs (the boundary searches, the counter) stay few.
     const int parts = int(std::clamp<int64_t>((2 * int64_t(ws->sm_count) + T - 1) / T, 1, spans));
     const int spans_per_block = ceil_div(spans, parts);
     const dim3 grid{unsigned(ceil_div(spans, spans_per_block)), unsigned(T)};
-    topk_span_hist_kernel<<<grid, kThreads, 0, st>>>(scores, stride, n, k, spans_per_block, state);
+    topk_span_first_kernel<<<grid, kThreads, 0, st>>>(scores, stride, n, k, spans_per_block, state);
     SPARSEMLA_CUDA_LAUNCH_CHECK();
-    const int smem = kStagedCandidates * 8;
-    SPARSEMLA_CUDA_CHECK(cudaFuncSetAttribute(topk_span_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    topk_span_select_kernel<<<grid, kThreads, smem, st>>>(scores, stride, n, k, spans_per_block, state, cv, ci,
-                                                          ws->cap, out);
+    topk_span_second_kernel<<<grid, kThreads, 0, st>>>(scores, stride, n, k, spans_per_block, state);
+    SPARSEMLA_CUDA_LAUNCH_CHECK();
+    topk_span_last_kernel<<<grid, kThreads, 0, st>>>(scores, stride, n, k, spans_per_block, state, masks, ws->cap,
+                                                     out);
     SPARSEMLA_CUDA_LAUNCH_CHECK();
     return;
   }
