@@ -2,9 +2,12 @@
 // its fraction of the measured device-to-device copy bandwidth, for Q8_0, Q4_K, Q6_K and BF16
 // weights of a 4096-square and the GLM-5 widths (6144 -> 2048 and 2048 -> 6144) at 1 to 512 tokens;
 // for the quantized types also 16384 -> 6144, 2048 -> 16384 and the output head (6144 -> 154880)
-// at 1 to 64 tokens; and the routed experts of one MoE layer (matmul_experts, 8 pairs).
+// at 1 to 64 tokens; and the routed experts of one MoE layer (matmul_experts, 8 pairs). Beside each
+// decode line (T <= 16) of a type with an int8-activation kernel, a "q8:T" line times
+// matmul_decode_q8 / matmul_experts_q8 on the same weights (activations quantized beforehand; the
+// quantization's own time is printed at the end).
 //
-//   bench_cuda_matmul [--quick]
+//   bench_cuda_matmul [--quick] [--decode]     --decode: only T <= 16 and the experts
 // Weights are random bytes with small block scales (values do not change the work); each shape
 // and type gets enough copies to exceed 256 MB, so that every call reads its weight from memory.
 #include <cstdio>
@@ -17,6 +20,7 @@
 #include "gguf/ggml_types.h"
 #include "ops/cuda/buffer.h"
 #include "ops/cuda/quant_matmul.h"
+#include "ops/cuda/quant_matmul_q8.h"
 #include "ops/cuda/quant_matmul_bench.h"
 #include "ops/device.h"
 #include "util/half.h"
@@ -74,7 +78,11 @@ void print_line(GgmlType t, Shape sh, const char* what, const cuda::MatmulTiming
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false, decode_only = false;
+  for (int i = 1; i < argc; ++i) {
+    quick |= std::strcmp(argv[i], "--quick") == 0;
+    decode_only |= std::strcmp(argv[i], "--decode") == 0;
+  }
   const auto devices = ops::list_devices();
   if (devices.empty()) {
     std::fprintf(stderr, "bench_cuda_matmul: no CUDA device\n");
@@ -91,9 +99,14 @@ int main(int argc, char** argv) {
       const Copies c(t, sh.rows, sh.cols);
       const bool large = sh.rows * sh.cols > 64 << 20;
       for (int64_t T : {1, 2, 4, 8, 16, 64, 512}) {
-        if (large && T > 64) continue;
-        const cuda::MatmulTiming m = cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, large ? 4 : calls, runs);
+        if ((large && T > 64) || (decode_only && T > cuda::kDecodeMaxTokens)) continue;
+        const int n_calls = large ? 4 : calls;
+        const cuda::MatmulTiming m = cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs);
         print_line(t, sh, std::to_string(T).c_str(), m, copy);
+        if (T <= cuda::kDecodeMaxTokens && cuda::q8_supported(t)) {
+          const cuda::MatmulTiming q = cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), T, n_calls, runs);
+          print_line(t, sh, ("q8:" + std::to_string(T)).c_str(), q, copy);
+        }
       }
     }
   }
@@ -105,6 +118,11 @@ int main(int argc, char** argv) {
     const cuda::DeviceBuffer buf = cuda::to_device(bytes);
     const cuda::QuantMatrix w{t, cols, 64 * rows, gguf::row_bytes(t, uint64_t(cols)), buf.get()};
     print_line(t, {rows, cols}, "8exp", cuda::bench_matmul_experts(w, rows, 8, calls, runs), copy);
+    print_line(t, {rows, cols}, "q8:8e", cuda::bench_matmul_experts_q8(w, rows, 8, calls, runs), copy);
   }
+  std::printf("\nquantize_activations, us per call:");
+  for (int64_t cols : {2048, 6144})
+    for (int64_t T : {1, 16}) std::printf("  %lldx%lld %.2f", (long long)T, (long long)cols, cuda::bench_quantize_us(T, cols, calls, runs));
+  std::printf("\n");
   return 0;
 }

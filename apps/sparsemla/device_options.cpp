@@ -20,6 +20,9 @@ void add_device_options(CLI::App* cmd, DeviceArgs& a) {
   cmd->add_flag("--precise", a.precise,
                 "GPU: fp32 matrix products at every batch size and the fp32 FMA attention/indexer kernels (slower; with "
                 "--kv-cache f32 the GPU computes what the CPU does, to fp32 rounding)");
+  cmd->add_flag("--int8-activations", a.int8_activations,
+                "GPU decode steps: Q8_0/Q4_K/Q5_K/Q6_K products on activations quantized to int8 blocks of 32 "
+                "(dp4a, as llama.cpp does): 10-30% faster decode at GLM-5 width, ~1e-2 relative error per product");
   cmd->add_flag("--verbose", a.verbose, "print the GPU kernel selection and memory report");
   add_process_group_options(cmd, a);
 }
@@ -43,6 +46,7 @@ void check_device_args(const DeviceArgs& a) {
   if (!a.cuda()) {
     if (!a.kv_cache.empty()) fail("--kv-cache {}: only with --device cuda (the CPU cache is always fp32)", a.kv_cache);
     if (a.precise) fail("--precise: only with --device cuda (the CPU engine is the fp32 reference already)");
+    if (a.int8_activations) fail("--int8-activations: only with --device cuda");
     return;
   }
   if (!ops::built_with_cuda())
@@ -66,6 +70,7 @@ engine::BackendOptions backend_options(const DeviceArgs& a, int threads) {
                                          : cuda::KvDtype::BF16;
   o.gpu.verbose = a.verbose;
   o.gpu.precise = a.precise;
+  o.gpu.int8_activations = a.int8_activations;
   o.tp_transport = a.tp_transport == "host" ? dist::TpTransport::HostStaged : dist::TpTransport::Nccl;
 #endif
   return o;

@@ -14,6 +14,7 @@ struct DeviceArgs {
   int tensor_parallel = 1;
   std::string kv_cache;  // "" (bf16 on the GPU), "bf16", "fp8" or "f32"
   bool precise = false;  // fp32 products and the FMA attention kernels on the GPU
+  bool int8_activations = false;  // decode products on int8-quantized activations (dp4a)
   bool verbose = false;
   std::string tp_master;             // rank 0 of a multi-process group listens here
   std::string tp_transport = "nccl";  // GPU collectives: nccl, or host (staged through host memory)

@@ -49,6 +49,7 @@ class LocalRank {
     o.device = gpu;
     o.precise = c.precise;
     o.cuda_graphs = c.cuda_graphs;
+    o.int8_activations = c.int8_activations;
     o.min_cache_tokens = int64_t(c.kv_blocks) * c.block_size;
     o.max_batch_tokens = c.batch_tokens;
     model::gpu::set_device(gpu);
@@ -274,6 +275,7 @@ class LeaderBackend final : public Backend {
     c.kv_dtype = uint8_t(opts.gpu.kv_cache);
     c.precise = opts.gpu.precise;
     c.cuda_graphs = opts.gpu.cuda_graphs;
+    c.int8_activations = opts.gpu.int8_activations;
 #if SPARSEMLA_HAVE_NCCL
     if (c.cuda && !c.host_staged) {
       const dist::NcclUniqueId id = dist::nccl_unique_id();

@@ -1,5 +1,7 @@
 // The CUDA products on quantized weights (ops/cuda/quant_matmul.h) against the CPU reference
-// (ops/cpu/matmul.h) on the same weight bytes, for every supported type.
+// (ops/cpu/matmul.h) on the same weight bytes, for every supported type; and the int8-activation
+// products (ops/cuda/quant_matmul_q8.h) against the dequantized weight times the dequantized
+// activations (tolerances beside those tests).
 //
 // Tolerances, as the relative L2 error of each token's output row:
 //   decode (T <= 16, fp32 activations and fp32 weights): 1e-4. Only the summation order differs
@@ -14,6 +16,7 @@
 
 #if SPARSEMLA_HAVE_CUDA
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -26,7 +29,9 @@
 #include "ops/cpu/matmul.h"
 #include "ops/cpu/thread_pool.h"
 #include "ops/cuda/buffer.h"
+#include "ops/cuda/moe_router.h"
 #include "ops/cuda/quant_matmul.h"
+#include "ops/cuda/quant_matmul_q8.h"
 #include "test_util.h"
 #include "util/half.h"
 
@@ -255,6 +260,70 @@ TEST_P(CudaMatmul, ExpertPairsEqualOneTokenProductsOnTheExpertRows) {
   }
 }
 
+// Grouped by expert on the device (moe_group, then matmul_expert_groups): every grouped slot has
+// the bits of its pair's matmul_experts row (so of the one-token product); slots of left-out pairs
+// (id -1) are -1 in perm and their rows untouched; activations already in grouped order (no perm)
+// give the same bits.
+TEST_P(CudaMatmul, ExpertGroupsEqualThePairProducts) {
+  SPARSEMLA_REQUIRE_GPU();
+  const int64_t E = 6, F = 18, H = 768, tokens = 5, k = 3, P = tokens * k;
+  const TestWeight w(type(), E * F, H, 23);
+  const std::vector<int32_t> ids = {4, 0, 2, 1, 4, -1, 3, 0, 4, 4, 2, 1, 0, 5, -1};  // [tokens, k]
+  const std::vector<float> x = randn(size_t(tokens * H), 78);
+  const DeviceBuffer dx = to_device(x), dids = to_device(ids);
+  DeviceBuffer pairs(size_t(P * F) * sizeof(float));
+  matmul_experts(w.mat, F, dids.as<int32_t>(), P, dx.as<float>(), k, pairs.as<float>(), nullptr);
+  DeviceBuffer counts(size_t(E) * 4), offsets(size_t(E + 1) * 4), perm(size_t(P) * 4), active(size_t(E) * 4),
+      n_active(4), ws(std::max<size_t>(1, moe_group_workspace_bytes(P, E)));
+  moe_group(dids.as<int32_t>(), P, E, counts.as<int32_t>(), offsets.as<int32_t>(), perm.as<int32_t>(), ws.get(),
+            nullptr, active.as<int32_t>(), n_active.as<int32_t>());
+  ExpertGroups g;
+  g.offsets = offsets.as<int32_t>();
+  g.active = active.as<int32_t>();
+  g.n_active = n_active.as<int32_t>();
+  g.perm = perm.as<int32_t>();
+  g.max_groups = E;
+  g.max_slots = tokens;
+  const std::vector<float> fill(size_t(P * F), 12345.0f);
+  DeviceBuffer grouped = to_device(fill);
+  matmul_expert_groups(w.mat, F, g, dx.as<float>(), k, grouped.as<float>(), nullptr);
+  synchronize();
+  const auto want = to_host<float>(pairs, size_t(P * F)), got = to_host<float>(grouped, size_t(P * F));
+  const auto hperm = to_host<int32_t>(perm, size_t(P));
+  const auto hactive = to_host<int32_t>(active, size_t(E));
+  ASSERT_EQ(to_host<int32_t>(n_active, 1)[0], 6) << "experts 0..5 all have tokens";
+  for (int64_t e = 0; e < E; ++e) EXPECT_EQ(hactive[size_t(e)], e);
+  int64_t routed = 0;
+  for (int32_t id : ids) routed += id >= 0;
+  for (int64_t j = 0; j < P; ++j) {
+    if (j >= routed) {
+      EXPECT_EQ(hperm[size_t(j)], -1) << "slot " << j << " past the routed pairs";
+      for (int64_t r = 0; r < F; ++r) ASSERT_EQ(got[size_t(j * F + r)], 12345.0f) << "slot " << j << " written";
+      continue;
+    }
+    const int32_t p = hperm[size_t(j)];
+    ASSERT_EQ(std::memcmp(got.data() + j * F, want.data() + int64_t(p) * F, size_t(F) * sizeof(float)), 0)
+        << GetParam() << " grouped slot " << j << " (pair " << p << ", expert " << ids[size_t(p)]
+        << ") differs from the pair product";
+  }
+  // The same slots with their activations already gathered in grouped order.
+  std::vector<float> xg(size_t(P * H), 0.0f);
+  for (int64_t j = 0; j < routed; ++j)
+    std::copy_n(x.begin() + (hperm[size_t(j)] / k) * H, H, xg.begin() + j * H);
+  const DeviceBuffer dxg = to_device(xg);
+  DeviceBuffer in_place = to_device(fill);
+  g.perm = nullptr;
+  matmul_expert_groups(w.mat, F, g, dxg.as<float>(), 1, in_place.as<float>(), nullptr);
+  synchronize();
+  const auto got2 = to_host<float>(in_place, size_t(P * F));
+  EXPECT_EQ(std::memcmp(got2.data(), got.data(), size_t(routed * F) * sizeof(float)), 0) << GetParam();
+  // Bad arguments are refused with the numbers.
+  g.max_groups = E + 1;
+  EXPECT_NE(test::error_of([&] { matmul_expert_groups(w.mat, F, g, dxg.as<float>(), 1, in_place.as<float>(), nullptr); })
+                .find("7 groups of up to 5 slots over 6 experts"),
+            std::string::npos);
+}
+
 // Row lookup equals the CPU's dequantize_row bit for bit; negative ids give zero rows (another
 // rank's vocabulary), ids past the end NaN rows.
 TEST_P(CudaMatmul, DequantizeRowsEqualsCpuBitForBit) {
@@ -345,6 +414,284 @@ TEST(CudaMatmulApi, RefusalsNameTheProblem) {
   m.row_bytes = gguf::row_bytes(m.type, 256);
   EXPECT_NE(test::error_of([&] { matmul(m, x + 1, 1, y, nullptr); }).find("aligned"), std::string::npos);
   EXPECT_EQ(test::error_of([&] { matmul(m, x, 0, y, nullptr); }), "(no error)");
+}
+
+
+// ---- int8-activation products (quant_matmul_q8.h) ----
+//
+// Reference: the weight dequantized by the CPU (ops::dequantize_row, exact) times the dequantized
+// activations x_hat = d * q, summed in double. The GPU differs only in fp32 summation order:
+// tolerance 1e-5 relative (L2 per token; measured on an H200: 0.8e-7 to 2.2e-7). Against the fp32
+// activations the int8 rounding adds about 8.5e-3 measured (each value off by at most
+// d / 2 = max / 254 of its block): tolerance 2e-2.
+
+constexpr double kQ8Tol = 1e-5;
+constexpr double kQ8VsFp32Tol = 2e-2;
+
+// The CPU side of quantize_activations, with the same rule: per block of 32, d = max|x| / 127
+// (float division), q = clamp(round-half-even(x / d), -127, 127), or 0 when d == 0.
+struct HostQ8 {
+  std::vector<int8_t> q;    // [T][n_cols]
+  std::vector<float> d;     // [T][n_cols / 32]
+  std::vector<int32_t> sum; // [T][n_cols / 32]
+};
+
+HostQ8 quantize_on_host(const std::vector<float>& x) {
+  HostQ8 h;
+  const size_t nb = x.size() / 32;
+  h.q.resize(x.size());
+  h.d.resize(nb);
+  h.sum.resize(nb);
+  for (size_t b = 0; b < nb; ++b) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+    const float d = amax / 127.0f;
+    int32_t s = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int q = d == 0.0f ? 0 : std::clamp(int(std::nearbyint(x[b * 32 + i] / d)), -127, 127);
+      h.q[b * 32 + i] = int8_t(q);
+      s += q;
+    }
+    h.d[b] = d;
+    h.sum[b] = s;
+  }
+  return h;
+}
+
+std::vector<double> dequantized(const HostQ8& h) {
+  std::vector<double> v(h.q.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = double(h.d[i / 32]) * h.q[i];
+  return v;
+}
+
+// Quantized activations on the device, owning their buffer.
+struct DeviceQ8 {
+  DeviceBuffer buf;
+  Q8Activations act;
+  DeviceQ8(const std::vector<float>& x, int64_t T, int64_t n_cols) : buf(q8_activation_bytes(T, n_cols)) {
+    const DeviceBuffer dx = to_device(x);
+    act.data = buf.get();
+    act.bytes = buf.bytes();
+    quantize_activations(dx.as<float>(), T, n_cols, act, nullptr);
+    synchronize();
+  }
+  HostQ8 download() const {
+    HostQ8 h;
+    const size_t n = size_t(act.n_tokens * act.n_cols), nb = n / 32;
+    std::vector<uint8_t> all = to_host<uint8_t>(buf, buf.bytes());
+    h.q.assign(reinterpret_cast<const int8_t*>(all.data()), reinterpret_cast<const int8_t*>(all.data()) + n);
+    const uint8_t* blocks = all.data() + q8_scales_offset(act.n_tokens, act.n_cols);
+    h.d.resize(nb);
+    h.sum.resize(nb);
+    for (size_t b = 0; b < nb; ++b) {
+      std::memcpy(&h.d[b], blocks + 8 * b, 4);
+      std::memcpy(&h.sum[b], blocks + 8 * b + 4, 4);
+    }
+    return h;
+  }
+};
+
+void expect_same_quantization(const HostQ8& got, const HostQ8& want, const std::string& what) {
+  ASSERT_EQ(got.q.size(), want.q.size());
+  for (size_t i = 0; i < want.q.size(); ++i)
+    ASSERT_EQ(int(got.q[i]), int(want.q[i])) << what << ": value " << i << " (block scale " << want.d[i / 32] << ")";
+  for (size_t b = 0; b < want.d.size(); ++b) {
+    ASSERT_EQ(f32_to_bits(got.d[b]), f32_to_bits(want.d[b])) << what << ": scale of block " << b;
+    ASSERT_EQ(got.sum[b], want.sum[b]) << what << ": sum of block " << b;
+  }
+}
+
+TEST(CudaQ8Activations, QuantizationMatchesCpuBitForBit) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::vector<std::pair<std::string, std::vector<float>>> cases;
+  cases.emplace_back("random", randn(3 * 768, 5, 2.0f));
+  cases.emplace_back("zeros", std::vector<float>(64, 0.0f));
+  std::vector<float> huge = randn(64, 6, 1e-3f);
+  huge[37] = -3e5f;  // one block dominated by one value: the others round to 0
+  cases.emplace_back("one huge value", huge);
+  std::vector<float> negzero(64, -0.0f);
+  negzero[40] = 1.0f;
+  cases.emplace_back("negative zeros", negzero);
+  // max 127 gives d = 1 exactly, so x / d lands on halves: ties go to the even neighbour.
+  std::vector<float> ties(64);
+  for (int i = 0; i < 64; ++i) ties[size_t(i)] = float(i % 32) - 15.5f;
+  ties[0] = 127.0f;
+  ties[32] = -127.0f;
+  cases.emplace_back("ties at .5", ties);
+  std::vector<float> tiny(32, 1e-44f);  // subnormal: d rounds to 0 or a few ulps
+  tiny[3] = 3e-43f;
+  cases.emplace_back("subnormal", tiny);
+  for (const auto& [name, x] : cases) {
+    const int64_t n_cols = int64_t(x.size()) >= 768 ? 768 : int64_t(x.size());
+    const int64_t T = int64_t(x.size()) / n_cols;
+    const DeviceQ8 dq(x, T, n_cols);
+    const HostQ8 want = quantize_on_host(x);
+    expect_same_quantization(dq.download(), want, name);
+    if (name == "ties at .5") {
+      EXPECT_EQ(want.q[size_t(1)], -14);  // -14.5 -> -14
+      EXPECT_EQ(want.q[size_t(2)], -14);  // -13.5 -> -14
+      EXPECT_EQ(want.q[size_t(16)], 0);   //   0.5 -> 0
+      EXPECT_EQ(want.q[size_t(17)], 2);   //   1.5 -> 2
+    }
+  }
+}
+
+class CudaMatmulQ8 : public ::testing::TestWithParam<std::string> {
+ protected:
+  GgmlType type() const { return *gguf::type_from_name(GetParam()); }
+};
+
+// The whole weight dequantized on the host: [n_rows][n_cols].
+std::vector<float> dequantized_weight(const ops::Weight& w) {
+  std::vector<float> v(size_t(w.n_rows * w.n_cols));
+  for (int64_t r = 0; r < w.n_rows; ++r) ops::dequantize_row(w, r, v.data() + r * w.n_cols);
+  return v;
+}
+
+// y[t][r] = sum_c W[r][c] x[t][c] in double, as float.
+template <class X>
+std::vector<float> host_product(const std::vector<float>& wd, int64_t n_rows, int64_t n_cols, const std::vector<X>& x,
+                                int64_t T) {
+  std::vector<float> y(size_t(T * n_rows));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t r = 0; r < n_rows; ++r) {
+      double s = 0.0;
+      const float* wr = wd.data() + r * n_cols;
+      const X* xt = x.data() + t * n_cols;
+      for (int64_t c = 0; c < n_cols; ++c) s += double(wr[c]) * double(xt[c]);
+      y[size_t(t * n_rows + r)] = float(s);
+    }
+  return y;
+}
+
+std::vector<float> gpu_product_q8(const QuantMatrix& m, const DeviceQ8& x) {
+  const int64_t T = x.act.n_tokens;
+  DeviceBuffer dy = to_device(std::vector<float>(size_t(T * m.n_rows), NAN));  // poisoned: every value must be written
+  matmul_decode_q8(m, x.act, dy.as<float>(), nullptr);
+  synchronize();
+  return to_host<float>(dy, size_t(T * m.n_rows));
+}
+
+TEST_P(CudaMatmulQ8, MatchesProductWithDequantizedActivations) {
+  SPARSEMLA_REQUIRE_GPU();
+  ASSERT_TRUE(q8_supported(type()));
+  std::vector<Shape> shapes = {{67, 768}, {131, 256}, {19, 8960}, {2048, 6144}, {6144, 2048}};
+  if (type() == GgmlType::Q8_0) shapes.push_back({33, 160});
+  uint32_t seed = 500;
+  double worst_fp32 = 0.0;
+  for (const Shape& sh : shapes) {
+    const TestWeight w(type(), sh.n_rows, sh.n_cols, seed++);
+    const std::vector<float> wd = dequantized_weight(w.host);
+    double worst = 0.0;
+    for (int64_t T : {1, 2, 3, 5, 8, 16}) {
+      if (sh.n_rows * sh.n_cols > (1 << 22) && T != 1 && T != 5 && T != 16) continue;  // keep the CPU time down
+      const std::vector<float> x = randn(size_t(T * sh.n_cols), seed++);
+      const DeviceQ8 dq(x, T, sh.n_cols);
+      const HostQ8 hq = quantize_on_host(x);
+      expect_same_quantization(dq.download(), hq, "activations");
+      const std::vector<float> got = gpu_product_q8(w.mat, dq);
+      const std::string what = GetParam() + " " + std::to_string(sh.n_rows) + "x" + std::to_string(sh.n_cols) +
+                               " T=" + std::to_string(T);
+      worst = std::max(worst, check_close(got, host_product(wd, sh.n_rows, sh.n_cols, dequantized(hq), T), T,
+                                          sh.n_rows, kQ8Tol, what));
+      worst_fp32 = std::max(worst_fp32, check_close(got, host_product(wd, sh.n_rows, sh.n_cols, x, T), T, sh.n_rows,
+                                                    kQ8VsFp32Tol, what + " vs fp32 activations"));
+    }
+    std::printf("  %-5s %5lldx%-5lld  worst relative error against W x_hat: %.2e\n", GetParam().c_str(),
+                (long long)sh.n_rows, (long long)sh.n_cols, worst);
+  }
+  std::printf("  %-5s worst relative error against W x (fp32 activations): %.2e\n", GetParam().c_str(), worst_fp32);
+}
+
+// Token t of a T-token product has the same bits as that token alone.
+TEST_P(CudaMatmulQ8, IsBatchInvariant) {
+  SPARSEMLA_REQUIRE_GPU();
+  const TestWeight w(type(), 37, 768, 11);
+  for (int64_t T : {2, 3, 7, 16, 23}) {
+    const std::vector<float> x = randn(size_t(T * 768), 600 + uint32_t(T));
+    const std::vector<float> batch = gpu_product_q8(w.mat, DeviceQ8(x, T, 768));
+    for (int64_t t = 0; t < T; ++t) {
+      const std::vector<float> xt(x.begin() + t * 768, x.begin() + (t + 1) * 768);
+      const std::vector<float> alone = gpu_product_q8(w.mat, DeviceQ8(xt, 1, 768));
+      ASSERT_EQ(std::memcmp(alone.data(), batch.data() + t * 37, 37 * sizeof(float)), 0)
+          << GetParam() << " T=" << T << " token " << t << " differs from the token alone";
+    }
+  }
+}
+
+// Expert mode: each pair equals the one-token product on the expert's rows bit for bit; pairs
+// with id -1 leave their rows alone.
+TEST_P(CudaMatmulQ8, ExpertPairsEqualOneTokenProducts) {
+  SPARSEMLA_REQUIRE_GPU();
+  const int64_t E = 5, F = 18, H = 768, tokens = 3, k = 3;
+  const TestWeight w(type(), E * F, H, 21);
+  const std::vector<float> wd = dequantized_weight(w.host);
+  const std::vector<int32_t> ids = {4, 0, 2, 1, 1, -1, 3, 0, -1};  // [tokens, k]
+  const std::vector<float> x = randn(size_t(tokens * H), 77);
+  const DeviceQ8 dq(x, tokens, H);
+  const HostQ8 hq = quantize_on_host(x);
+  const std::vector<double> xhat = dequantized(hq);
+  const DeviceBuffer dids = to_device(ids);
+  const int64_t P = int64_t(ids.size());
+  DeviceBuffer dy = to_device(std::vector<float>(size_t(P * F), 12345.0f));
+  matmul_experts_q8(w.mat, F, dids.as<int32_t>(), P, dq.act, k, dy.as<float>(), nullptr);
+  synchronize();
+  const std::vector<float> y = to_host<float>(dy, size_t(P * F));
+  for (int64_t p = 0; p < P; ++p) {
+    const int32_t e = ids[size_t(p)];
+    if (e < 0) {
+      for (int64_t r = 0; r < F; ++r) ASSERT_EQ(y[size_t(p * F + r)], 12345.0f) << "unused pair written";
+      continue;
+    }
+    QuantMatrix m = w.mat;
+    m.n_rows = F;
+    m.data = static_cast<const uint8_t*>(w.mat.data) + uint64_t(e) * F * w.mat.row_bytes;
+    const std::vector<float> xt(x.begin() + (p / k) * H, x.begin() + (p / k + 1) * H);
+    const std::vector<float> alone = gpu_product_q8(m, DeviceQ8(xt, 1, H));
+    ASSERT_EQ(std::memcmp(alone.data(), y.data() + p * F, size_t(F) * sizeof(float)), 0)
+        << GetParam() << " pair " << p << " (expert " << e << ") differs from the one-token product";
+    const std::vector<float> we(wd.begin() + e * F * H, wd.begin() + (e + 1) * F * H);
+    const std::vector<double> xh(xhat.begin() + (p / k) * H, xhat.begin() + (p / k + 1) * H);
+    const std::vector<float> got(y.begin() + p * F, y.begin() + (p + 1) * F);
+    check_close(got, host_product(we, F, H, xh, 1), 1, F, kQ8Tol, GetParam() + " expert pair");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulQ8, ::testing::Values("q8_0", "q4_K", "q5_K", "q6_K"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+TEST(CudaMatmulQ8Api, SupportedTypesAndRefusals) {
+  SPARSEMLA_REQUIRE_GPU();
+  size_t n = 0;
+  const gguf::TypeTraits* all = gguf::all_types(&n);
+  for (size_t i = 0; i < n; ++i) {
+    const GgmlType t = all[i].type;
+    EXPECT_EQ(q8_supported(t), t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K)
+        << all[i].name;
+  }
+  DeviceBuffer buf(1 << 16);
+  DeviceQ8 x(randn(256, 9), 1, 256);
+  float* y = buf.as<float>();
+  QuantMatrix m;
+  m.type = GgmlType::IQ4_XS;
+  m.n_rows = 4;
+  m.n_cols = 256;
+  m.row_bytes = gguf::row_bytes(m.type, 256);
+  m.data = buf.get();
+  const std::string refused = test::error_of([&] { matmul_decode_q8(m, x.act, y, nullptr); });
+  EXPECT_NE(refused.find("iq4_xs"), std::string::npos) << refused;
+  EXPECT_NE(test::error_of([&] { matmul_experts_q8(m, 2, nullptr, 1, x.act, 1, y, nullptr); }).find("iq4_xs"),
+            std::string::npos);
+  m.type = GgmlType::Q4_K;
+  m.n_cols = 512;
+  m.row_bytes = gguf::row_bytes(m.type, 512);
+  EXPECT_NE(test::error_of([&] { matmul_decode_q8(m, x.act, y, nullptr); }).find("columns"), std::string::npos);
+  Q8Activations small;
+  small.data = buf.get();
+  small.bytes = 100;
+  EXPECT_NE(test::error_of([&] { quantize_activations(y, 1, 256, small, nullptr); }).find("bytes"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { quantize_activations(y, 1, 100, x.act, nullptr); }).find("multiple of 32"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -381,6 +381,20 @@ TEST(CudaRouter, GroupByExpertIsAStableCountingSort) {
       auto perm = to_host<int32_t>(dperm, size_t(n));
       perm.resize(want_perm.size());
       EXPECT_EQ(perm, want_perm) << what;
+      // With the list of experts that have pairs: the same grouping, the list ascending, and the
+      // entries left out marked -1 at the end of perm.
+      std::vector<int32_t> want_active;
+      for (int64_t e = 0; e < E; ++e)
+        if (want_counts[size_t(e)] > 0) want_active.push_back(int32_t(e));
+      DeviceBuffer dactive(size_t(E) * 4), dn(4);
+      moe_group(did.as<int32_t>(), n, E, dcounts.as<int32_t>(), doffsets.as<int32_t>(), dperm.as<int32_t>(), ws.get(),
+                nullptr, dactive.as<int32_t>(), dn.as<int32_t>());
+      const int32_t n_active = to_host<int32_t>(dn, 1)[0];
+      ASSERT_EQ(n_active, int32_t(want_active.size())) << what;
+      EXPECT_EQ(to_host<int32_t>(dactive, size_t(n_active)), want_active) << what;
+      std::vector<int32_t> want_full = want_perm;
+      want_full.resize(size_t(n), -1);
+      EXPECT_EQ(to_host<int32_t>(dperm, size_t(n)), want_full) << what;
     }
 }
 

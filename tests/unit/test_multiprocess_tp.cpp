@@ -129,6 +129,7 @@ TEST(StepMessages, RoundTripAndRefuseGarbage) {
   c.cuda = true;
   c.kv_dtype = 1;
   c.dense_attention = true;
+  c.int8_activations = true;
   c.kv_blocks = 8200;
   c.block_size = 16;
   c.batch_tokens = 4096;
@@ -139,7 +140,7 @@ TEST(StepMessages, RoundTripAndRefuseGarbage) {
   EXPECT_EQ(d.file_bytes, c.file_bytes);
   EXPECT_EQ(d.n_vocab, c.n_vocab);
   EXPECT_EQ(d.n_layer, c.n_layer);
-  EXPECT_TRUE(d.cuda && d.dense_attention && !d.precise && !d.host_staged);
+  EXPECT_TRUE(d.cuda && d.dense_attention && d.int8_activations && !d.precise && !d.host_staged);
   EXPECT_EQ(d.kv_dtype, 1);
   EXPECT_EQ(d.kv_blocks, 8200);
   EXPECT_EQ(d.batch_tokens, 4096);

@@ -260,10 +260,14 @@ struct GpuModel::Workspace {
   int32_t* offsets = nullptr;   // [E + 1]
   int32_t* perm = nullptr;      // [T * k]
   int32_t* inv = nullptr;       // [T * k]
+  int32_t* active = nullptr;    // [E] experts with tokens (the grouped decode path)
+  int32_t* n_active = nullptr;  // [1]
   // int64
   int64_t* pos = nullptr;    // [T]
   int64_t* slots = nullptr;  // [T]
   void* group_ws = nullptr;  // moe_group scratch
+  char* q8[2] = {nullptr, nullptr};  // int8 activations (GpuModel::quantized), q8_bytes each
+  size_t q8_bytes = 0;
 };
 
 namespace {
@@ -326,11 +330,22 @@ uint64_t layout_workspace(const HParams& hp, bool sparse, const WsDims& d, char*
   take(ws.offsets, E + 1);
   take(ws.perm, T * k);
   take(ws.inv, T * k);
+  take(ws.active, E);
+  take(ws.n_active, E > 0 ? 1 : 0);
   take(ws.pos, T);
   take(ws.slots, T);
   char* group = nullptr;
   take(group, E > 0 ? int64_t(cuda::moe_group_workspace_bytes(T * k, E)) : 0);
   ws.group_ws = group;
+  // Int8 activations of the decode products: the widest input a product of <= kDecodeMaxTokens
+  // rows reads (a layer's input, q_a's output, the heads' outputs, an FFN's hidden layer, one
+  // token's expert pairs, the output head's rows).
+  const int64_t Tq = std::min(T, cuda::kDecodeMaxTokens);
+  const int64_t widest = std::max({H, int64_t(hp.q_lora_rank), nh * int64_t(hp.v_head), ffn_width});
+  ws.q8_bytes = std::max({cuda::q8_activation_bytes(Tq, widest), cuda::q8_activation_bytes(k, int64_t(hp.n_ff_exp)),
+                          cuda::q8_activation_bytes(std::min(d.R, cuda::kDecodeMaxTokens), H)});
+  take(ws.q8[0], int64_t(ws.q8_bytes));
+  take(ws.q8[1], int64_t(ws.q8_bytes));
   return end;
 }
 
@@ -340,8 +355,9 @@ int64_t score_rows_for(int64_t T, int64_t max_ctx) {
 
 }  // namespace
 
-// Decode-sized MoE batches up to this many (token, expert) pairs take the path without a host sync.
-constexpr int64_t kSyncFreePairs = 64;
+// MoE batches of up to this many tokens run without a host synchronization (and so in a decode
+// graph): one token per (token, expert) pair, more grouped by expert on the device.
+constexpr int64_t kSyncFreeTokens = 64;
 
 // The context bound a decode graph is captured for: powers of two from 256 to 64K, then multiples
 // of 16K (a 131,073-token context gets 147,456, not 262,144: the indexer's grid and the scores'
@@ -389,6 +405,7 @@ struct GpuModel::State {
   std::vector<int32_t> host_counts;  // [E]
   cuda::DeviceBuffer sample_buf;     // sample(): the rows' parameters, the ids, the sampler's scratch
   std::unique_ptr<gpu::StepTimer> timer;  // SPARSEMLA_STEP_PROFILE=1: device time by operation
+  cuda::Q8Activations q8[2];              // the int8 activations of ws.q8 (GpuModel::quantized)
   bool profiling = false;                 // this forward is a decode step, timed
   // Decode graphs by (batch size, context bucket, cache, cache format); an empty graph: not capturable.
   std::map<GraphKey, gpu::Graph> graphs;
@@ -406,7 +423,7 @@ struct GpuModel::State {
       graph_buffers = buffers();
     }
   }
-  cuda::DeviceBuffer iota;           // [kSyncFreePairs] 0, 1, 2, ...: the sync-free MoE path's identity permutation
+  cuda::DeviceBuffer iota;           // [k] 0, 1, 2, ...: the one-token MoE path's identity permutation
   cuda::Stream s() const { return stream.get(); }
 };
 
@@ -553,6 +570,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   g->opts_ = opts;
   // SPARSEMLA_CUDA_GRAPHS=0 turns the decode graphs off without a rebuild (comparisons, debugging).
   if (const char* e = std::getenv("SPARSEMLA_CUDA_GRAPHS"); e && std::string(e) == "0") g->opts_.cuda_graphs = false;
+
   // SPARSEMLA_STEP_PROFILE=1: events between the operations of every decode step (graphs off), and the
   // device time by operation printed to stderr when the model goes away. Each step waits behind a
   // 20 ms hold kernel (SPARSEMLA_STEP_PROFILE_HOLD_US) while the host enqueues it, so the times are
@@ -813,8 +831,7 @@ int64_t GpuModel::enqueue(const std::vector<SeqInput>& batch, GpuCache& cache, D
   // A decode step (one new token per sequence, the MoE without host synchronization, nothing
   // recorded) replays a CUDA graph captured for its batch size and context bucket: the kernels are
   // launched with the bucket as their context bound (each token still sees only its own positions).
-  bool graph = opts_.cuda_graphs && !record && (!sharded() || coll_.capturable) &&
-               T * int64_t(hp.n_expert_used) <= kSyncFreePairs;
+  bool graph = opts_.cuda_graphs && !record && (!sharded() || coll_.capturable) && T <= kSyncFreeTokens;
   bool decode = true;
   for (const SeqInput& in : batch) decode = decode && in.tokens.size() == 1;
   graph = graph && decode;
@@ -952,7 +969,7 @@ void GpuModel::run_step(GpuCache& cache) {
   if (R == 0) return;
   gpu::gather_rows(w.h, H, w.out_rows, 1, R, w.rows_h, s);
   cuda::rms_norm(w.rows_h, H, st.output_norm, R, H, hp.rms_eps, w.rows_n, H, s);
-  product(st.output, w.rows_n, R, w.logits);
+  product(st.output, w.rows_n, R, w.logits, quantized(w.rows_n, R, H, 0));
   if (sharded()) coll_.all_gather(w.logits, R * shard_.vocab_count, w.gathered);
   mark("output head");
 }
@@ -968,13 +985,18 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   const int64_t qk = nope + rope, lat = kvl + rope;
   const bool sparse = attention_ == AttentionMode::Sparse && hp.has_indexer();
 
+  // The layer input, and q_a's normed output, quantized once for every product that reads them
+  // (slot 0: x, until the output projection; slot 1: qr).
+  const cuda::Q8Activations* qx = quantized(w.x, T, hp.n_embd, 0);
+  const cuda::Q8Activations* qqr = nullptr;
   if (hp.q_lora_rank > 0) {
     const int64_t ql = hp.q_lora_rank;
-    product(L.q_a, w.x, T, w.qr);
+    product(L.q_a, w.x, T, w.qr, qx);
     cuda::rms_norm(w.qr, ql, L.q_a_norm, T, ql, hp.rms_eps, w.qr, ql, s);
+    qqr = quantized(w.qr, T, ql, 1);
   }
   // The latent rows [rmsnorm(c) | rope(k_pe)] into the cache.
-  product(L.kv_a_mqa, w.x, T, w.kv);
+  product(L.kv_a_mqa, w.x, T, w.kv, qx);
   cuda::rms_norm(w.kv, lat, L.kv_a_norm, T, kvl, hp.rms_eps, w.kv, lat, s);
   st.rope->apply(w.kv + kvl, T, 1, lat, w.pos, spec_->main_rope, s);
   cuda::write_latent_rows(w.kv, w.slots, T, cache.dtype(), int(kvl), int(rope), cache.latent(il),
@@ -982,7 +1004,7 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   mark("attention: q_a, kv_a, norms, rope, cache rows");
 
   if (sparse && L.indexer) {
-    indexer(L, il, cache);
+    indexer(L, il, cache, qx, qqr);
     st.selection_made = true;
   }
   if (sparse && !st.selection_made)
@@ -999,8 +1021,8 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   }
 
   // q per head [q_nope | rope(q_pe)], absorbed into the latent space: qfull = [W_UK_h q_nope | q_pe].
-  if (hp.q_lora_rank > 0) product(L.q_b, w.qr, T, w.q);
-  else product(L.q, w.x, T, w.q);
+  if (hp.q_lora_rank > 0) product(L.q_b, w.qr, T, w.q, qqr);
+  else product(L.q, w.x, T, w.q, qx);
   st.rope->apply(w.q + nope, T, nh, qk, w.pos, spec_->main_rope, s);
   st.blas.per_head(L.uk, w.q, qk, T, w.qfull, lat, s);
   gpu::copy_columns(w.q + nope, qk, w.qfull + kvl, lat, rope, T * nh, s);
@@ -1026,13 +1048,14 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
 
   // Out of the latent space per head, then the output projection.
   st.blas.per_head(L.uv, w.olat, kvl, T, w.o, hp.v_head, s);
-  product(L.output, w.o, T, w.attn);
+  product(L.output, w.o, T, w.attn, quantized(w.o, T, nh * int64_t(hp.v_head), 0));
   mark("attention: W_UV, output projection");
 }
 
 // The lightning indexer of a full layer: writes the new tokens' index keys, then selects for each
 // token the top-k positions of its sequence into ws.sel.
-void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
+void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache, const cuda::Q8Activations* qx,
+                       const cuda::Q8Activations* qqr) {
   State& st = *st_;
   Workspace& w = st.ws;
   const HParams& hp = hp_;
@@ -1041,15 +1064,15 @@ void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
   if (!cache.has_keys(il)) fail("GPU forward: the cache holds no index keys for layer {}", il);
 
   // keys: layernorm(x @ attn_k), rope on the first rope dims
-  product(L.idx_k, w.x, T, w.ik);
+  product(L.idx_k, w.x, T, w.ik, qx);
   cuda::layer_norm(w.ik, L.idx_k_norm_w, L.idx_k_norm_b, T, dim, 1e-6f, w.ikn, s);
   st.rope->apply(w.ikn, T, 1, dim, w.pos, spec_->indexer_rope, s);
   cuda::write_index_keys(w.ikn, w.slots, T, cache.dtype(), int(dim), cache.keys(il), cache.key_row_bytes(), s);
 
   // queries: qr @ q_b, rope on the first rope dims of each head; weights with both scales folded in
-  product(L.idx_q_b, w.qr, T, w.iq);
+  product(L.idx_q_b, w.qr, T, w.iq, qqr);
   st.rope->apply(w.iq, T, heads, dim, w.pos, spec_->indexer_rope, s);
-  product(L.idx_proj, w.x, T, w.iw);
+  product(L.idx_proj, w.x, T, w.iw, qx);
   cuda::scale(w.iw, 1.0f / std::sqrt(float(heads) * float(dim)), T * heads, s);
   mark("indexer: projections, keys, rope");
 
@@ -1079,13 +1102,29 @@ void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
   }
 }
 
-void GpuModel::product(const QuantMatrix& w, const float* x, int64_t T, float* y) {
-  if (opts_.precise) cuda::matmul_decode(w, x, T, y, st_->s());
-  else cuda::matmul(w, x, T, y, st_->s());
+void GpuModel::product(const QuantMatrix& w, const float* x, int64_t T, float* y, const cuda::Q8Activations* q) {
+  if (q && q->n_tokens == T && q->n_cols == w.n_cols && cuda::q8_supported(w.type))
+    cuda::matmul_decode_q8(w, *q, y, st_->s());
+  else if (opts_.precise)
+    cuda::matmul_decode(w, x, T, y, st_->s());
+  else
+    cuda::matmul(w, x, T, y, st_->s());
+}
+
+const cuda::Q8Activations* GpuModel::quantized(const float* x, int64_t T, int64_t n_cols, int slot) {
+  State& st = *st_;
+  if (!opts_.int8_activations || opts_.precise || T < 1 || T > cuda::kDecodeMaxTokens ||
+      n_cols % cuda::kQ8ActBlock != 0 || cuda::q8_activation_bytes(T, n_cols) > st.ws.q8_bytes)
+    return nullptr;
+  cuda::Q8Activations& q = st.q8[slot];
+  q.data = st.ws.q8[slot];
+  q.bytes = st.ws.q8_bytes;
+  cuda::quantize_activations(x, T, n_cols, q, st.s());
+  return &q;
 }
 
 void GpuModel::mlp(const QuantMatrix& gate, const QuantMatrix& up, const QuantMatrix& down, const float* y, int64_t T,
-                   float* out) {
+                   float* out, const cuda::Q8Activations* qy) {
   State& st = *st_;
   const cuda::Stream s = st.s();
   const int64_t F = gate.n_rows;
@@ -1093,23 +1132,26 @@ void GpuModel::mlp(const QuantMatrix& gate, const QuantMatrix& up, const QuantMa
     gpu::fill_bytes(out, 0, size_t(T * down.n_rows) * sizeof(float), s);
     return;
   }
-  product(gate, y, T, st.ws.g);
-  product(up, y, T, st.ws.u);
+  if (!qy) qy = quantized(y, T, gate.n_cols, 0);
+  product(gate, y, T, st.ws.g, qy);
+  product(up, y, T, st.ws.u, qy);
   cuda::silu_mul(st.ws.g, st.ws.u, T * F, s);
-  product(down, st.ws.g, T, out);
+  product(down, st.ws.g, T, out, quantized(st.ws.g, T, F, 1));
 }
 
 // attn = ffn(x): the dense MLP, or the routed experts plus the shared ones.
 //
-// Routed experts, two ways:
-//  - decode-sized batches (at most kSyncFreePairs (token, expert) pairs): every pair's gate, up and
-//    down products in one launch each (cuda::matmul_experts reads the expert ids on the device), so
-//    the layer has no host synchronization. Each pair is summed as the one-token decode product, so
-//    the result is the same bits the grouped path gives when every expert has <= 16 tokens.
-//  - larger batches: the per-expert token counts are read back to the host (one synchronization
-//    per MoE layer) and each expert with tokens runs cuda::matmul over its rows of the stacked
-//    expert tensors, on the tokens gathered for it. Grouped GEMMs that read the counts on the
-//    device would remove that synchronization too.
+// Routed experts, three ways:
+//  - one token: each of its k (token, expert) pairs' gate, up and down products in one launch
+//    (cuda::matmul_experts reads the expert ids on the device).
+//  - up to kSyncFreeTokens tokens: the pairs grouped by expert on the device (cuda::moe_group, with
+//    the list of experts that have tokens), then one launch per product over those experts
+//    (cuda::matmul_expert_groups): each expert's weights are read once for all its tokens, and
+//    nothing waits for the host. Each pair is summed as the one-token product sums it, so these
+//    two paths give the same bits.
+//  - larger batches (prefill): the per-expert token counts are read back to the host (one
+//    synchronization per MoE layer) and each expert with tokens runs cuda::matmul over its rows of
+//    the stacked expert tensors, on the tokens gathered for it (tensor cores past 16 tokens).
 void GpuModel::ffn(const Layer& L, int32_t il) {
   State& st = *st_;
   Workspace& w = st.ws;
@@ -1146,31 +1188,60 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     gpu::localize_experts(w.rids, T * k, int32_t(shard_.experts.first), int32_t(E), w.lids, s);
     ids = w.lids;
   }
-  if (T * k <= kSyncFreePairs) {
-    const int64_t P = T * k;
+  const auto shared = [&] {
     if (L.shared) mlp(L.gate_shexp, L.up_shexp, L.down_shexp, w.x, T, w.attn);
     else gpu::fill_bytes(w.attn, 0, size_t(T * H) * sizeof(float), s);
     mark("moe: shared expert");
-    cuda::matmul_experts(L.gate_exps, Fe, ids, P, w.x, k, w.g, s);
-    cuda::matmul_experts(L.up_exps, Fe, ids, P, w.x, k, w.u, s);
-    cuda::silu_mul(w.g, w.u, P * Fe, s);
-    cuda::matmul_experts(L.down_exps, H, ids, P, w.g, 1, w.oe, s);
+  };
+  if (T == 1) {
+    const cuda::Q8Activations* qx = quantized(w.x, 1, H, 0);
+    if (L.shared) mlp(L.gate_shexp, L.up_shexp, L.down_shexp, w.x, T, w.attn, qx);
+    else gpu::fill_bytes(w.attn, 0, size_t(T * H) * sizeof(float), s);
+    mark("moe: shared expert");
+    const auto experts = [&](const QuantMatrix& m, int64_t rows, const float* x, const cuda::Q8Activations* q,
+                             int64_t x_div, float* y) {
+      if (q && cuda::q8_supported(m.type)) cuda::matmul_experts_q8(m, rows, ids, k, *q, x_div, y, s);
+      else cuda::matmul_experts(m, rows, ids, k, x, x_div, y, s);
+    };
+    experts(L.gate_exps, Fe, w.x, qx, k, w.g);
+    experts(L.up_exps, Fe, w.x, qx, k, w.u);
+    cuda::silu_mul(w.g, w.u, k * Fe, s);
+    experts(L.down_exps, H, w.g, quantized(w.g, k, Fe, 1), 1, w.oe);
     // Outputs are in pair order: the combine's permutation is the identity, uploaded once.
-    if (st.iota.bytes() == 0) {
-      std::vector<int32_t> iota(static_cast<size_t>(kSyncFreePairs));
+    if (st.iota.bytes() < size_t(k) * sizeof(int32_t)) {
+      std::vector<int32_t> iota(static_cast<size_t>(k));
       for (size_t i = 0; i < iota.size(); ++i) iota[i] = int32_t(i);
       st.iota = cuda::to_device(iota);
     }
-    gpu::moe_combine(w.oe, st.iota.as<int32_t>(), P, ids, w.rw, T, int(k), H, w.inv, w.attn, s);
-    mark("moe: routed experts (per pair)");
+    gpu::moe_combine(w.oe, st.iota.as<int32_t>(), k, ids, w.rw, T, int(k), H, w.inv, w.attn, s);
+    mark("moe: routed experts (one token)");
+    return;
+  }
+  if (T <= kSyncFreeTokens) {
+    cuda::moe_group(ids, T * k, E, w.counts, w.offsets, w.perm, w.group_ws, s, w.active, w.n_active);
+    shared();
+    const int64_t P = T * k;
+    cuda::ExpertGroups g;
+    g.offsets = w.offsets;
+    g.active = w.active;
+    g.n_active = w.n_active;
+    g.perm = w.perm;
+    g.max_groups = std::min(E, P);
+    g.max_slots = T;
+    cuda::matmul_expert_groups(L.gate_exps, Fe, g, w.x, k, w.g, s);
+    cuda::matmul_expert_groups(L.up_exps, Fe, g, w.x, k, w.u, s);
+    cuda::silu_mul(w.g, w.u, P * Fe, s);  // slots past the routed ones hold stale values, never read
+    g.perm = nullptr;                      // the down products read the grouped rows in place
+    cuda::matmul_expert_groups(L.down_exps, H, g, w.g, 1, w.oe, s);
+    // Entries left out of the grouping (other ranks' experts) are -1 in perm and add nothing.
+    gpu::moe_combine(w.oe, w.perm, P, ids, w.rw, T, int(k), H, w.inv, w.attn, s);
+    mark("moe: routed experts (grouped on the device)");
     return;
   }
   cuda::moe_group(ids, T * k, E, w.counts, w.offsets, w.perm, w.group_ws, s);
   st.host_counts.resize(size_t(E));
   gpu::download(st.host_counts.data(), w.counts, size_t(E) * sizeof(int32_t), s);
-
-  if (L.shared) mlp(L.gate_shexp, L.up_shexp, L.down_shexp, w.x, T, w.attn);
-  else gpu::fill_bytes(w.attn, 0, size_t(T * H) * sizeof(float), s);
+  shared();
 
   int64_t n_routed = 0;
   for (int32_t c : st.host_counts) n_routed += c;

@@ -24,7 +24,7 @@ __global__ void gather_rows_kernel(const float* __restrict__ x, int64_t width, c
 
 __global__ void inverse_perm_kernel(const int32_t* __restrict__ perm, int64_t n, int32_t* __restrict__ inv) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    inv[perm[i]] = int32_t(i);
+    if (perm[i] >= 0) inv[perm[i]] = int32_t(i);  // -1: an entry left out of the grouping
 }
 
 constexpr int kMaxSlots = 64;  // moe_route takes at most 64 experts per token

@@ -104,8 +104,9 @@ void gather_rows(const float* x, int64_t width, const int32_t* idx, int32_t divi
 
 // The routed experts' outputs added into `out`, each token's in ascending expert order as the CPU's
 // moe_forward adds them: out[t] += sum_slot weights[t][slot] * expert_out[pos(t * k + slot)], where
-// pos inverts perm (perm[pos] = entry) over its first n_routed entries; entries outside it, and
-// entries whose id is negative (an expert another rank holds), add nothing.   expert_out: [n_routed, width] (grouped by expert)   perm: [n_routed]
+// pos inverts perm (perm[pos] = entry) over its first n_routed entries (perm entries of -1 are
+// skipped); entries outside it, and entries whose id is negative (an expert another rank holds),
+// add nothing.   expert_out: [n_routed, width] (grouped by expert)   perm: [n_routed]
 //   ids, weights: [T, k]   inv: [T * k] int32 scratch   out: [T, width]
 void moe_combine(const float* expert_out, const int32_t* perm, int64_t n_routed, const int32_t* ids,
                  const float* weights, int64_t T, int k, int64_t width, int32_t* inv, float* out, cuda::Stream s);

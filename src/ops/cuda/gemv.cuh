@@ -89,6 +89,17 @@ __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) 
     ybase += pair * a.n_rows;
     n_tokens = 1;
   }
+  const int32_t* xrows = nullptr;  // grouped mode with a permutation: the slots' activation rows
+  if (a.group_offsets) {
+    if (int(blockIdx.y) >= *a.group_count) return;
+    const int32_t e = a.group_active[blockIdx.y];
+    const int32_t j0 = a.group_offsets[e];
+    wbase += uint64_t(e) * uint64_t(a.n_rows) * a.row_bytes;
+    n_tokens = a.group_offsets[e + 1] - j0;
+    ybase += int64_t(j0) * a.n_rows;
+    if (a.group_perm) xrows = a.group_perm + j0;
+    else xbase += int64_t(j0) * a.n_cols;
+  }
   const uint8_t* w[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) w[r] = wbase + uint64_t(min(row0 + r, a.n_rows - 1)) * a.row_bytes;
@@ -97,7 +108,10 @@ __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) 
     // Tokens past the end repeat the last one; their sums are not stored.
     const float* x[NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) x[t] = xbase + min(t0 + t, n_tokens - 1) * a.n_cols;
+    for (int t = 0; t < NT; ++t) {
+      const int64_t j = min(t0 + t, n_tokens - 1);
+      x[t] = xrows ? a.x + int64_t(xrows[j] / a.x_div) * a.n_cols : xbase + j * a.n_cols;
+    }
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -150,6 +164,21 @@ int gemv_threads(int64_t n_cols) {
   return int(std::min<int64_t>(kGemvMaxThreads, std::max<int64_t>(32, (want + 31) / 32 * 32)));
 }
 
+// Grouped mode: a grid row for every group the call may have (MatArgs::n_tokens carries that
+// count here); group_tokens_max, the most slots one group can hold, sets NT.
+template <class V, int R, int U>
+void launch_gemv_groups(const MatArgs& a, unsigned blocks, int threads, cudaStream_t s) {
+  const dim3 grid(blocks, unsigned(a.n_tokens));
+  if (a.group_tokens_max <= 1)
+    gemv_kernel<V, 1, R, U><<<grid, threads, 0, s>>>(a);
+  else if (a.group_tokens_max == 2)
+    gemv_kernel<V, 2, R, U><<<grid, threads, 0, s>>>(a);
+  else if (a.group_tokens_max <= 4)
+    gemv_kernel<V, 4, R, U><<<grid, threads, 0, s>>>(a);
+  else
+    gemv_kernel<V, 8, R, U><<<grid, threads, 0, s>>>(a);
+}
+
 template <class D>
 void launch_gemv(const MatArgs& a, cudaStream_t s) {
   using V = typename dq::GemvUnits<D>::type;
@@ -158,6 +187,8 @@ void launch_gemv(const MatArgs& a, cudaStream_t s) {
   const unsigned blocks = unsigned(ceil_div(a.n_rows, int64_t(R)));
   if (a.expert_ids)
     gemv_kernel<V, 1, R, U><<<dim3(blocks, unsigned(a.n_tokens)), threads, 0, s>>>(a);
+  else if (a.group_offsets)
+    launch_gemv_groups<V, R, U>(a, blocks, threads, s);
   else if (a.n_tokens == 1)
     gemv_kernel<V, 1, R, U><<<blocks, threads, 0, s>>>(a);
   else if (a.n_tokens == 2)

@@ -137,7 +137,8 @@ __global__ void count_chunks_kernel(const int32_t* __restrict__ ids, int64_t n, 
 
 // One block: exclusive scan of base in place, then counts and offsets per expert.
 __global__ void scan_chunks_kernel(int32_t* base, int E, int n_chunks, int32_t* __restrict__ counts,
-                                   int32_t* __restrict__ offsets) {
+                                   int32_t* __restrict__ offsets, int64_t n, int32_t* __restrict__ perm,
+                                   int32_t* __restrict__ active, int32_t* __restrict__ n_active) {
   const int64_t M = int64_t(E) * n_chunks;
   const int64_t per = (M + blockDim.x - 1) / blockDim.x;
   const int64_t lo = min(M, per * threadIdx.x), hi = min(M, lo + per);
@@ -158,6 +159,23 @@ __global__ void scan_chunks_kernel(int32_t* base, int E, int n_chunks, int32_t* 
     counts[e] = end - start;
   }
   if (threadIdx.x == 0) offsets[E] = total;
+  if (!active) return;
+  // The experts with pairs, in order: each thread counts its range, one scan places them.
+  const int per_e = (E + int(blockDim.x) - 1) / int(blockDim.x);
+  const int e_lo = min(E, per_e * int(threadIdx.x)), e_hi = min(E, e_lo + per_e);
+  int32_t mine = 0;
+  for (int e = e_lo; e < e_hi; ++e) {
+    const int32_t end = e + 1 < E ? base[int64_t(e + 1) * n_chunks] : total;
+    mine += end > base[int64_t(e) * n_chunks];
+  }
+  int32_t n_act = 0;
+  int32_t at = block_exclusive_scan(mine, &n_act);
+  for (int e = e_lo; e < e_hi; ++e) {
+    const int32_t end = e + 1 < E ? base[int64_t(e + 1) * n_chunks] : total;
+    if (end > base[int64_t(e) * n_chunks]) active[at++] = e;
+  }
+  if (threadIdx.x == 0) *n_active = n_act;
+  for (int64_t j = total + int64_t(threadIdx.x); j < n; j += blockDim.x) perm[j] = -1;
 }
 
 // Entry j goes to base[e][chunk] + (entries before j in its chunk routed to the same expert).
@@ -205,20 +223,22 @@ size_t moe_group_workspace_bytes(int64_t n, int64_t E) {
 }
 
 void moe_group(const int32_t* ids, int64_t n, int64_t E, int32_t* counts, int32_t* offsets, int32_t* perm,
-               void* workspace, Stream s) {
+               void* workspace, Stream s, int32_t* active, int32_t* n_active) {
   // E counters live in shared memory while a chunk is counted.
   if (n < 0 || n > INT32_MAX || E <= 0 || E > 8192) fail("cuda::moe_group: {} entries over {} experts", n, E);
+  if (bool(active) != bool(n_active)) fail("cuda::moe_group: the active list needs both active and n_active");
   const cudaStream_t st = stream_of(s);
   if (n == 0) {
     SPARSEMLA_CUDA_CHECK(cudaMemsetAsync(counts, 0, size_t(E) * sizeof(int32_t), st));
     SPARSEMLA_CUDA_CHECK(cudaMemsetAsync(offsets, 0, size_t(E + 1) * sizeof(int32_t), st));
+    if (n_active) SPARSEMLA_CUDA_CHECK(cudaMemsetAsync(n_active, 0, sizeof(int32_t), st));
     return;
   }
   const int n_chunks = int((n + kChunk - 1) / kChunk);
   int32_t* base = static_cast<int32_t*>(workspace);
   count_chunks_kernel<<<n_chunks, kChunk, size_t(E) * sizeof(int32_t), st>>>(ids, n, int(E), n_chunks, base);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
-  scan_chunks_kernel<<<1, kScanThreads, 0, st>>>(base, int(E), n_chunks, counts, offsets);
+  scan_chunks_kernel<<<1, kScanThreads, 0, st>>>(base, int(E), n_chunks, counts, offsets, n, perm, active, n_active);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
   scatter_chunks_kernel<<<n_chunks, kChunk, 0, st>>>(ids, n, int(E), n_chunks, base, perm);
   SPARSEMLA_CUDA_LAUNCH_CHECK();

@@ -29,7 +29,10 @@ size_t moe_group_workspace_bytes(int64_t n, int64_t E);
 //   offsets[e] = sum of counts before e; offsets[E] = pairs in all          [E + 1]
 //   perm[offsets[e] ..] = the entries j routed to e, ascending (token order) [n]
 // Ids outside [0, E) are left out of all three.
+// With `active` (and n_active) also, for cuda::matmul_expert_groups:
+//   active[0 .. *n_active) = the experts with pairs, ascending                  [E]
+//   perm[offsets[E] .. n)  = -1 (the entries left out)
 void moe_group(const int32_t* ids, int64_t n, int64_t E, int32_t* counts, int32_t* offsets, int32_t* perm,
-               void* workspace, Stream s);
+               void* workspace, Stream s, int32_t* active = nullptr, int32_t* n_active = nullptr);
 
 }  // namespace sparsemla::cuda

@@ -193,6 +193,28 @@ void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t
   if (n_pairs > 0) k.decode(a, static_cast<cudaStream_t>(s));
 }
 
+void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g, const float* x,
+                          int64_t x_div, float* y, Stream s) {
+  const TypeKernels& k = kernels_for(w.type, "matmul_expert_groups");
+  if (rows_per_expert <= 0 || w.n_rows % rows_per_expert != 0)
+    fail("cuda::matmul_expert_groups: {} rows are not whole experts of {} rows", w.n_rows, rows_per_expert);
+  if (x_div <= 0) fail("cuda::matmul_expert_groups: x_div must be > 0, got {}", x_div);
+  if (!g.offsets || !g.active || !g.n_active) fail("cuda::matmul_expert_groups: offsets, active and n_active are required");
+  const int64_t n_experts = w.n_rows / rows_per_expert;
+  if (g.max_groups < 0 || g.max_groups > std::min<int64_t>(n_experts, 65535) || g.max_slots < 0)
+    fail("cuda::matmul_expert_groups: {} groups of up to {} slots over {} experts", g.max_groups, g.max_slots,
+         n_experts);
+  MatArgs a = checked_product(w, x, g.max_groups, y, "matmul_expert_groups");
+  a.n_rows = rows_per_expert;
+  a.x_div = x_div;
+  a.group_offsets = g.offsets;
+  a.group_active = g.active;
+  a.group_count = g.n_active;
+  a.group_perm = g.perm;
+  a.group_tokens_max = g.max_slots;
+  if (g.max_groups > 0 && g.max_slots > 0) k.decode(a, static_cast<cudaStream_t>(s));
+}
+
 void dequantize_rows(const QuantMatrix& w, const int32_t* rows, int64_t n, float* out, Stream s) {
   const TypeKernels& k = kernels_for(w.type, "dequantize_rows");
   if (n < 0 || n > INT32_MAX) fail("cuda::dequantize_rows: bad row count {}", n);

@@ -57,6 +57,24 @@ void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, floa
 void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
                     const float* x, int64_t x_div, float* y, Stream s);
 
+// The experts' products grouped by expert, without a host round trip (cuda::moe_group's output on
+// the device): each expert with pairs reads its weights once for all of them. For every active
+// expert e = active[g] (g < *n_active) and grouped slot j in [offsets[e], offsets[e + 1]):
+// y[j] = W_e x[perm[j] / x_div] (x[j] when perm is null: activations already in grouped order).
+// max_groups bounds *n_active (min(experts, pairs)); max_slots bounds the slots of one expert (the
+// tokens: an expert appears once per token). Each slot is summed as the one-token decode product
+// sums it, so the result equals matmul_experts' for the same pairs, bit for bit.
+//   y: [pairs, rows_per_expert] in grouped order (rows of experts without pairs untouched)
+struct ExpertGroups {
+  const int32_t* offsets = nullptr;   // [E + 1]
+  const int32_t* active = nullptr;    // [E]
+  const int32_t* n_active = nullptr;  // [1]
+  const int32_t* perm = nullptr;      // [pairs] or null
+  int64_t max_groups = 0, max_slots = 0;
+};
+void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g, const float* x,
+                          int64_t x_div, float* y, Stream s);
+
 // Embedding lookup: out[i] = row rows[i] of W as fp32, equal bit for bit to ops::dequantize_row.
 // rows: [n] device int32; out: [n, n_cols] device fp32, 16-byte aligned. A negative id gives a row
 // of zeros (under tensor parallelism, a token whose embedding row another rank holds); an id

@@ -20,60 +20,17 @@ double best_ms(int runs, cudaStream_t s, Fn&& fn) {
   return time_ms(runs, [](void* f) { (*static_cast<std::remove_reference_t<Fn>*>(f))(); }, &fn, s);
 }
 
-}  // namespace
-
-// The calls are captured once into a CUDA graph and the graph is replayed: the time is the GPU's,
-// not the host's launch rate (several microseconds per launch under some hypervisors, more than a
-// whole decode product takes).
-MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs) {
-  const QuantMatrix& w = copies[0];
-  // Activations of magnitude ~1 (their values do not change the work).
-  std::vector<float> xh(size_t(n_tokens * w.n_cols));
+// Activations of magnitude ~1 (their values do not change the work).
+std::vector<float> bench_activations(size_t n) {
+  std::vector<float> xh(n);
   for (size_t i = 0; i < xh.size(); ++i) xh[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
-  const DeviceBuffer x = to_device(xh);
-  DeviceBuffer y(size_t(n_tokens * w.n_rows) * sizeof(float));
-  cudaStream_t s;
-  SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  matmul(w, x.as<float>(), n_tokens, y.as<float>(), s);  // outside the capture: uploads the codebooks
-  SPARSEMLA_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  SPARSEMLA_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int c = 0; c < calls; ++c) matmul(copies[c % n_copies], x.as<float>(), n_tokens, y.as<float>(), s);
-  SPARSEMLA_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  SPARSEMLA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  const double ms = best_ms(runs, s, [&] { SPARSEMLA_CUDA_CHECK(cudaGraphLaunch(exec, s)); });
-  SPARSEMLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  SPARSEMLA_CUDA_CHECK(cudaGraphDestroy(graph));
-  SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
-  MatmulTiming t;
-  const double sec = ms * 1e-3 / calls;
-  t.us_per_call = sec * 1e6;
-  t.weight_gbs = double(gguf::row_bytes(w.type, uint64_t(w.n_cols))) * double(w.n_rows) / sec * 1e-9;
-  t.tflops = 2.0 * double(w.n_rows) * double(w.n_cols) * double(n_tokens) / sec * 1e-12;
-  return t;
+  return xh;
 }
 
-MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs) {
-  const int64_t n_experts = w.n_rows / rows_per_expert;
-  std::vector<float> xh(size_t(w.n_cols));
-  for (size_t i = 0; i < xh.size(); ++i) xh[i] = float(int(i * 2654435761u % 2001) - 1000) * 1e-3f;
-  std::vector<int32_t> ids;  // [calls][n_pairs]
-  std::mt19937 rng(1);
-  std::vector<int32_t> all(static_cast<size_t>(n_experts));
-  std::iota(all.begin(), all.end(), 0);
-  for (int c = 0; c < calls; ++c) {
-    std::shuffle(all.begin(), all.end(), rng);
-    ids.insert(ids.end(), all.begin(), all.begin() + n_pairs);
-  }
-  const DeviceBuffer x = to_device(xh), dids = to_device(ids);
-  DeviceBuffer y(size_t(n_pairs * rows_per_expert) * sizeof(float));
-  cudaStream_t s;
-  SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  auto call = [&](int c) {
-    matmul_experts(w, rows_per_expert, dids.as<int32_t>() + c * n_pairs, n_pairs, x.as<float>(), n_pairs,
-                   y.as<float>(), s);
-  };
+// Milliseconds per replay of a graph of call(0) .. call(calls - 1) on stream s, best of `runs`;
+// call(0) runs once before the capture (first-use uploads stay out of the graph).
+template <class Call>
+double graph_ms(int calls, int runs, cudaStream_t s, Call&& call) {
   call(0);
   SPARSEMLA_CUDA_CHECK(cudaStreamSynchronize(s));
   cudaGraph_t graph;
@@ -85,14 +42,115 @@ MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert,
   const double ms = best_ms(runs, s, [&] { SPARSEMLA_CUDA_CHECK(cudaGraphLaunch(exec, s)); });
   SPARSEMLA_CUDA_CHECK(cudaGraphExecDestroy(exec));
   SPARSEMLA_CUDA_CHECK(cudaGraphDestroy(graph));
-  SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
+  return ms;
+}
+
+// Distinct random experts (seed 1) for each of `calls` calls: [calls][n_pairs].
+std::vector<int32_t> random_expert_ids(int64_t n_experts, int n_pairs, int calls) {
+  std::vector<int32_t> ids;
+  std::mt19937 rng(1);
+  std::vector<int32_t> all(static_cast<size_t>(n_experts));
+  std::iota(all.begin(), all.end(), 0);
+  for (int c = 0; c < calls; ++c) {
+    std::shuffle(all.begin(), all.end(), rng);
+    ids.insert(ids.end(), all.begin(), all.begin() + n_pairs);
+  }
+  return ids;
+}
+
+MatmulTiming timing(double ms, int calls, double weight_bytes, double flops) {
   MatmulTiming t;
   const double sec = ms * 1e-3 / calls;
-  const double rows = double(n_pairs) * double(rows_per_expert);
   t.us_per_call = sec * 1e6;
-  t.weight_gbs = double(gguf::row_bytes(w.type, uint64_t(w.n_cols))) * rows / sec * 1e-9;
-  t.tflops = 2.0 * rows * double(w.n_cols) / sec * 1e-12;
+  t.weight_gbs = weight_bytes / sec * 1e-9;
+  t.tflops = flops / sec * 1e-12;
   return t;
+}
+
+// Quantized activations in their own buffer.
+struct BenchQ8 {
+  DeviceBuffer buf;
+  Q8Activations act;
+  BenchQ8(const DeviceBuffer& x, int64_t n_tokens, int64_t n_cols) : buf(q8_activation_bytes(n_tokens, n_cols)) {
+    act.data = buf.get();
+    act.bytes = buf.bytes();
+    quantize_activations(x.as<float>(), n_tokens, n_cols, act, nullptr);
+    synchronize();
+  }
+};
+
+}  // namespace
+
+// The calls are captured once into a CUDA graph and the graph is replayed: the time is the GPU's,
+// not the host's launch rate (several microseconds per launch under some hypervisors, more than a
+// whole decode product takes).
+MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs) {
+  const QuantMatrix& w = copies[0];
+  const DeviceBuffer x = to_device(bench_activations(size_t(n_tokens * w.n_cols)));
+  DeviceBuffer y(size_t(n_tokens * w.n_rows) * sizeof(float));
+  cudaStream_t s;
+  SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // call(0) runs outside the capture: it uploads the codebooks.
+  const double ms =
+      graph_ms(calls, runs, s, [&](int c) { matmul(copies[c % n_copies], x.as<float>(), n_tokens, y.as<float>(), s); });
+  SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
+  return timing(ms, calls, double(gguf::row_bytes(w.type, uint64_t(w.n_cols))) * double(w.n_rows),
+                2.0 * double(w.n_rows) * double(w.n_cols) * double(n_tokens));
+}
+
+MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs) {
+  const DeviceBuffer x = to_device(bench_activations(size_t(w.n_cols)));
+  const DeviceBuffer dids = to_device(random_expert_ids(w.n_rows / rows_per_expert, n_pairs, calls));
+  DeviceBuffer y(size_t(n_pairs * rows_per_expert) * sizeof(float));
+  cudaStream_t s;
+  SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double ms = graph_ms(calls, runs, s, [&](int c) {
+    matmul_experts(w, rows_per_expert, dids.as<int32_t>() + c * n_pairs, n_pairs, x.as<float>(), n_pairs,
+                   y.as<float>(), s);
+  });
+  SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
+  const double rows = double(n_pairs) * double(rows_per_expert);
+  return timing(ms, calls, double(gguf::row_bytes(w.type, uint64_t(w.n_cols))) * rows, 2.0 * rows * double(w.n_cols));
+}
+
+MatmulTiming bench_matmul_q8(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs) {
+  const QuantMatrix& w = copies[0];
+  const DeviceBuffer x = to_device(bench_activations(size_t(n_tokens * w.n_cols)));
+  const BenchQ8 xq(x, n_tokens, w.n_cols);
+  DeviceBuffer y(size_t(n_tokens * w.n_rows) * sizeof(float));
+  cudaStream_t s;
+  SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double ms =
+      graph_ms(calls, runs, s, [&](int c) { matmul_decode_q8(copies[c % n_copies], xq.act, y.as<float>(), s); });
+  SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
+  return timing(ms, calls, double(gguf::row_bytes(w.type, uint64_t(w.n_cols))) * double(w.n_rows),
+                2.0 * double(w.n_rows) * double(w.n_cols) * double(n_tokens));
+}
+
+MatmulTiming bench_matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs) {
+  const DeviceBuffer x = to_device(bench_activations(size_t(w.n_cols)));
+  const BenchQ8 xq(x, 1, w.n_cols);
+  const DeviceBuffer dids = to_device(random_expert_ids(w.n_rows / rows_per_expert, n_pairs, calls));
+  DeviceBuffer y(size_t(n_pairs * rows_per_expert) * sizeof(float));
+  cudaStream_t s;
+  SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double ms = graph_ms(calls, runs, s, [&](int c) {
+    matmul_experts_q8(w, rows_per_expert, dids.as<int32_t>() + c * n_pairs, n_pairs, xq.act, n_pairs, y.as<float>(), s);
+  });
+  SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
+  const double rows = double(n_pairs) * double(rows_per_expert);
+  return timing(ms, calls, double(gguf::row_bytes(w.type, uint64_t(w.n_cols))) * rows, 2.0 * rows * double(w.n_cols));
+}
+
+double bench_quantize_us(int64_t n_tokens, int64_t n_cols, int calls, int runs) {
+  const DeviceBuffer x = to_device(bench_activations(size_t(n_tokens * n_cols)));
+  BenchQ8 xq(x, n_tokens, n_cols);
+  cudaStream_t s;
+  SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double ms =
+      graph_ms(calls, runs, s, [&](int) { quantize_activations(x.as<float>(), n_tokens, n_cols, xq.act, s); });
+  SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
+  return ms * 1e3 / calls;
 }
 
 double bench_copy_gbs(size_t bytes, int runs) {

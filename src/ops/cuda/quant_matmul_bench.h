@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "ops/cuda/quant_matmul.h"
+#include "ops/cuda/quant_matmul_q8.h"
 
 namespace sparsemla::cuda {
 
@@ -25,6 +26,15 @@ MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tok
 // drawn at random (seed 1) from w's n_rows / rows_per_expert, so that the expert weights come from
 // memory; weight_gbs counts the bytes of the experts read.
 MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs);
+
+// The int8-activation products (quant_matmul_q8.h), timed as bench_matmul / bench_matmul_experts
+// time the fp32 ones: the product only, on activations quantized once before the capture (a
+// model quantizes a layer input once for all the products that read it).
+MatmulTiming bench_matmul_q8(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs);
+MatmulTiming bench_matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs);
+
+// Microseconds per quantize_activations call of n_tokens x n_cols (graph replay, best of runs).
+double bench_quantize_us(int64_t n_tokens, int64_t n_cols, int calls, int runs);
 
 // Device-to-device cudaMemcpy of `bytes`, best of `runs`: GB/s counting bytes read plus bytes
 // written, the memory traffic a streaming kernel can hope for.

@@ -30,6 +30,15 @@ struct MatArgs {
   // output row p. n_tokens is then the number of pairs.
   const int32_t* expert_ids = nullptr;
   int64_t x_div = 1;
+  // Grouped mode (matmul_expert_groups, decode kernel only): grid row g is the expert
+  // group_active[g] (rows g >= *group_count return); its grouped slots j in [offsets[e],
+  // offsets[e + 1]) read activation row group_perm[j] / x_div (row j when group_perm is null) and
+  // write output row j. Each slot is summed as the one-token product sums it.
+  const int32_t* group_offsets = nullptr;
+  const int32_t* group_active = nullptr;
+  const int32_t* group_count = nullptr;
+  const int32_t* group_perm = nullptr;
+  int64_t group_tokens_max = 0;  // the most slots one group can have (sets the tokens per pass)
 };
 
 using MatmulLauncher = void (*)(const MatArgs& a, cudaStream_t s);

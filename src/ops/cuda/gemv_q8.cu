@@ -1,0 +1,503 @@
+// The int8-activation decode products of quant_matmul_q8.h: activation quantization, the dp4a
+// decode kernel and its dispatch table.
+//
+// Kernel layout (as gemv.cuh): a block takes kQ8Rows weight rows and all tokens; its threads split
+// a row's units round-robin, U units per step fully unrolled so that U x R units' weight loads are
+// in flight together. A unit is the weight bytes of whole activation blocks, so that each integer
+// dot product meets one activation scale:
+//   Q4_K / Q5_K  quarter k of a 256-block: 64 elements = sub-blocks 2k (low nibbles) and 2k + 1
+//                (high), two 16-byte quant loads (+ Q5_K's 32 bytes of high bits);
+//   Q6_K         half h, l0 in {0, 16} of a 256-block: 16 elements of each of the 4 activation
+//                blocks 4h + j, from 3 x 16 bytes (ql twice, qh) read as aligned words;
+//   Q8_0         one 32-block, 32 bytes read as aligned words.
+// Per row and token: one __dp4a per 4 elements into an int32 dot, then per sub-block
+//   acc += (d_w sc) * d_x * dot  [- (dmin m) * (d_x sum_x) for Q4_K/Q5_K]
+// in fp32. The integer dots are exact; an activation load (16 bytes, through L1) feeds all R rows.
+//
+// Batch invariance: the thread count depends only on n_cols and the type, thread i takes units
+// i, i + threads, ... in that order, and the per-thread sums are reduced by a fixed shuffle tree
+// and then warp by warp; none of it depends on NT or on the token count.
+#include "ops/cuda/quant_matmul_q8.h"
+
+#include <algorithm>
+
+#include "ops/cuda/check.cuh"
+#include "ops/cuda/dequant.cuh"
+
+namespace sparsemla::cuda {
+
+namespace {
+
+using gguf::GgmlType;
+using dq::half_to_f;
+using dq::int_to_f;
+using dq::ld128;
+using dq::ld16;
+using dq::ld32;
+
+// One product y = W x_hat, validated by the entry points below.
+struct Q8Args {
+  const uint8_t* w = nullptr;  // [n_rows][row_bytes] (x n_experts in expert mode)
+  uint64_t row_bytes = 0;
+  int64_t n_rows = 0;          // rows per expert in expert mode
+  int64_t n_cols = 0;
+  const int8_t* xq = nullptr;  // [n_tokens][n_cols] int8
+  const int2* xb = nullptr;    // [n_tokens][n_cols / 32] {d bits, sum}
+  float* y = nullptr;          // [n_tokens][n_rows]
+  int64_t n_tokens = 0;        // pairs in expert mode
+  const int32_t* expert_ids = nullptr;  // expert mode: [n_tokens]
+  int64_t x_div = 1;
+};
+
+// 16 bytes at a 2-byte aligned address as 4 words: 5 aligned words from p rounded down to 4,
+// shifted into place by byte permutes. Reads bytes [p - 2, p + 20): callers keep them inside
+// one weight block.
+__device__ __forceinline__ uint4 ld128_a2(const uint8_t* p) {
+  const uint8_t* a = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+  const uint32_t w0 = ld32(a), w1 = ld32(a + 4), w2 = ld32(a + 8), w3 = ld32(a + 12), w4 = ld32(a + 16);
+  const uint32_t sel = (reinterpret_cast<uintptr_t>(p) & 2) ? 0x5432u : 0x3210u;
+  return make_uint4(__byte_perm(w0, w1, sel), __byte_perm(w1, w2, sel), __byte_perm(w2, w3, sel),
+                    __byte_perm(w3, w4, sel));
+}
+
+__device__ __forceinline__ int dot16(const uint32_t (&w)[4], const int4 x, int acc) {
+  acc = __dp4a(int(w[0]), x.x, acc);
+  acc = __dp4a(int(w[1]), x.y, acc);
+  acc = __dp4a(int(w[2]), x.z, acc);
+  return __dp4a(int(w[3]), x.w, acc);
+}
+
+// ---- units: W = one row's decoded unit, X = one token's activations of the unit ----
+
+// Q4_K and Q5_K: quarter k (unit u = k) of the block; lo / hi hold the 32 values of sub-blocks 2k
+// and 2k + 1 as unsigned bytes (4 or 5 bits). Element = d sc q - dmin m.
+struct KMinUnit {
+  static constexpr int kBlock = 256, kUnitsPerBlock = 4, kUnroll = 2;
+  struct W {
+    uint32_t lo[2][4], hi[2][4];  // [16-byte half][word]
+    float sc[2], mn[2];           // d * sc, dmin * m of sub-blocks 2k, 2k + 1
+  };
+  struct X {
+    int4 lo[2], hi[2];  // activation blocks 2k and 2k + 1 of the 256-block, 16 bytes each half
+    float d[2], ds[2];  // their scales, and scale * sum
+  };
+  __device__ static void scales(const uint4 hd, int k, W& w) {
+    const float d = half_to_f(hd.x & 0xFFFF), dmin = half_to_f(hd.x >> 16);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      int s, m;
+      dq::k4_scale_min(hd.y, hd.z, hd.w, 2 * k + r, &s, &m);
+      w.sc[r] = __fmul_rn(d, int_to_f(s));
+      w.mn[r] = __fmul_rn(dmin, int_to_f(m));
+    }
+  }
+  __device__ static X load_x(const int8_t* xq, const int2* xb, int64_t blk, int k) {
+    const int64_t ab = blk * 8 + 2 * k;  // first activation block of the unit
+    const int4* p = reinterpret_cast<const int4*>(xq + 32 * ab);
+    X x;
+    x.lo[0] = __ldg(p), x.lo[1] = __ldg(p + 1), x.hi[0] = __ldg(p + 2), x.hi[1] = __ldg(p + 3);
+    const int4 s = __ldg(reinterpret_cast<const int4*>(xb + ab));
+    x.d[0] = __int_as_float(s.x), x.d[1] = __int_as_float(s.z);
+    x.ds[0] = __fmul_rn(x.d[0], int_to_f(s.y)), x.ds[1] = __fmul_rn(x.d[1], int_to_f(s.w));
+    return x;
+  }
+  __device__ static float fma(const W& w, const X& x, float acc) {
+    const int dlo = dot16(w.lo[1], x.lo[1], dot16(w.lo[0], x.lo[0], 0));
+    const int dhi = dot16(w.hi[1], x.hi[1], dot16(w.hi[0], x.hi[0], 0));
+    acc = __fmaf_rn(__fmul_rn(w.sc[0], x.d[0]), int_to_f(dlo), acc);
+    acc = __fmaf_rn(-w.mn[0], x.ds[0], acc);
+    acc = __fmaf_rn(__fmul_rn(w.sc[1], x.d[1]), int_to_f(dhi), acc);
+    return __fmaf_rn(-w.mn[1], x.ds[1], acc);
+  }
+};
+
+// Q4_K, 144 bytes: fp16 d | fp16 dmin | scales[12] | qs[128]; quarter k in qs[32k .. 32k + 32).
+struct Q4KUnit : KMinUnit {
+  static constexpr int kBytes = 144;
+  __device__ static W load(const uint8_t* b, int k) {
+    W w;
+    scales(ld128(b), k, w);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4 q = ld128(b + 16 + 32 * k + 16 * h);
+      const uint32_t v[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w.lo[h][i] = v[i] & 0x0F0F0F0Fu;
+        w.hi[h][i] = (v[i] >> 4) & 0x0F0F0F0Fu;
+      }
+    }
+    return w;
+  }
+};
+
+// Q5_K, 176 bytes: fp16 d | fp16 dmin | scales[12] | qh[32] | qs[128]; the fifth bit of element
+// 32g + l is bit g of qh[l].
+struct Q5KUnit : KMinUnit {
+  static constexpr int kBytes = 176;
+  __device__ static W load(const uint8_t* b, int k) {
+    W w;
+    scales(ld128(b), k, w);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint4 q = ld128(b + 48 + 32 * k + 16 * h), hb = ld128(b + 16 + 16 * h);
+      const uint32_t v[4] = {q.x, q.y, q.z, q.w}, hv[4] = {hb.x, hb.y, hb.z, hb.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w.lo[h][i] = (v[i] & 0x0F0F0F0Fu) | (((hv[i] >> (2 * k)) & 0x01010101u) << 4);
+        w.hi[h][i] = ((v[i] >> 4) & 0x0F0F0F0Fu) | (((hv[i] >> (2 * k + 1)) & 0x01010101u) << 4);
+      }
+    }
+    return w;
+  }
+};
+
+// Q6_K, 210 bytes: ql[128] | qh[64] | int8 scales[16] | fp16 d. Unit u = 2h + s covers, for
+// j = 0..3, elements 128h + 32j + 16s + [0, 16): low (j < 2) or high nibbles of
+// ql[64h + 32 (j % 2) + 16s + l], bits 2j of qh[32h + 16s + l], scale sc[8h + s + 2j].
+// Element = d sc (q - 32), q - 32 held as signed bytes.
+struct Q6KUnit {
+  static constexpr int kBlock = 256, kBytes = 210, kUnitsPerBlock = 4, kUnroll = 1;
+  struct W {
+    uint32_t q[4][4];  // [j][word]
+    float sc[4];       // d * sc of part j
+  };
+  struct X {
+    int4 q[4];   // 16 bytes of activation block 4h + j
+    float d[4];
+  };
+  __device__ static W load(const uint8_t* b, int u) {
+    const int h = u / 2, s = u % 2;
+    W w;
+    const float d = half_to_f(ld16(b + 208));
+    const uint2 sw = dq::ld64_a2(b + 192 + 8 * h);  // scales 8h .. 8h + 8: part j's is byte s + 2j
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t word = j < 2 ? sw.x : sw.y;
+      w.sc[j] = __fmul_rn(d, int_to_f(int(int8_t((word >> (8 * (s + 2 * (j % 2)))) & 0xFF))));
+    }
+    const uint4 a = ld128_a2(b + 64 * h + 16 * s), c = ld128_a2(b + 64 * h + 32 + 16 * s);
+    const uint4 hb = ld128_a2(b + 128 + 32 * h + 16 * s);
+    const uint32_t av[4] = {a.x, a.y, a.z, a.w}, cv[4] = {c.x, c.y, c.z, c.w}, hv[4] = {hb.x, hb.y, hb.z, hb.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      w.q[0][i] = __vsub4((av[i] & 0x0F0F0F0Fu) | ((hv[i] << 4) & 0x30303030u), 0x20202020u);
+      w.q[1][i] = __vsub4((cv[i] & 0x0F0F0F0Fu) | ((hv[i] << 2) & 0x30303030u), 0x20202020u);
+      w.q[2][i] = __vsub4(((av[i] >> 4) & 0x0F0F0F0Fu) | (hv[i] & 0x30303030u), 0x20202020u);
+      w.q[3][i] = __vsub4(((cv[i] >> 4) & 0x0F0F0F0Fu) | ((hv[i] >> 2) & 0x30303030u), 0x20202020u);
+    }
+    return w;
+  }
+  __device__ static X load_x(const int8_t* xq, const int2* xb, int64_t blk, int u) {
+    const int h = u / 2, s = u % 2;
+    const int64_t ab = blk * 8 + 4 * h;  // first activation block of the unit
+    X x;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) x.q[j] = __ldg(reinterpret_cast<const int4*>(xq + 32 * (ab + j) + 16 * s));
+    const int4* p = reinterpret_cast<const int4*>(xb + ab);
+    const int4 s01 = __ldg(p), s23 = __ldg(p + 1);
+    x.d[0] = __int_as_float(s01.x), x.d[1] = __int_as_float(s01.z);
+    x.d[2] = __int_as_float(s23.x), x.d[3] = __int_as_float(s23.z);
+    return x;
+  }
+  __device__ static float fma(const W& w, const X& x, float acc) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      acc = __fmaf_rn(__fmul_rn(w.sc[j], x.d[j]), int_to_f(dot16(w.q[j], x.q[j], 0)), acc);
+    return acc;
+  }
+};
+
+// Q8_0, 34 bytes: fp16 d | int8 qs[32]. The quants start 2 bytes into a 2-byte aligned block:
+// 8 aligned words from (b + 2) rounded down to 4, plus the last half-word, permuted into place.
+struct Q80Unit {
+  static constexpr int kBlock = 32, kBytes = 34, kUnitsPerBlock = 1, kUnroll = 4;
+  struct W {
+    uint32_t q[2][4];
+    float d;
+  };
+  struct X {
+    int4 q[2];
+    float d;
+  };
+  __device__ static W load(const uint8_t* b, int) {
+    W w;
+    w.d = half_to_f(ld16(b));
+    const uint8_t* a = reinterpret_cast<const uint8_t*>((reinterpret_cast<uintptr_t>(b) + 2) & ~uintptr_t(3));
+    uint32_t v[9];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = ld32(a + 4 * i);
+    v[8] = ld16(b + 32);  // only used when a == b: bytes 32, 33 of the block
+    const uint32_t sel = (reinterpret_cast<uintptr_t>(b) & 2) ? 0x3210u : 0x5432u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w.q[i / 4][i % 4] = __byte_perm(v[i], v[i + 1], sel);
+    return w;
+  }
+  __device__ static X load_x(const int8_t* xq, const int2* xb, int64_t blk, int) {
+    const int4* p = reinterpret_cast<const int4*>(xq + 32 * blk);
+    X x;
+    x.q[0] = __ldg(p), x.q[1] = __ldg(p + 1);
+    x.d = __ldg(reinterpret_cast<const float*>(xb + blk));
+    return x;
+  }
+  __device__ static float fma(const W& w, const X& x, float acc) {
+    const int dot = dot16(w.q[1], x.q[1], dot16(w.q[0], x.q[0], 0));
+    return __fmaf_rn(__fmul_rn(w.d, x.d), int_to_f(dot), acc);
+  }
+};
+
+constexpr int kQ8MaxThreads = 256;
+// Rows per block: each activation load feeds kQ8Rows rows.
+constexpr int kQ8Rows = 4;
+
+// acc[row][t] += unit iu of each row . token t's activations of the unit.
+template <class V, int R, int NT>
+__device__ __forceinline__ void q8_unit(const uint8_t* const (&w)[R], const int8_t* const (&xq)[NT],
+                                        const int2* const (&xb)[NT], int iu, float (&acc)[R][NT]) {
+  const int b = iu / V::kUnitsPerBlock, u = iu % V::kUnitsPerBlock;
+  typename V::W wu[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wu[r] = V::load(w[r] + int64_t(b) * V::kBytes, u);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const typename V::X xu = V::load_x(xq[t], xb[t], b, u);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r][t] = V::fma(wu[r], xu, acc[r][t]);
+  }
+}
+
+template <class V, int NT, int R>
+__global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_kernel(const Q8Args a) {
+  // Units per step: at 4 or more tokens the accumulators and activations take the registers that
+  // the unrolled weight loads would need (the order of the units is the same either way).
+  constexpr int U = NT >= 4 ? 1 : V::kUnroll;
+  __shared__ float partial[kQ8MaxThreads / 32][R * NT];  // per warp: [row][token]
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, n_threads = blockDim.x, n_warps = n_threads / 32;
+  const int n_units = int(a.n_cols / V::kBlock) * V::kUnitsPerBlock;
+  const int64_t n_ab = a.n_cols / 32;  // activation blocks per token
+  const int64_t row0 = int64_t(blockIdx.x) * R;
+  // Expert mode: this block's pair selects the expert's rows, its activation row and output row;
+  // the product is then the one-token product, summed exactly as a one-token call sums it.
+  const uint8_t* wbase = a.w;
+  int64_t x0 = 0;
+  float* ybase = a.y;
+  int64_t n_tokens = a.n_tokens;
+  if (a.expert_ids) {
+    const int64_t pair = blockIdx.y;
+    const int32_t e = a.expert_ids[pair];
+    if (e < 0) return;  // an unused slot: its output row is not written
+    wbase += uint64_t(e) * uint64_t(a.n_rows) * a.row_bytes;
+    x0 = pair / a.x_div;
+    ybase += pair * a.n_rows;
+    n_tokens = 1;
+  }
+  const uint8_t* w[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) w[r] = wbase + uint64_t(min(row0 + r, a.n_rows - 1)) * a.row_bytes;
+
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += NT) {
+    // Tokens past the end repeat the last one; their sums are not stored.
+    const int8_t* xq[NT];
+    const int2* xb[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const int64_t tok = x0 + min(t0 + t, n_tokens - 1);
+      xq[t] = a.xq + tok * a.n_cols;
+      xb[t] = a.xb + tok * n_ab;
+    }
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+
+    int iu = tid;
+    for (; iu + (U - 1) * n_threads < n_units; iu += U * n_threads) {
+#pragma unroll
+      for (int j = 0; j < U; ++j) q8_unit<V, R, NT>(w, xq, xb, iu + j * n_threads, acc);
+    }
+    for (; iu < n_units; iu += n_threads) q8_unit<V, R, NT>(w, xq, xb, iu, acc);
+
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        float s = acc[r][t];
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
+        if (lane == 0) partial[warp][r * NT + t] = s;
+      }
+    __syncthreads();
+    for (int i = tid; i < R * NT; i += n_threads) {
+      const int r = i / NT, t = i % NT;
+      float s = partial[0][i];
+      for (int k = 1; k < n_warps; ++k) s += partial[k][i];
+      if (row0 + r < a.n_rows && t0 + t < n_tokens) ybase[(t0 + t) * a.n_rows + row0 + r] = s;
+    }
+    __syncthreads();
+  }
+}
+
+// Threads per block: enough that each takes about kUnroll units of a row, a multiple of 32 in
+// [32, kQ8MaxThreads]. A function of n_cols and the type only (batch invariance).
+template <class V>
+int q8_threads(int64_t n_cols) {
+  const int64_t n_units = n_cols / V::kBlock * V::kUnitsPerBlock;
+  const int64_t want = (n_units + V::kUnroll - 1) / V::kUnroll;
+  return int(std::min<int64_t>(kQ8MaxThreads, std::max<int64_t>(32, (want + 31) / 32 * 32)));
+}
+
+template <class V>
+void launch_q8(const Q8Args& a, cudaStream_t s) {
+  constexpr int R = kQ8Rows;
+  const int threads = q8_threads<V>(a.n_cols);
+  const unsigned blocks = unsigned(ceil_div(a.n_rows, int64_t(R)));
+  if (a.expert_ids)
+    gemv_q8_kernel<V, 1, R><<<dim3(blocks, unsigned(a.n_tokens)), threads, 0, s>>>(a);
+  else if (a.n_tokens == 1)
+    gemv_q8_kernel<V, 1, R><<<blocks, threads, 0, s>>>(a);
+  else if (a.n_tokens == 2)
+    gemv_q8_kernel<V, 2, R><<<blocks, threads, 0, s>>>(a);
+  else if (a.n_tokens <= 4)
+    gemv_q8_kernel<V, 4, R><<<blocks, threads, 0, s>>>(a);
+  else
+    gemv_q8_kernel<V, 8, R><<<blocks, threads, 0, s>>>(a);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+struct Q8Kernels {
+  GgmlType type;
+  void (*launch)(const Q8Args&, cudaStream_t);
+};
+
+// Every weight type with an int8-activation kernel.
+constexpr Q8Kernels kQ8Kernels[] = {
+    {GgmlType::Q8_0, &launch_q8<Q80Unit>},
+    {GgmlType::Q4_K, &launch_q8<Q4KUnit>},
+    {GgmlType::Q5_K, &launch_q8<Q5KUnit>},
+    {GgmlType::Q6_K, &launch_q8<Q6KUnit>},
+};
+
+const Q8Kernels& q8_kernels_for(GgmlType t, const char* what) {
+  for (const Q8Kernels& k : kQ8Kernels)
+    if (k.type == t) return k;
+  fail("cuda::{}: no int8-activation kernel for ggml type {} (id {}); supported: q8_0, q4_K, q5_K, q6_K "
+       "(use the fp32 path, matmul_decode)",
+       what, gguf::type_name(t), uint32_t(t));
+}
+
+// One warp per block of 32 values (the rule is in quant_matmul_q8.h).
+__global__ void quantize_q8_kernel(const float* x, int64_t n_blocks, int8_t* q, int2* blocks) {
+  const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (blk >= n_blocks) return;  // whole warps
+  const float v = x[blk * 32 + lane];
+  // |v| as bits: non-negative floats order as their bit patterns.
+  const float amax = __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(fabsf(v))));
+  const float d = __fdiv_rn(amax, 127.0f);
+  const int qi = d == 0.0f ? 0 : max(-127, min(127, __float2int_rn(__fdiv_rn(v, d))));
+  const int sum = __reduce_add_sync(0xFFFFFFFFu, qi);
+  q[blk * 32 + lane] = int8_t(qi);
+  if (lane == 0) blocks[blk] = make_int2(__float_as_int(d), sum);
+}
+
+bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; }
+
+// The weight view and the activations against each other; fills the common arguments.
+// The caller has checked the type (q8_kernels_for).
+Q8Args checked_q8(const QuantMatrix& w, const Q8Activations& x, float* y, const char* what) {
+  const auto& tr = gguf::traits(w.type);
+  if (w.n_rows <= 0 || w.n_cols <= 0 || w.n_cols % tr.block_size != 0)
+    fail("cuda::{}: a {} weight of {} rows x {} columns: columns must be a positive multiple of {}", what, tr.name,
+         w.n_rows, w.n_cols, tr.block_size);
+  if (w.n_cols / 8 > INT32_MAX) fail("cuda::{}: {} columns is too many", what, w.n_cols);
+  const uint64_t data_bytes = gguf::row_bytes(w.type, uint64_t(w.n_cols));
+  if (w.row_bytes < data_bytes || w.row_bytes % tr.type_size != 0)
+    fail("cuda::{}: row_bytes {} cannot hold {} columns of {} ({} bytes) as whole blocks", what, w.row_bytes, w.n_cols,
+         tr.name, data_bytes);
+  // Q4_K / Q5_K blocks (144, 176 bytes) are read 16 bytes at a time; Q8_0 / Q6_K as aligned words
+  // around 2-byte aligned blocks.
+  const uint64_t align = std::min<uint64_t>(16, tr.type_size & (~uint64_t(tr.type_size) + 1));
+  if ((reinterpret_cast<uintptr_t>(w.data) | w.row_bytes) % align != 0)
+    fail("cuda::{}: {} rows must start {}-byte aligned (data {}, row_bytes {})", what, tr.name, align, w.data,
+         w.row_bytes);
+  if (x.n_cols != w.n_cols)
+    fail("cuda::{}: activations of {} columns for a weight of {} columns", what, x.n_cols, w.n_cols);
+  if (x.n_tokens < 0 || !x.data || !aligned(x.data, 16) || x.bytes < q8_activation_bytes(x.n_tokens, x.n_cols))
+    fail("cuda::{}: quantized activations {} ({} bytes for {} tokens) are not a 16-byte aligned buffer of {} bytes",
+         what, x.data, x.bytes, x.n_tokens, q8_activation_bytes(x.n_tokens, x.n_cols));
+  if (!aligned(y, 4)) fail("cuda::{}: output {} is not 4-byte aligned", what, static_cast<const void*>(y));
+  Q8Args a;
+  a.w = static_cast<const uint8_t*>(w.data);
+  a.row_bytes = w.row_bytes;
+  a.n_rows = w.n_rows;
+  a.n_cols = w.n_cols;
+  a.xq = static_cast<const int8_t*>(x.data);
+  a.xb = reinterpret_cast<const int2*>(static_cast<const uint8_t*>(x.data) + q8_scales_offset(x.n_tokens, x.n_cols));
+  a.y = y;
+  a.n_tokens = x.n_tokens;
+  return a;
+}
+
+}  // namespace
+
+size_t q8_scales_offset(int64_t n_tokens, int64_t n_cols) { return (size_t(n_tokens * n_cols) + 15) / 16 * 16; }
+
+size_t q8_activation_bytes(int64_t n_tokens, int64_t n_cols) {
+  return q8_scales_offset(n_tokens, n_cols) + size_t(n_tokens * (n_cols / kQ8ActBlock)) * 8;
+}
+
+void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Activations& out, Stream s) {
+  if (n_tokens < 0 || n_cols <= 0 || n_cols % kQ8ActBlock != 0)
+    fail("cuda::quantize_activations: {} tokens x {} columns: columns must be a positive multiple of {}", n_tokens,
+         n_cols, kQ8ActBlock);
+  const size_t need = q8_activation_bytes(n_tokens, n_cols);
+  if (!out.data || !aligned(out.data, 16) || out.bytes < need)
+    fail("cuda::quantize_activations: output buffer {} of {} bytes; {} tokens x {} columns need {} bytes, 16-byte "
+         "aligned",
+         out.data, out.bytes, n_tokens, n_cols, need);
+  if (!aligned(x, 4)) fail("cuda::quantize_activations: input {} is not 4-byte aligned", static_cast<const void*>(x));
+  out.n_tokens = n_tokens;
+  out.n_cols = n_cols;
+  const int64_t n_blocks = n_tokens * (n_cols / kQ8ActBlock);
+  if (n_blocks == 0) return;
+  int8_t* q = static_cast<int8_t*>(out.data);
+  int2* blocks = reinterpret_cast<int2*>(static_cast<uint8_t*>(out.data) + q8_scales_offset(n_tokens, n_cols));
+  constexpr int kThreads = 256;
+  quantize_q8_kernel<<<unsigned(ceil_div(n_blocks * 32, kThreads)), kThreads, 0, static_cast<cudaStream_t>(s)>>>(
+      x, n_blocks, q, blocks);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+bool q8_supported(gguf::GgmlType t) {
+  for (const Q8Kernels& k : kQ8Kernels)
+    if (k.type == t) return true;
+  return false;
+}
+
+void matmul_decode_q8(const QuantMatrix& w, const Q8Activations& x, float* y, Stream s) {
+  const Q8Kernels& k = q8_kernels_for(w.type, "matmul_decode_q8");
+  const Q8Args a = checked_q8(w, x, y, "matmul_decode_q8");
+  if (a.n_tokens > 0) k.launch(a, static_cast<cudaStream_t>(s));
+}
+
+void matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
+                       const Q8Activations& x, int64_t x_div, float* y, Stream s) {
+  const char* what = "matmul_experts_q8";
+  const Q8Kernels& k = q8_kernels_for(w.type, what);
+  Q8Args a = checked_q8(w, x, y, what);
+  if (rows_per_expert <= 0 || w.n_rows % rows_per_expert != 0)
+    fail("cuda::{}: {} rows are not whole experts of {} rows", what, w.n_rows, rows_per_expert);
+  if (x_div <= 0) fail("cuda::{}: x_div must be > 0, got {}", what, x_div);
+  if (n_pairs < 0 || n_pairs > 65535) fail("cuda::{}: {} pairs (at most 65535 per call)", what, n_pairs);
+  if ((n_pairs + x_div - 1) / x_div > x.n_tokens)
+    fail("cuda::{}: {} pairs at x_div {} read {} activation rows; x holds {}", what, n_pairs, x_div,
+         (n_pairs + x_div - 1) / x_div, x.n_tokens);
+  a.n_rows = rows_per_expert;
+  a.n_tokens = n_pairs;
+  a.expert_ids = expert_ids;
+  a.x_div = x_div;
+  if (n_pairs > 0) k.launch(a, static_cast<cudaStream_t>(s));
+}
+
+}  // namespace sparsemla::cuda

@@ -1,0 +1,71 @@
+// The int8-activation decode products (non-precise mode): the activations are quantized once per
+// product to int8 blocks of 32 with an fp32 scale, and multiplied with the weights' integer quants
+// by __dp4a, applying the weight and activation scales per sub-block (llama.cpp's mmvq scheme).
+// About one instruction per weight element at one token instead of three (gemv.cuh), so the
+// products run near the memory rate. Plain C++, so that host code can call it.
+//
+// Result: y = W x_hat, where x_hat = d * q is the dequantized activation (quantize_activations
+// below), up to fp32 summation order (relative ~2e-7 measured); against the fp32 x, the int8
+// rounding of the activations costs a relative error of 8e-3 to 9e-3 on N(0, 1) activations
+// (H200, test_cuda_matmul).
+// Batch invariant as matmul_decode is: token t's result is the same bits whatever the number of
+// tokens and the other tokens' values, and an expert pair equals the one-token product on the
+// expert's rows.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "gguf/ggml_types.h"
+#include "ops/cuda/buffer.h"
+#include "ops/cuda/quant_matmul.h"
+
+namespace sparsemla::cuda {
+
+// Elements per activation block: one fp32 scale and one int32 sum per 32 int8 values.
+constexpr int64_t kQ8ActBlock = 32;
+
+// Quantized activations in a caller-owned device buffer of q8_activation_bytes(n_tokens, n_cols)
+// bytes (16-byte aligned). Layout:
+//   q:      [n_tokens][n_cols] int8, at offset 0
+//   blocks: [n_tokens][n_cols / 32] {float d, int32 sum}, at offset q8_scales_offset(n_tokens, n_cols)
+// The caller sets data and bytes; quantize_activations sets n_tokens and n_cols.
+struct Q8Activations {
+  void* data = nullptr;  // device, 16-byte aligned
+  size_t bytes = 0;      // capacity of data
+  int64_t n_tokens = 0;
+  int64_t n_cols = 0;    // a multiple of 32
+};
+
+// Offset of the block scales in the buffer: the int8 values rounded up to 16 bytes.
+size_t q8_scales_offset(int64_t n_tokens, int64_t n_cols);
+// Bytes of the buffer for n_tokens x n_cols activations.
+size_t q8_activation_bytes(int64_t n_tokens, int64_t n_cols);
+
+// Quantizes x: [n_tokens, n_cols] device fp32 (n_cols a multiple of 32) into out, block by block
+// of 32 consecutive values of a row:
+//   amax = max |x_i| (fp32, exact)
+//   d    = amax / 127 (fp32 division, round to nearest even)
+//   q_i  = 0 if d == 0, else clamp(round_half_even(x_i / d), -127, 127) (fp32 division, then
+//          rounding to the nearest integer, ties to even; the clamp only acts when d is subnormal)
+//   sum  = sum of q_i (int32)
+// Finite inputs only (a NaN or inf in a block makes its values unspecified). The CPU reference in
+// test_cuda_matmul.cpp reproduces it bit for bit. Throws sparsemla::Error for a bad shape, a buffer
+// that is too small or a misaligned pointer.
+void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Activations& out, Stream s);
+
+// Whether matmul_decode_q8 / matmul_experts_q8 take this weight type: Q8_0, Q4_K, Q5_K, Q6_K.
+// Other types stay on the fp32 path (matmul_decode); the caller checks.
+bool q8_supported(gguf::GgmlType t);
+
+// y[t][r] = sum_c W[r][c] * x_hat[t][c] for t < x.n_tokens (any count; made for 1..16).
+// x.n_cols must equal w.n_cols. y: [x.n_tokens, n_rows] device fp32. Throws sparsemla::Error
+// naming the type for an unsupported type, or the shape / alignment problem.
+void matmul_decode_q8(const QuantMatrix& w, const Q8Activations& x, float* y, Stream s);
+
+// matmul_experts on quantized activations: for each pair p < n_pairs with ids[p] >= 0,
+// y[p] = W_{ids[p]} x_hat[p / x_div]; pairs with a negative id leave their output row unwritten.
+// x holds n_pairs / x_div (rounded up) rows or more.   y: [n_pairs, rows_per_expert]
+void matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
+                       const Q8Activations& x, int64_t x_div, float* y, Stream s);
+
+}  // namespace sparsemla::cuda
