@@ -209,6 +209,12 @@ struct Workers {
   }
 };
 
+// The last JSON object line of `run --json`'s output (the generated tokens and text).
+std::string json_line(const std::string& out) {
+  const size_t at = out.rfind("{\"");
+  return at == std::string::npos ? out : out.substr(at, out.find('\n', at) - at);
+}
+
 double max_rel_diff(const std::vector<float>& got, const std::vector<float>& ref) {
   if (got.size() != ref.size() || ref.empty()) return INFINITY;
   double mr = 0, md = 0;
@@ -261,10 +267,6 @@ TEST(MultiProcessTensorParallel, GreedyRunEqualsTheUnsplitModel) {
   const std::vector<CliResult> ws = w.wait();
   ASSERT_EQ(p.status, 0) << p.out;
   ASSERT_EQ(ws[0].status, 0) << ws[0].out;
-  const auto json_line = [](const std::string& out) {
-    const size_t at = out.rfind("{\"");
-    return at == std::string::npos ? out : out.substr(at, out.find('\n', at) - at);
-  };
   EXPECT_EQ(json_line(p.out), json_line(whole.out));
   EXPECT_TRUE(contains(ws[0].out, "rank 0 stopped after")) << ws[0].out;
 }
@@ -350,10 +352,6 @@ TEST(MultiProcessTensorParallel, GpuRanksGiveTheThreadedRunsResults) {
   const std::vector<CliResult> ws = w.wait();
   ASSERT_EQ(p.status, 0) << p.out;
   ASSERT_EQ(ws[0].status, 0) << ws[0].out;
-  const auto json_line = [](const std::string& out) {
-    const size_t at = out.rfind("{\"");
-    return at == std::string::npos ? out : out.substr(at, out.find('\n', at) - at);
-  };
   EXPECT_EQ(json_line(p.out), json_line(whole.out));
 }
 

@@ -15,6 +15,7 @@
 // other tokens' values.
 #pragma once
 #include "ops/cuda/quant_matmul_kernels.cuh"
+#include "ops/cuda/gemv_reduce.cuh"
 
 namespace sparsemla::cuda {
 
@@ -71,7 +72,7 @@ __device__ __forceinline__ void gemv_unit(const uint8_t* const (&w)[R], const fl
 template <class V, int NT, int R, int U>
 __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) {
   __shared__ float partial[kGemvMaxThreads / 32][R * NT];  // per warp: [row][token]
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, n_threads = blockDim.x, n_warps = n_threads / 32;
+  const int tid = threadIdx.x, n_threads = blockDim.x;
   const int n_units = int(a.n_cols / V::kUnit);
   const int64_t row0 = int64_t(blockIdx.x) * R;
   // Expert mode: this block's pair selects the expert's rows, its activation row and output row;
@@ -125,23 +126,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) 
     }
     for (; iu < n_units; iu += n_threads) gemv_unit<V, R, NT>(w, x, iu, acc, a.tables);
 
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        float s = acc[r][t];
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
-        if (lane == 0) partial[warp][r * NT + t] = s;
-      }
-    __syncthreads();
-    for (int i = tid; i < R * NT; i += n_threads) {
-      const int r = i / NT, t = i % NT;
-      float s = partial[0][i];
-      for (int k = 1; k < n_warps; ++k) s += partial[k][i];
-      if (row0 + r < a.n_rows && t0 + t < n_tokens) ybase[(t0 + t) * a.n_rows + row0 + r] = s;
-    }
-    __syncthreads();
+    block_sum_store(acc, partial, row0, a.n_rows, t0, n_tokens, ybase);
   }
 }
 

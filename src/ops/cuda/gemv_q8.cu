@@ -23,6 +23,7 @@
 
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/dequant.cuh"
+#include "ops/cuda/gemv_reduce.cuh"
 
 namespace sparsemla::cuda {
 
@@ -272,7 +273,7 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_kernel(const Q8Args a) 
   // the unrolled weight loads would need (the order of the units is the same either way).
   constexpr int U = NT >= 4 ? 1 : V::kUnroll;
   __shared__ float partial[kQ8MaxThreads / 32][R * NT];  // per warp: [row][token]
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, n_threads = blockDim.x, n_warps = n_threads / 32;
+  const int tid = threadIdx.x, n_threads = blockDim.x;
   const int n_units = int(a.n_cols / V::kBlock) * V::kUnitsPerBlock;
   const int64_t n_ab = a.n_cols / 32;  // activation blocks per token
   const int64_t row0 = int64_t(blockIdx.x) * R;
@@ -318,23 +319,7 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_kernel(const Q8Args a) 
     }
     for (; iu < n_units; iu += n_threads) q8_unit<V, R, NT>(w, xq, xb, iu, acc);
 
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        float s = acc[r][t];
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
-        if (lane == 0) partial[warp][r * NT + t] = s;
-      }
-    __syncthreads();
-    for (int i = tid; i < R * NT; i += n_threads) {
-      const int r = i / NT, t = i % NT;
-      float s = partial[0][i];
-      for (int k = 1; k < n_warps; ++k) s += partial[k][i];
-      if (row0 + r < a.n_rows && t0 + t < n_tokens) ybase[(t0 + t) * a.n_rows + row0 + r] = s;
-    }
-    __syncthreads();
+    block_sum_store(acc, partial, row0, a.n_rows, t0, n_tokens, ybase);
   }
 }
 
