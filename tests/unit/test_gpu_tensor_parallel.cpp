@@ -12,10 +12,14 @@
 
 #if SPARSEMLA_HAVE_CUDA
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "dist/cuda/sharded_gpu_model.h"
@@ -255,6 +259,31 @@ TEST(GpuTensorParallelNccl, EqualsTheSingleGpuRunOnEachGpuCount) {
 #else
   const int gpus = gpu_count();
   if (gpus < 2) GTEST_SKIP() << "needs 2 or more GPUs, found " << gpus;
+  // NCCL waits without a deadline: a watchdog turns a hang into a failure that names the phase
+  // (this test hung on two H200s in a full run of the suite, phase unknown).
+  std::mutex mu;
+  std::string phase = "start";
+  auto at = [&](const std::string& p) {
+    std::lock_guard<std::mutex> lock(mu);
+    phase = p;
+    std::fprintf(stderr, "  [nccl test] %s\n", p.c_str());
+  };
+  std::atomic<bool> done{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 1800 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (done) return;
+    std::lock_guard<std::mutex> lock(mu);
+    std::fprintf(stderr, "GpuTensorParallelNccl: no progress for 180 s in phase: %s\n", phase.c_str());
+    std::_Exit(1);
+  });
+  struct Join {
+    std::atomic<bool>& done;
+    std::thread& t;
+    ~Join() {
+      done = true;
+      t.join();
+    }
+  } join{done, watchdog};
   for (const std::string& path : {bundled_model(), fixture_model("glm_q4_k"), fixture_model("dsv32_groups")}) {
     auto cpu = model::Model::load(path, {AttentionMode::Sparse, 4});
     const model::HParams& hp = cpu->hparams();
@@ -266,10 +295,13 @@ TEST(GpuTensorParallelNccl, EqualsTheSingleGpuRunOnEachGpuCount) {
       for (const auto& [d, precise] : {std::pair{KvDtype::F32, true}, std::pair{KvDtype::BF16, false}}) {
         ShardedGpuOptions o;
         o.gpu = options(d, precise);
-        Sharded s(*cpu, n, o);
         const std::string what = fmt::format("{} NCCL N={} {} vs single GPU", std::filesystem::path(path).filename().string(), n,
                                              cuda::kv_dtype_name(d));
+        at(what + ": load and join NCCL");
+        Sharded s(*cpu, n, o);
+        at(what + ": the single-GPU prompt");
         const std::vector<float> single = gpu_prompt(*cpu, o.gpu, ids);
+        at(what + ": the split prompt");
         // bf16 on the random fixtures: a different summation order can flip a near-tied top-k
         // choice (see test_gpu_model.cpp); asserted on the trained model, printed on the others.
         const bool strict = precise || path == bundled_model();
@@ -282,6 +314,7 @@ TEST(GpuTensorParallelNccl, EqualsTheSingleGpuRunOnEachGpuCount) {
           EXPECT_GE(a.argmax, 0.5) << what;
         }
         // greedy decode, 12 steps, against the single GPU
+        at(what + ": greedy decode");
         auto g = model::GpuModel::load(*cpu, o.gpu);
         model::GpuCache gc = g->make_cache(64, 16);
         std::vector<int32_t> ta, tb;
@@ -298,6 +331,7 @@ TEST(GpuTensorParallelNccl, EqualsTheSingleGpuRunOnEachGpuCount) {
           b = SeqInput{{want.back()}, b.pos0 + int64_t(b.tokens.size()), &tb, false};
         }
         if (strict) EXPECT_EQ(got, want) << what << " greedy";
+        at(what + ": free the split model (NCCL communicators)");
       }
     }
   }
