@@ -500,6 +500,34 @@ TcpBootstrap TcpBootstrap::join(std::string_view root_address, int rank, int wor
   return b;
 }
 
+std::string TcpBootstrap::lost_peer(Ms wait) const {
+  std::vector<pollfd> fds;
+  std::vector<int> ranks;
+  if (rank_ != 0) {
+    if (!root_sock_.valid()) return "rank 0 (its connection is closed)";
+    fds.push_back({root_sock_.fd(), POLLIN, 0});
+    ranks.push_back(0);
+  } else {
+    for (size_t r = 1; r < peers_.size(); ++r)
+      if (peers_[r].valid()) {
+        fds.push_back({peers_[r].fd(), POLLIN, 0});
+        ranks.push_back(int(r));
+      }
+  }
+  if (fds.empty()) return "";
+  const int rc = ::poll(fds.data(), fds.size(), int(std::clamp<int64_t>(wait.count(), 0, 1 << 30)));
+  if (rc <= 0) return "";
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (!fds[i].revents) continue;
+    if (fds[i].revents & (POLLERR | POLLNVAL)) return fmt::format("rank {}", ranks[i]);
+    uint8_t byte = 0;
+    const ssize_t k = ::recv(fds[i].fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+      return fmt::format("rank {}", ranks[i]);
+  }
+  return "";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Exchanges over the star: every rank sends its bytes to rank 0, which sends everyone all of them.
 

@@ -105,6 +105,12 @@ class TcpBootstrap {
   // Returns once every rank has called it.
   void barrier() { all_gather({}); }
 
+  // Watches the connections (rank 0: to every rank; others: to rank 0) for up to `wait`, without
+  // reading anything: "" while they are open (a peer that has sent its next message is alive),
+  // else which rank went away. For a watchdog thread while this rank is in collectives that have
+  // no deadline of their own (NCCL): the only call that may run beside the others.
+  std::string lost_peer(Ms wait) const;
+
  private:
   TcpBootstrap(std::string root, int rank, int size, Ms timeout);
   [[noreturn]] void fail_all(const std::string& what);  // rank 0: tells every peer, then throws

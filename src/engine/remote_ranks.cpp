@@ -4,7 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 #include "dist/sharded_model.h"
 #include "dist/step_message.h"
@@ -29,6 +33,71 @@ using dist::RankConfig;
 using dist::RankStep;
 using dist::TcpBootstrap;
 using Ms = std::chrono::milliseconds;
+
+// While this rank runs a step's NCCL collectives, which wait without a deadline, a thread watches
+// the TCP connections: a peer that goes away (its process died) aborts the local communicator, so
+// the step fails with an error naming that rank instead of waiting for it forever.
+class StepWatchdog {
+ public:
+  StepWatchdog(const TcpBootstrap& boot, std::function<void(const std::string&)> abort)
+      : boot_(boot), abort_(std::move(abort)), thread_([this] { loop(); }) {}
+  ~StepWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void arm() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      armed_ = true;
+    }
+    cv_.notify_all();
+  }
+  void disarm() {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_ = false;
+  }
+
+ private:
+  void loop() {
+    constexpr auto kTick = std::chrono::milliseconds(100);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || armed_; });
+      if (stop_) return;
+      lock.unlock();
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::string lost = boot_.lost_peer(kTick);
+      lock.lock();
+      if (!lost.empty() && armed_) {
+        armed_ = false;
+        abort_(fmt::format("{} went away during a step", lost));
+      } else if (lost.empty()) {  // a peer with its next message waiting makes poll() return at once
+        cv_.wait_until(lock, t0 + kTick, [&] { return stop_; });
+      }
+    }
+  }
+  const TcpBootstrap& boot_;
+  std::function<void(const std::string&)> abort_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool armed_ = false, stop_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+// Arms the watchdog for a scope (when there is one).
+struct Armed {
+  explicit Armed(StepWatchdog* w) : w_(w) {
+    if (w_) w_->arm();
+  }
+  ~Armed() {
+    if (w_) w_->disarm();
+  }
+  StepWatchdog* w_;
+};
 
 // This process's rank of the group: its shard, its replica of the KV cache and its collectives.
 class LocalRank {
@@ -80,6 +149,8 @@ class LocalRank {
     std::copy(c_.nccl_id.begin(), c_.nccl_id.end(), id.begin());
     dev_comm_ = std::make_unique<dist::NcclCommunicator>(id, boot_.rank(), boot_.size(), gpu_device(), s);
     gpu_->gpu->set_collectives(dist::collectives_of(*dev_comm_, true));
+    dist::Communicator* comm = dev_comm_.get();
+    watchdog_ = std::make_unique<StepWatchdog>(boot_, [comm](const std::string& why) { comm->abort(why); });
     description_ += "\ncollectives: NCCL";
 #else
     fail("tensor parallel over NCCL: this sparsemla was built without NCCL (use --tp-transport host)");
@@ -110,6 +181,7 @@ class LocalRank {
     if (gpu_) {
       model::gpu::set_device(gpu_device());
       const size_t base = logits.size();
+      const Armed armed(watchdog_.get());
       gpu_->gpu->forward(batch, *gpu_cache_, logits);
       if (boot_.rank() != 0) logits.resize(base);
       return;
@@ -123,6 +195,7 @@ class LocalRank {
               std::vector<int32_t>& ids) {
     if (!gpu_) fail("tensor parallel: device sampling on a CPU rank");
     model::gpu::set_device(gpu_device());
+    const Armed armed(watchdog_.get());
     gpu_->gpu->sample(batch, *gpu_cache_, rows, ids);
   }
 
@@ -134,6 +207,7 @@ class LocalRank {
     cuda::DeviceBuffer buf(size_t(std::max<int64_t>(n, 1)) * sizeof(float));
     model::gpu::fill_bytes(buf.get(), 0, buf.bytes(), s);
     const int iters = c_.host_staged ? 20 : 200;
+    const Armed armed(watchdog_.get());
     for (int i = 0; i < 5; ++i) dev_comm_->all_reduce_sum(buf.as<float>(), n);
     dev_comm_->barrier();
     const auto t0 = std::chrono::steady_clock::now();
@@ -164,6 +238,7 @@ class LocalRank {
   std::unique_ptr<dist::GpuRank> gpu_;
   std::unique_ptr<model::GpuCache> gpu_cache_;
   std::unique_ptr<dist::Communicator> dev_comm_;
+  std::unique_ptr<StepWatchdog> watchdog_;  // NCCL only: the TCP collectives notice a lost peer themselves
 #endif
 };
 

@@ -281,5 +281,50 @@ TEST(TcpBootstrap, IgnoresConnectionsThatDoNotSpeakTheProtocol) {
   EXPECT_EQ(blobs[1], (std::vector<uint8_t>{4, 5, 6}));
 }
 
+// The watchdog's view of the star: "" while every peer is connected (also once a peer's next
+// message waits unread), the rank that went away once its process closes the connection, on rank 0
+// and on a worker alike; nothing is consumed, so the exchanges go on as before.
+TEST(TcpBootstrap, LostPeerNamesTheRankThatWentAway) {
+  TcpListener listener("127.0.0.1:0");
+  const std::string root = local(listener.port());
+  std::promise<void> leave, left;
+  std::string r0_idle, r0_after_msg, r0_lost, r2_idle, r2_lost;
+  const auto errors = run_threads(3, [&](int r) {
+    if (r == 0) {
+      TcpBootstrap b = TcpBootstrap::accept(std::move(listener), 3, {}, 10s);
+      r0_idle = b.lost_peer(200ms);
+      b.barrier();
+      // Rank 1 has sent its part of the next exchange: still alive.
+      std::this_thread::sleep_for(200ms);
+      r0_after_msg = b.lost_peer(200ms);
+      b.barrier();  // the unread message is still there for the exchange
+      leave.set_value();
+      left.get_future().wait();
+      const auto t0 = Clock::now();
+      while ((r0_lost = b.lost_peer(100ms)).empty() && ms_since(t0) < 5000) {}
+      return;  // rank 2 sees rank 0 go
+    }
+    TcpBootstrap b = TcpBootstrap::join(root, r, 3, 10s);
+    b.barrier();
+    if (r == 1) {
+      b.barrier();
+      leave.get_future().wait();
+      return;  // its connection closes here
+    }
+    r2_idle = b.lost_peer(100ms);
+    b.barrier();
+    std::this_thread::sleep_for(300ms);
+    left.set_value();
+    const auto t0 = Clock::now();
+    while ((r2_lost = b.lost_peer(100ms)).empty() && ms_since(t0) < 5000) {}
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(errors[size_t(r)], "") << "rank " << r;
+  EXPECT_EQ(r0_idle, "");
+  EXPECT_EQ(r0_after_msg, "");
+  EXPECT_EQ(r2_idle, "");
+  EXPECT_EQ(r0_lost, "rank 1");
+  EXPECT_TRUE(contains(r2_lost, "rank 0")) << r2_lost;
+}
+
 }  // namespace
 }  // namespace sparsemla::dist
