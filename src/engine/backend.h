@@ -1,8 +1,10 @@
-// Where the model's forward runs, with the KV cache it runs over. One interface, four variants:
+// Where the model's forward runs, with the KV cache it runs over. One interface, five variants:
 //   CPU              model::Model over a kv::PagedCache (fp32 rows): the reference
 //   CPU, N ranks     dist::ShardedModel over a dist::ReplicatedCache (threads, in-process communicator)
 //   GPU              model::GpuModel over a model::GpuCache (bf16, fp8 or f32 rows in device memory)
 //   GPU, N ranks     dist::ShardedGpuModel over a dist::ShardedGpuCache (a GPU per rank, NCCL)
+//   N processes      rank 0 here, ranks 1.. `sparsemla worker` processes (engine/remote_ranks.h),
+//                    CPU or GPU, each step's batch sent to them over TCP
 // Every cache is a kv::BlockAllocator with the same slot numbering, so a block table (and the
 // scheduler's kv::BlockManager on top of blocks()) means the same thing on all of them.
 #pragma once
