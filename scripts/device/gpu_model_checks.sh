@@ -6,10 +6,14 @@
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
-if [ -n "${FILTER:-GpuModel*:GpuTensorParallel*}" ]; then
-  timeout ${TEST_TIMEOUT:-300} "$BIN/sparsemla_tests" --gtest_filter="${FILTER:-GpuModel*:GpuTensorParallel*}" 2>&1 \
-    | tee "$OUT/tests.log" | grep -vE '^\[ +(RUN|OK) ' | tail -${TAILN:-70}
-fi
+# FILTER: gtest filters separated by spaces, each run in its own process with its own timeout, so
+# that one that hangs (NCCL waits without a deadline) does not keep the others from running.
+for f in ${FILTER-GpuModel*:GpuTensorParallel*}; do
+  echo "== tests: $f"
+  timeout ${TEST_TIMEOUT:-300} "$BIN/sparsemla_tests" --gtest_filter="$f" >>"$OUT/tests.log" 2>&1
+  echo "exit $? ($f)" | tee -a "$OUT/tests.log"
+done
+[ -f "$OUT/tests.log" ] && grep -vE '^\[ +(RUN|OK) ' "$OUT/tests.log" | grep -E "FAILED|Failure|exit [^0]|PASSED|SKIPPED \]" | tail -${TAILN:-40}
 SAN=/usr/local/cuda/bin/compute-sanitizer
 if [ -n "${SAN_FILTER:-}" ] && [ -x "$SAN" ]; then
   for tool in ${SAN_TOOLS:-memcheck}; do
