@@ -11,10 +11,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 
+#include "dist/tcp_bootstrap.h"
 #include "gpu_test_util.h"
 #include "test_util.h"
 
@@ -206,6 +208,25 @@ TEST(DeviceCli, ServeSplitOverTwoCpuRanksAnswersAsTheWholeModel) {
     EXPECT_EQ(split.reply["choices"][0]["finish_reason"], whole.reply["choices"][0]["finish_reason"]) << user;
     EXPECT_EQ(split.reply["usage"], whole.reply["usage"]) << user;
     EXPECT_EQ(whole.reply["usage"]["completion_tokens"], 16) << user;
+  }
+  // The same split with rank 1 in a process of its own (`sparsemla worker`): the server's answers
+  // are the whole model's too, and the worker ends when the server does.
+  {
+    const uint16_t port = dist::TcpListener("127.0.0.1:0").port();
+    auto worker = std::async(std::launch::async, [port] {
+      return cli(fmt::format("worker -m {} --tensor-parallel 2 --tp-rank 1 --tp-master 127.0.0.1:{} --tp-timeout 60 -t 1",
+                             test::fixture_path("glm_pub/model-f32.gguf"), port));
+    });
+    const std::string user = "Tell me a story about a cat";
+    const Served whole = serve_chat("-t 2", user);
+    const Served procs = serve_chat(fmt::format("-t 1 --tensor-parallel 2 --tp-master 127.0.0.1:{}", port), user);
+    ASSERT_TRUE(whole.reply.is_object() && procs.reply.is_object());
+    EXPECT_TRUE(contains(procs.log, "tensor parallel over 2 processes")) << procs.log;
+    EXPECT_EQ(procs.reply["choices"][0]["message"], whole.reply["choices"][0]["message"]);
+    EXPECT_EQ(procs.reply["usage"], whole.reply["usage"]);
+    ASSERT_EQ(worker.wait_for(std::chrono::seconds(60)), std::future_status::ready) << "the worker outlived the server";
+    const CliResult w = worker.get();
+    EXPECT_TRUE(contains(w.out, "rank 1 of 2: ready")) << w.out;
   }
   // A split the model does not allow ends the server with the plan's reason.
   ServeProcess bad("-m " + test::fixture_path("glm_pub/model-f32.gguf") + " --port 0 -t 2 --tensor-parallel 3");
