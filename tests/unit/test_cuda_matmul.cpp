@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -209,20 +210,28 @@ TEST_P(CudaMatmul, BothKernelsTakeAnyTokenCount) {
   }
 }
 
-// Token t of a T-token decode product has the same bits as that token alone.
+// Token t of a T-token product of a 37 x 768 weight has the same bits as that token alone.
+// product(x, T): the product's [T, 37] output for activations x: [T, 768].
+using Product = std::function<std::vector<float>(const std::vector<float>&, int64_t)>;
+void expect_batch_invariant(const std::string& what, uint32_t seed, const Product& product) {
+  for (int64_t T : {2, 3, 7, 16, 23}) {
+    const std::vector<float> x = randn(size_t(T * 768), seed + uint32_t(T));
+    const std::vector<float> batch = product(x, T);
+    for (int64_t t = 0; t < T; ++t) {
+      const std::vector<float> xt(x.begin() + t * 768, x.begin() + (t + 1) * 768);
+      const std::vector<float> alone = product(xt, 1);
+      ASSERT_EQ(std::memcmp(alone.data(), batch.data() + t * 37, 37 * sizeof(float)), 0)
+          << what << " T=" << T << " token " << t << " differs from the token alone";
+    }
+  }
+}
+
 TEST_P(CudaMatmul, DecodeIsBatchInvariant) {
   SPARSEMLA_REQUIRE_GPU();
   const TestWeight w(type(), 37, 768, 11);
-  for (int64_t T : {2, 3, 7, 16, 23}) {
-    const std::vector<float> x = randn(size_t(T * 768), 200 + uint32_t(T));
-    const std::vector<float> batch = gpu_product(&matmul_decode, w.mat, x, T);
-    for (int64_t t = 0; t < T; ++t) {
-      const std::vector<float> xt(x.begin() + t * 768, x.begin() + (t + 1) * 768);
-      const std::vector<float> alone = gpu_product(&matmul_decode, w.mat, xt, 1);
-      ASSERT_EQ(std::memcmp(alone.data(), batch.data() + t * 37, 37 * sizeof(float)), 0)
-          << GetParam() << " T=" << T << " token " << t << " differs from the token alone";
-    }
-  }
+  expect_batch_invariant(GetParam(), 200, [&](const std::vector<float>& x, int64_t T) {
+    return gpu_product(&matmul_decode, w.mat, x, T);
+  });
 }
 
 // Expert mode: each (token, expert) pair equals the one-token product on that expert's rows, bit
@@ -603,20 +612,13 @@ TEST_P(CudaMatmulQ8, MatchesProductWithDequantizedActivations) {
   std::printf("  %-5s worst relative error against W x (fp32 activations): %.2e\n", GetParam().c_str(), worst_fp32);
 }
 
-// Token t of a T-token product has the same bits as that token alone.
+// Token t of a T-token int8-activation product has the same bits as that token alone.
 TEST_P(CudaMatmulQ8, IsBatchInvariant) {
   SPARSEMLA_REQUIRE_GPU();
   const TestWeight w(type(), 37, 768, 11);
-  for (int64_t T : {2, 3, 7, 16, 23}) {
-    const std::vector<float> x = randn(size_t(T * 768), 600 + uint32_t(T));
-    const std::vector<float> batch = gpu_product_q8(w.mat, DeviceQ8(x, T, 768));
-    for (int64_t t = 0; t < T; ++t) {
-      const std::vector<float> xt(x.begin() + t * 768, x.begin() + (t + 1) * 768);
-      const std::vector<float> alone = gpu_product_q8(w.mat, DeviceQ8(xt, 1, 768));
-      ASSERT_EQ(std::memcmp(alone.data(), batch.data() + t * 37, 37 * sizeof(float)), 0)
-          << GetParam() << " T=" << T << " token " << t << " differs from the token alone";
-    }
-  }
+  expect_batch_invariant(GetParam() + " q8", 600, [&](const std::vector<float>& x, int64_t T) {
+    return gpu_product_q8(w.mat, DeviceQ8(x, T, 768));
+  });
 }
 
 // Expert mode: each pair equals the one-token product on the expert's rows bit for bit; pairs
