@@ -397,6 +397,8 @@ void run_worker(const WorkerOptions& o) {
     fail("worker: --tp-rank {} is not a worker rank of {} (1..{}; rank 0 runs the command)", o.procs.rank, o.n_ranks,
          o.n_ranks - 1);
   if (o.procs.master.empty()) fail("worker: --tp-master HOST:PORT (rank 0's address) is required");
+  log(fmt::format("rank {} of {}: joining rank 0 at {} (waiting up to {} s)", o.procs.rank, o.n_ranks, o.procs.master,
+                  o.procs.timeout.count() / 1000));
   TcpBootstrap boot = TcpBootstrap::join(o.procs.master, o.procs.rank, o.n_ranks, o.procs.timeout);
   const RankConfig c = dist::decode_config(boot.blob());
   log(fmt::format("rank {} of {}: joined {}; loading {} ({})", boot.rank(), boot.size(), boot.root_address(),
