@@ -33,6 +33,7 @@
 #include "model/model.h"
 #include "ops/cuda/buffer.h"
 #include "legacy_kv_b.h"
+#include "logit_agreement.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -54,45 +55,8 @@ double strict_tol(KvDtype d, bool precise) {
 constexpr double kMinArgmax = 0.99;       // rows whose argmax agrees (near ties of the reference excepted)
 constexpr double kFreeMinArgmax = 0.5;    // free-running: a gross-error bound only
 
-struct Agreement {
-  double rel = 0;         // max |got - ref| / max |ref|
-  double median = 0;      // median over rows of max |got - ref| / max |ref|
-  double argmax = 0;      // share of rows whose argmax agrees
-  double argmax_tie = 0;  // the same, counting rows where the reference's top two are within 2 tol as agreeing
-  bool finite = true;
-};
-
-Agreement compare(const std::vector<float>& got, const std::vector<float>& ref, int64_t V, int64_t rows, double tol) {
-  Agreement a;
-  if (got.size() < size_t(rows * V) || ref.size() < size_t(rows * V) || rows == 0) {
-    a.rel = INFINITY;
-    return a;
-  }
-  double max_ref = 0;
-  for (int64_t i = 0; i < rows * V; ++i) {
-    if (!std::isfinite(got[size_t(i)])) a.finite = false;
-    max_ref = std::max(max_ref, std::fabs(double(ref[size_t(i)])));
-  }
-  max_ref = std::max(max_ref, 1e-30);
-  std::vector<double> row_err;
-  int64_t same = 0, same_tie = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = got.data() + r * V;
-    const float* f = ref.data() + r * V;
-    double d = 0;
-    for (int64_t i = 0; i < V; ++i) d = std::max(d, std::fabs(double(g[i]) - f[i]));
-    row_err.push_back(d / max_ref);
-    const int32_t ag = test::argmax(g, V), af = test::argmax(f, V);
-    same += ag == af;
-    same_tie += ag == af || double(f[af]) - f[ag] <= 2 * tol * max_ref;
-  }
-  a.rel = a.finite ? *std::max_element(row_err.begin(), row_err.end()) : INFINITY;
-  std::nth_element(row_err.begin(), row_err.begin() + rows / 2, row_err.end());
-  a.median = row_err[size_t(rows / 2)];
-  a.argmax = double(same) / double(rows);
-  a.argmax_tie = double(same_tie) / double(rows);
-  return a;
-}
+using test::Agreement;
+using test::compare;
 
 void print(const Agreement& a, const std::string& what) {
   std::printf("  %-46s max rel err %.2e (median row %.1e), argmax agrees %5.1f%% (%5.1f%% near ties excepted)\n",

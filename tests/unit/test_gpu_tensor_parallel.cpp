@@ -27,6 +27,7 @@
 #include "model/cuda/gpu_model.h"
 #include "model/model.h"
 #include "ops/device.h"
+#include "logit_agreement.h"
 #include "test_util.h"
 #include "util/error.h"
 
@@ -51,32 +52,14 @@ model::GpuModelOptions options(KvDtype d, bool precise) {
   return o;
 }
 
-// max |got - ref| / max |ref| over rows of `vocab`, and the share of rows whose argmax agrees.
-struct Agreement {
-  double rel = INFINITY;
-  double argmax = 0;
-};
-Agreement compare(const std::vector<float>& got, const std::vector<float>& ref, int64_t vocab) {
-  Agreement a;
-  if (got.size() != ref.size() || ref.empty()) return a;
-  double max_ref = 1e-30, max_diff = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(got[i])) return a;
-    max_ref = std::max(max_ref, std::fabs(double(ref[i])));
-    max_diff = std::max(max_diff, std::fabs(double(got[i]) - ref[i]));
-  }
-  const size_t rows = ref.size() / size_t(vocab);
-  size_t same = 0;
-  for (size_t r = 0; r < rows; ++r)
-    same += test::argmax(got.data() + r * vocab, vocab) == test::argmax(ref.data() + r * vocab, vocab);
-  a.rel = max_diff / max_ref;
-  a.argmax = double(same) / double(rows);
-  return a;
+// max |got - ref| / max |ref| over every row, and the share of rows whose argmax agrees.
+test::Agreement compare(const std::vector<float>& got, const std::vector<float>& ref, int64_t vocab) {
+  return test::compare_all(got, ref, vocab);
 }
 
 void expect_agree(const std::vector<float>& got, const std::vector<float>& ref, int64_t vocab, double tol,
                   const std::string& what) {
-  const Agreement a = compare(got, ref, vocab);
+  const test::Agreement a = compare(got, ref, vocab);
   std::printf("  %-52s max rel err %.2e, argmax agrees %5.1f%%\n", what.c_str(), a.rel, 100.0 * a.argmax);
   EXPECT_LE(a.rel, tol) << what;
   EXPECT_GE(a.argmax, 0.99) << what;
@@ -308,7 +291,7 @@ TEST(GpuTensorParallelNccl, EqualsTheSingleGpuRunOnEachGpuCount) {
         if (strict) {
           expect_agree(s.prompt(ids), single, V, precise ? 1e-4 : 2e-2, what);
         } else {
-          const Agreement a = compare(s.prompt(ids), single, V);
+          const test::Agreement a = compare(s.prompt(ids), single, V);
           std::printf("  %-52s max rel err %.2e, argmax agrees %5.1f%% (printed only)\n", what.c_str(), a.rel,
                       100.0 * a.argmax);
           EXPECT_GE(a.argmax, 0.5) << what;

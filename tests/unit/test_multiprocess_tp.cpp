@@ -22,6 +22,7 @@
 #include "dist/tcp_bootstrap.h"
 #include "dist/tcp_communicator.h"
 #include "gpu_test_util.h"
+#include "logit_agreement.h"
 #include "test_util.h"
 
 namespace sparsemla {
@@ -215,16 +216,6 @@ std::string json_line(const std::string& out) {
   return at == std::string::npos ? out : out.substr(at, out.find('\n', at) - at);
 }
 
-double max_rel_diff(const std::vector<float>& got, const std::vector<float>& ref) {
-  if (got.size() != ref.size() || ref.empty()) return INFINITY;
-  double mr = 0, md = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    mr = std::max(mr, std::fabs(double(ref[i])));
-    md = std::max(md, std::fabs(double(got[i]) - double(ref[i])));
-  }
-  return md / mr;
-}
-
 TEST(MultiProcessTensorParallel, LogitsEqualTheThreadedRunBitForBit) {
   test::TempDir dir("mp-tp");
   for (auto [name, N] : std::vector<std::pair<std::string, int>>{{"glm_pub", 2}, {"dsv32_pub", 2}, {"glm_share", 4}}) {
@@ -252,7 +243,7 @@ TEST(MultiProcessTensorParallel, LogitsEqualTheThreadedRunBitForBit) {
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << name << ": not the threaded run's bits";
     // And the reference's numbers.
     const auto ref = test::read_values<float>(test::fixture_path(name + "/seq1.logits.f32"));
-    EXPECT_LE(max_rel_diff(b, ref), 1e-3) << name << " vs transformers";
+    EXPECT_LE(test::compare_all(b, ref, 1024).rel, 1e-3) << name << " vs transformers";
   }
 }
 
@@ -341,7 +332,7 @@ TEST(MultiProcessTensorParallel, GpuRanksGiveTheThreadedRunsResults) {
     ASSERT_EQ(a.size(), b.size());
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
     const auto ref = test::read_values<float>(test::fixture_path("glm_share/seq1.logits.f32"));
-    EXPECT_LE(max_rel_diff(b, ref), 2e-2) << "vs transformers";
+    EXPECT_LE(test::compare_all(b, ref, 1024).rel, 2e-2) << "vs transformers";
   }
   const std::string run = fmt::format("run -m {} --tokens \"5 9 77 300 12\" -n 10 --json {}", model, gpu);
   const CliResult whole = test::run_cli(run);
