@@ -16,24 +16,19 @@ if [ "${SANITIZE:-1}" = 1 ] && [ -x "$SAN" ]; then
 fi
 # BENCH_ARGS: one `bench attention` run; BENCH_RUNS: several, their argument lists separated by ';'.
 # BASE_BIN (with BASE_RUNS, likewise): an earlier build's binary, benchmarked first in the same session.
-if [ -n "${BASE_BIN:-}" ]; then
-  IFS=';' read -ra runs <<<"${BASE_RUNS:-}"
+# bench_runs BINARY "RUNS" LOG LABEL: `bench attention` once per ';'-separated argument list.
+bench_runs() {
+  local bin=$1 log=$3 label=$4 args
+  IFS=';' read -ra runs <<<"$2"
   [ ${#runs[@]} = 0 ] && runs=("")
-  : >"$OUT/bench_base.log"
+  : >"$log"
   for args in "${runs[@]}"; do
-    echo "== before: bench attention $args" | tee -a "$OUT/bench_base.log"
-    timeout 200 "$BASE_BIN/sparsemla" bench attention $args 2>&1 | tee -a "$OUT/bench_base.log"
+    echo "== ${label}bench attention $args" | tee -a "$log"
+    timeout 200 "$bin/sparsemla" bench attention $args 2>&1 | tee -a "$log"
   done
-fi
-if [ "${BENCH:-1}" = 1 ]; then
-  IFS=';' read -ra runs <<<"${BENCH_RUNS:-${BENCH_ARGS:-}}"
-  [ ${#runs[@]} = 0 ] && runs=("")
-  : >"$OUT/bench.log"
-  for args in "${runs[@]}"; do
-    echo "== bench attention $args" | tee -a "$OUT/bench.log"
-    timeout 200 "$BIN/sparsemla" bench attention $args 2>&1 | tee -a "$OUT/bench.log"
-  done
-fi
+}
+[ -n "${BASE_BIN:-}" ] && bench_runs "$BASE_BIN" "${BASE_RUNS:-}" "$OUT/bench_base.log" "before: "
+[ "${BENCH:-1}" = 1 ] && bench_runs "$BIN" "${BENCH_RUNS:-${BENCH_ARGS:-}}" "$OUT/bench.log" ""
 # PROFILE="bench attention arguments": Nsight Compute on one launch of the attention kernel, or
 # with PROFILE_KERNELS (a regex), the first launch of each kernel and launch shape it matches, with
 # their durations and throughputs only.
