@@ -117,6 +117,14 @@ struct TestWeight {
   }
 };
 
+// Rows [e F, (e + 1) F) of a stack of experts, as a matrix of their own.
+QuantMatrix expert_rows(const QuantMatrix& w, int64_t e, int64_t F) {
+  QuantMatrix m = w;
+  m.n_rows = F;
+  m.data = static_cast<const uint8_t*>(w.data) + uint64_t(e) * uint64_t(F) * w.row_bytes;
+  return m;
+}
+
 using ProductFn = void (*)(const QuantMatrix&, const float*, int64_t, float*, Stream);
 
 std::vector<float> gpu_product(ProductFn fn, const QuantMatrix& m, const std::vector<float>& x, int64_t T) {
@@ -255,9 +263,7 @@ TEST_P(CudaMatmul, ExpertPairsEqualOneTokenProductsOnTheExpertRows) {
       for (int64_t r = 0; r < F; ++r) ASSERT_EQ(y[size_t(p * F + r)], 12345.0f) << "unused pair written";
       continue;
     }
-    QuantMatrix m = w.mat;
-    m.n_rows = F;
-    m.data = static_cast<const uint8_t*>(w.mat.data) + uint64_t(e) * F * w.mat.row_bytes;
+    const QuantMatrix m = expert_rows(w.mat, e, F);
     const std::vector<float> xt(x.begin() + (p / k) * H, x.begin() + (p / k + 1) * H);
     const std::vector<float> alone = gpu_product(&matmul_decode, m, xt, 1);
     ASSERT_EQ(std::memcmp(alone.data(), y.data() + p * F, size_t(F) * sizeof(float)), 0)
@@ -645,9 +651,7 @@ TEST_P(CudaMatmulQ8, ExpertPairsEqualOneTokenProducts) {
       for (int64_t r = 0; r < F; ++r) ASSERT_EQ(y[size_t(p * F + r)], 12345.0f) << "unused pair written";
       continue;
     }
-    QuantMatrix m = w.mat;
-    m.n_rows = F;
-    m.data = static_cast<const uint8_t*>(w.mat.data) + uint64_t(e) * F * w.mat.row_bytes;
+    const QuantMatrix m = expert_rows(w.mat, e, F);
     const std::vector<float> xt(x.begin() + (p / k) * H, x.begin() + (p / k + 1) * H);
     const std::vector<float> alone = gpu_product_q8(m, DeviceQ8(xt, 1, H));
     ASSERT_EQ(std::memcmp(alone.data(), y.data() + p * F, size_t(F) * sizeof(float)), 0)
