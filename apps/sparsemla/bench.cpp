@@ -134,11 +134,20 @@ BenchRow bench_case(const BenchArgs& a, const model::Model& m, engine::Backend& 
               "bound %.2f steps/s (%s): %.1f%% of it\n",
               a.gen, batch, prompt_n + 1, prompt_n + a.gen, row.decode_tps, row.ms_per_step,
               steps_per_s * cost.weight_bytes / 1e9, bound_steps, bound_of.c_str(), row.pct_of_bound);
-  if (const double us = backend.all_reduce_us(int64_t(batch) * hp.n_embd); us >= 0)
+  if (const double us = backend.all_reduce_us(int64_t(batch) * hp.n_embd); us >= 0) {
     std::printf("all-reduce of [%d, %u] fp32 between the ranks: %.1f us; 2 per layer: %.3f ms per step over %u layers "
                 "(%.1f%% of the step)\n",
                 batch, hp.n_embd, us, 2 * us * hp.n_layer / 1e3, hp.n_layer,
                 100.0 * 2 * us * hp.n_layer / 1e3 / row.ms_per_step);
+    // The other way to split the indexer (its heads across the ranks) would all-reduce each layer's
+    // weighted scores, [batch, context] fp32, before the top-k: its price, to set next to the
+    // replicated indexer's own time (bench attention, or the step profile).
+    if (hp.has_indexer()) {
+      const int64_t ctx = int64_t(prompt_n) + a.gen;
+      std::printf("indexer split by heads would all-reduce [%d, %lld] fp32 scores per indexer layer: %.1f us\n", batch,
+                  static_cast<long long>(ctx), backend.all_reduce_us(int64_t(batch) * ctx));
+    }
+  }
   std::fflush(stdout);
   return row;
 }

@@ -219,6 +219,17 @@ class LocalRank {
 
   const std::string& description() const { return description_; }
 
+  // The model before its communicator: its CUDA graphs hold NCCL's captured kernel plans, and
+  // destroying the communicator waits until those graphs are gone.
+  ~LocalRank() {
+#if SPARSEMLA_HAVE_CUDA
+    watchdog_.reset();
+    gpu_cache_.reset();
+    gpu_.reset();
+    dev_comm_.reset();
+#endif
+  }
+
  private:
   int gpu_device() const {
 #if SPARSEMLA_HAVE_CUDA

@@ -235,9 +235,17 @@ std::unique_ptr<ShardedGpuModel> ShardedGpuModel::load(const model::Model& cpu, 
 
 ShardedGpuModel::~ShardedGpuModel() {
 #if SPARSEMLA_HAVE_NCCL
-  // ncclCommDestroy first finalizes the communicator, which waits for the group's other members to
-  // finalize too: with every member in this process, destroying them one after another waits
-  // forever (seen on two H200s: the first destroy never returned). One thread per rank.
+  // ncclCommDestroy first finalizes the communicator, which may wait for the group's other members
+  // to finalize too: with every member in this process, one thread per rank.
+  //
+  // The ranks' models go first: their CUDA graphs hold NCCL's captured kernel plans, and a
+  // communicator's destroy waits until every graph that captured one of its collectives is gone
+  // (they were destroyed after the communicators, so the destroy never returned: the NCCL test's
+  // "hang at the end" on two H200s).
+  for (auto& r : ranks_) {
+    gpu::set_device(r->device);
+    r->gpu.reset();
+  }
   if (group_ && group_->nccl.size() > 1) {
     std::vector<std::thread> threads;
     for (auto& c : group_->nccl) threads.emplace_back([&c] { c.reset(); });
