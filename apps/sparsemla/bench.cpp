@@ -52,6 +52,7 @@ struct BenchArgs {
   std::string batch = "1";     // one size or a comma list
   int threads = 0;
   std::string attention = "sparse";
+  bool host_logits = false;  // decode: copy every logits row to the host instead of sampling on the GPU
   DeviceArgs dev;
 };
 
@@ -109,11 +110,27 @@ BenchRow bench_case(const BenchArgs& a, const model::Model& m, engine::Backend& 
       backend.forward({model::SeqInput{{prompt.begin() + at, prompt.begin() + at + n}, at, &table, false}}, logits);
     }
   const double prefill_s = seconds_since(t0);
+  // Decode as the server does: a GPU backend draws the tokens on the device (greedy) and only the
+  // ids come back; the CPU, or --host-logits, copies every logits row to the host (at batch 32 and
+  // GLM-5's vocabulary that is 20 MB per step, ~1.5 ms of the step on an H200's PCIe link).
+  bool on_device = false;
+#if SPARSEMLA_HAVE_CUDA
+  on_device = backend.samples_on_device() && !a.host_logits;
+  const std::vector<cuda::RowSampling> greedy(tables.size(), cuda::RowSampling{0.0f});
+  std::vector<int32_t> ids;
+#endif
   t0 = Clock::now();
   for (int i = 0; i < a.gen; ++i) {
     std::vector<model::SeqInput> step;
     for (size_t s = 0; s < tables.size(); ++s)
       step.push_back(model::SeqInput{{int32_t((i * 31 + int(s) * 7) % hp.n_vocab)}, prompt_n + i, &tables[s], false});
+#if SPARSEMLA_HAVE_CUDA
+    if (on_device) {
+      ids.clear();
+      backend.forward_sample(step, greedy, ids);
+      continue;
+    }
+#endif
     logits.clear();
     backend.forward(step, logits);
   }
@@ -130,9 +147,10 @@ BenchRow bench_case(const BenchArgs& a, const model::Model& m, engine::Backend& 
   const double bound_steps = bw / double(cost.weight_bytes);
   row.ms_per_step = 1e3 / steps_per_s;
   row.pct_of_bound = 100.0 * steps_per_s / bound_steps;
-  std::printf("decode %d steps of batch %d, context %d..%d: %.2f tokens/s, %.3f ms per step (%.2f GB/s of weights); "
-              "bound %.2f steps/s (%s): %.1f%% of it\n",
-              a.gen, batch, prompt_n + 1, prompt_n + a.gen, row.decode_tps, row.ms_per_step,
+  std::printf("decode %d steps of batch %d, context %d..%d (%s): %.2f tokens/s, %.3f ms per step (%.2f GB/s of "
+              "weights); bound %.2f steps/s (%s): %.1f%% of it\n",
+              a.gen, batch, prompt_n + 1, prompt_n + a.gen,
+              on_device ? "tokens drawn on the GPU" : "logits to the host", row.decode_tps, row.ms_per_step,
               steps_per_s * cost.weight_bytes / 1e9, bound_steps, bound_of.c_str(), row.pct_of_bound);
   if (const double us = backend.all_reduce_us(int64_t(batch) * hp.n_embd); us >= 0) {
     std::printf("all-reduce of [%d, %u] fp32 between the ranks: %.1f us; 2 per layer: %.3f ms per step over %u layers "
@@ -255,6 +273,9 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("--attention", a->attention, "sparse (the model's DSA top-k, default) or dense (every position)")
       ->check(CLI::IsMember({"sparse", "dense"}));
   cmd->add_option("--threads,-t", a->threads, "CPU threads (default: all)");
+  cmd->add_flag("--host-logits", a->host_logits,
+                "decode: copy every logits row to the host (what logits/ppl do) instead of drawing the tokens on the "
+                "GPU (what serve does)");
   add_device_options(cmd, a->dev);
   Runner attention = add_bench_attention(*cmd);
   CLI::App* att = cmd->get_subcommand("attention");

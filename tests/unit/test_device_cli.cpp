@@ -180,7 +180,7 @@ TEST(DeviceCli, BenchReportsBatchedDecodeOnTheCpu) {
     const CliResult r = cli("bench -m " + model() + " --prompt 12 --gen 3 --batch 2 --threads 2" + tp);
     ASSERT_EQ(r.status, 0) << r.out;
     EXPECT_TRUE(contains(r.out, "prefill 2 x 12 tokens")) << r.out;
-    EXPECT_TRUE(contains(r.out, "decode 3 steps of batch 2, context 13..15")) << r.out;
+    EXPECT_TRUE(contains(r.out, "decode 3 steps of batch 2, context 13..15 (logits to the host)")) << r.out;
     EXPECT_FALSE(contains(r.out, "all-reduce")) << r.out;
   }
   const CliResult bad = cli("bench -m " + model() + " --batch 0");
@@ -307,11 +307,11 @@ TEST(DeviceCli, GpuCommandsRunAndAgreeWithTheCpu) {
   EXPECT_NE(rg.out.find("{\"tokens\":["), std::string::npos) << rg.out;
   const CliResult bench = cli("bench -m " + model() + " --prompt 32 --gen 8 --device cuda");
   ASSERT_EQ(bench.status, 0) << bench.out;
-  EXPECT_TRUE(contains(bench.out, "decode 8 steps of batch 1")) << bench.out;
-  const CliResult batched = cli("bench -m " + model() + " --prompt 32 --gen 8 --batch 3 --device cuda");
+  EXPECT_TRUE(contains(bench.out, "decode 8 steps of batch 1, context 33..40 (tokens drawn on the GPU)")) << bench.out;
+  const CliResult batched = cli("bench -m " + model() + " --prompt 32 --gen 8 --batch 3 --device cuda --host-logits");
   ASSERT_EQ(batched.status, 0) << batched.out;
   EXPECT_TRUE(contains(batched.out, "prefill 3 x 32 tokens")) << batched.out;
-  EXPECT_TRUE(contains(batched.out, "decode 8 steps of batch 3")) << batched.out;
+  EXPECT_TRUE(contains(batched.out, "decode 8 steps of batch 3, context 33..40 (logits to the host)")) << batched.out;
 }
 
 }  // namespace

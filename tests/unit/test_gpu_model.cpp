@@ -566,41 +566,45 @@ TEST(GpuModel, ExpertGatherAndCombineMatchTheHost) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  const int64_t T = 7, k = 3, W = 40, E = 5;
-  std::vector<float> x(size_t(T * W)), base(size_t(T * W)), wts(size_t(T * k));
-  for (float& v : x) v = u(rng);
-  for (float& v : base) v = u(rng);
-  for (float& v : wts) v = u(rng);
-  std::vector<int32_t> ids(size_t(T * k));
-  for (int64_t t = 0; t < T; ++t)  // k distinct experts per token, in a scrambled order
-    for (int64_t s = 0; s < k; ++s) ids[size_t(t * k + s)] = int32_t((t + 2 * s + 1) % E);
-  std::vector<int32_t> perm;  // entries grouped by expert, ascending within an expert
-  for (int32_t e = 0; e < E; ++e)
-    for (int64_t j = 0; j < T * k; ++j)
-      if (ids[size_t(j)] == e) perm.push_back(int32_t(j));
-  const int64_t n = int64_t(perm.size());
-  std::vector<float> expert_out(size_t(n * W));
-  for (float& v : expert_out) v = u(rng);
-  cuda::DeviceBuffer dx = cuda::to_device(x), dperm = cuda::to_device(perm), dids = cuda::to_device(ids),
-                     dw = cuda::to_device(wts), deo = cuda::to_device(expert_out), dout = cuda::to_device(base),
-                     dg(size_t(n * W) * 4), dinv(size_t(T * k) * 4);
-  gpu::gather_rows(dx.as<float>(), W, dperm.as<int32_t>(), int32_t(k), n, dg.as<float>(), nullptr);
-  gpu::moe_combine(deo.as<float>(), dperm.as<int32_t>(), n, dids.as<int32_t>(), dw.as<float>(), T, int(k), W,
-                   dinv.as<int32_t>(), dout.as<float>(), nullptr);
-  const std::vector<float> g = cuda::to_host<float>(dg, size_t(n * W)), out = cuda::to_host<float>(dout, size_t(T * W));
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t c = 0; c < W; ++c) ASSERT_EQ(g[size_t(i * W + c)], x[size_t(perm[size_t(i)] / k * W + c)]);
-  std::vector<int64_t> pos_of(size_t(T * k));
-  for (int64_t i = 0; i < n; ++i) pos_of[size_t(perm[size_t(i)])] = i;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t c = 0; c < W; ++c) {
-      double want = base[size_t(t * W + c)];
-      for (int64_t s = 0; s < k; ++s) {
-        const int64_t j = t * k + s;
-        want += double(wts[size_t(j)]) * expert_out[size_t(pos_of[size_t(j)] * W + c)];
+  // W = 777: rows over several column chunks of both kernels, the last one partial.
+  for (const int64_t W : {int64_t(40), int64_t(777)}) {
+    const int64_t T = 7, k = 3, E = 5;
+    std::vector<float> x(size_t(T * W)), base(size_t(T * W)), wts(size_t(T * k));
+    for (float& v : x) v = u(rng);
+    for (float& v : base) v = u(rng);
+    for (float& v : wts) v = u(rng);
+    std::vector<int32_t> ids(size_t(T * k));
+    for (int64_t t = 0; t < T; ++t)  // k distinct experts per token, in a scrambled order
+      for (int64_t s = 0; s < k; ++s) ids[size_t(t * k + s)] = int32_t((t + 2 * s + 1) % E);
+    std::vector<int32_t> perm;  // entries grouped by expert, ascending within an expert
+    for (int32_t e = 0; e < E; ++e)
+      for (int64_t j = 0; j < T * k; ++j)
+        if (ids[size_t(j)] == e) perm.push_back(int32_t(j));
+    const int64_t n = int64_t(perm.size());
+    std::vector<float> expert_out(size_t(n * W));
+    for (float& v : expert_out) v = u(rng);
+    cuda::DeviceBuffer dx = cuda::to_device(x), dperm = cuda::to_device(perm), dids = cuda::to_device(ids),
+                       dw = cuda::to_device(wts), deo = cuda::to_device(expert_out), dout = cuda::to_device(base),
+                       dg(size_t(n * W) * 4), dinv(size_t(T * k) * 4);
+    gpu::gather_rows(dx.as<float>(), W, dperm.as<int32_t>(), int32_t(k), n, dg.as<float>(), nullptr);
+    gpu::moe_combine(deo.as<float>(), dperm.as<int32_t>(), n, dids.as<int32_t>(), dw.as<float>(), T, int(k), W,
+                     dinv.as<int32_t>(), dout.as<float>(), nullptr);
+    const std::vector<float> g = cuda::to_host<float>(dg, size_t(n * W));
+    const std::vector<float> out = cuda::to_host<float>(dout, size_t(T * W));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < W; ++c) ASSERT_EQ(g[size_t(i * W + c)], x[size_t(perm[size_t(i)] / k * W + c)]);
+    std::vector<int64_t> pos_of(size_t(T * k));
+    for (int64_t i = 0; i < n; ++i) pos_of[size_t(perm[size_t(i)])] = i;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < W; ++c) {
+        double want = base[size_t(t * W + c)];
+        for (int64_t s = 0; s < k; ++s) {
+          const int64_t j = t * k + s;
+          want += double(wts[size_t(j)]) * expert_out[size_t(pos_of[size_t(j)] * W + c)];
+        }
+        ASSERT_NEAR(out[size_t(t * W + c)], want, 1e-5) << t << " " << c << " of " << W;
       }
-      ASSERT_NEAR(out[size_t(t * W + c)], want, 1e-5) << t << " " << c;
-    }
+  }
 }
 
 }  // namespace

@@ -5,11 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
-#include <mutex>
 #include <set>
-#include <thread>
 
 #include "dist/communicator.h"
+#include "dist/rank_threads.h"
 #include "dist/shard_weights.h"
 #include "model/cuda/gpu_ops.h"
 #include "model/model.h"
@@ -130,38 +129,6 @@ struct ShardedGpuModel::Group {
 #endif
 };
 
-namespace {
-
-// Runs fn(r) for every rank on a thread of its own; the first rank to throw calls stop(reason) for
-// the others, and its error is rethrown here with the rank named.
-void run_ranks(int n, const std::function<void(int)>& fn, const std::function<void(const std::string&)>& stop) {
-  std::mutex mu;
-  int failed = -1;
-  std::string message;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (const std::exception& e) {
-        bool first = false;
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          if (failed < 0) {
-            failed = r;
-            message = e.what();
-            first = true;
-          }
-        }
-        if (first && stop) stop(fmt::format("rank {} failed: {}", r, e.what()));
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  if (failed >= 0) fail("tensor parallel: rank {}: {}", failed, message);
-}
-
-}  // namespace
-
 std::unique_ptr<ShardedGpuModel> ShardedGpuModel::load(const model::Model& cpu, int n_ranks,
                                                        const ShardedGpuOptions& opts) {
   if (n_ranks < 1) fail("tensor parallel: {} ranks", n_ranks);
@@ -192,6 +159,7 @@ std::unique_ptr<ShardedGpuModel> ShardedGpuModel::load(const model::Model& cpu, 
   m->plan_ = ShardPlan::make(cpu.hparams(), n_ranks, types_of(cpu.file()));
   m->group_ = std::make_unique<Group>();
   m->group_->transport = opts.transport;
+  m->threads_ = std::make_unique<RankThreads>(n_ranks);
   const model::HParams& hp = cpu.hparams();
   for (int r = 0; r < n_ranks; ++r) {
     auto rank = std::make_unique<Rank>();
@@ -217,13 +185,10 @@ std::unique_ptr<ShardedGpuModel> ShardedGpuModel::load(const model::Model& cpu, 
     const NcclUniqueId id = nccl_unique_id();
     Group& g = *m->group_;
     g.nccl.resize(size_t(n_ranks));
-    run_ranks(
-        n_ranks,
-        [&](int r) {
-          Rank& rank = *m->ranks_[size_t(r)];
-          g.nccl[size_t(r)] = std::make_unique<NcclCommunicator>(id, r, n_ranks, rank.device, rank.gpu->stream());
-        },
-        {});
+    m->threads_->run([&](int r) {
+      Rank& rank = *m->ranks_[size_t(r)];
+      g.nccl[size_t(r)] = std::make_unique<NcclCommunicator>(id, r, n_ranks, rank.device, rank.gpu->stream());
+    });
 #endif
   }
   for (int r = 0; r < n_ranks; ++r) {
@@ -246,11 +211,7 @@ ShardedGpuModel::~ShardedGpuModel() {
     gpu::set_device(r->device);
     r->gpu.reset();
   }
-  if (group_ && group_->nccl.size() > 1) {
-    std::vector<std::thread> threads;
-    for (auto& c : group_->nccl) threads.emplace_back([&c] { c.reset(); });
-    for (std::thread& t : threads) t.join();
-  }
+  if (group_ && group_->nccl.size() > 1 && threads_) threads_->run([this](int r) { group_->nccl[size_t(r)].reset(); });
 #endif
 }
 
@@ -267,7 +228,7 @@ void ShardedGpuModel::on_ranks(const std::function<void(int)>& fn) {
     return;
   }
 #if SPARSEMLA_HAVE_NCCL
-  run_ranks(N, fn, [this](const std::string& reason) {
+  threads_->run(fn, [this](const std::string& reason) {
     for (auto& c : group_->nccl) c->abort(reason);
   });
 #endif

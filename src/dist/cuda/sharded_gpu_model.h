@@ -29,6 +29,7 @@ class Model;
 namespace sparsemla::dist {
 
 class Communicator;
+class RankThreads;
 
 // One GpuCache per rank, all indexed by the same block tables (every rank writes the same latent
 // rows and index keys into its own). Blocks come from this allocator; the replicas' own free lists
@@ -110,8 +111,8 @@ class ShardedGpuModel {
  private:
   ShardedGpuModel() = default;
   Communicator* communicator(int rank);  // the rank's (NCCL, or host-staged)
-  // fn(r) for every rank at once, one thread each; the first rank to fail stops the others, and
-  // its error is thrown here.
+  // fn(r) for every rank at once, on the rank's own thread; the first rank to fail stops the
+  // others, and its error is thrown here.
   void on_ranks(const std::function<void(int)>& fn);
   // Checks the batch once, then fn(rank's model, its cache replica, `out` for rank 0 or a scratch
   // vector for the others) on every rank; `out` is left as it was when a rank fails.
@@ -121,6 +122,7 @@ class ShardedGpuModel {
   ShardPlan plan_;
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::unique_ptr<Group> group_;
+  std::unique_ptr<RankThreads> threads_;  // rank r's calls run on thread r, step after step
 };
 
 }  // namespace sparsemla::dist
