@@ -2,12 +2,13 @@
 // its fraction of the measured device-to-device copy bandwidth, for Q8_0, Q4_K, Q6_K and BF16
 // weights of a 4096-square and the GLM-5 widths (6144 -> 2048 and 2048 -> 6144) at 1 to 512 tokens;
 // for the quantized types also 16384 -> 6144, 2048 -> 16384 and the output head (6144 -> 154880)
-// at 1 to 64 tokens; and the routed experts of one MoE layer (matmul_experts, 8 pairs). Beside each
-// decode line (T <= 16) of a type with an int8-activation kernel, a "q8:T" line times
-// matmul_decode_q8 / matmul_experts_q8 on the same weights (activations quantized beforehand; the
-// quantization's own time is printed at the end).
+// at 1 to 64 tokens (32: a decode batch on the prefill kernel's 32-token tiles); and the routed
+// experts of one MoE layer (matmul_experts, 8 pairs). Beside each decode line (T <= 8) of a type
+// with an int8-activation kernel, a "q8:T" line times matmul_decode_q8 / matmul_experts_q8 on the
+// same weights (activations quantized beforehand; the quantization's own time is printed at the
+// end), and a "pf:T" line the tensor-core prefill kernel at that T.
 //
-//   bench_cuda_matmul [--quick] [--decode]     --decode: only T <= 16 and the experts
+//   bench_cuda_matmul [--quick] [--decode]     --decode: only T <= 8 and the experts
 // Weights are random bytes with small block scales (values do not change the work); each shape
 // and type gets enough copies to exceed 256 MB, so that every call reads its weight from memory.
 #include <cstdio>
@@ -98,11 +99,15 @@ int main(int argc, char** argv) {
     for (Shape sh : shapes) {
       const Copies c(t, sh.rows, sh.cols);
       const bool large = sh.rows * sh.cols > 64 << 20;
-      for (int64_t T : {1, 2, 4, 8, 16, 64, 512}) {
+      for (int64_t T : {1, 2, 4, 8, 16, 32, 64, 512}) {
         if ((large && T > 64) || (decode_only && T > cuda::kDecodeMaxTokens)) continue;
         const int n_calls = large ? 4 : calls;
         const cuda::MatmulTiming m = cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs);
         print_line(t, sh, std::to_string(T).c_str(), m, copy);
+        if (T > 1 && T <= cuda::kDecodeMaxTokens) {  // the tensor-core kernel at decode sizes
+          const cuda::MatmulTiming p = cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs, true);
+          print_line(t, sh, ("pf:" + std::to_string(T)).c_str(), p, copy);
+        }
         if (T <= cuda::kDecodeMaxTokens && cuda::q8_supported(t)) {
           const cuda::MatmulTiming q = cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), T, n_calls, runs);
           print_line(t, sh, ("q8:" + std::to_string(T)).c_str(), q, copy);

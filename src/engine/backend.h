@@ -45,7 +45,8 @@ struct BackendOptions {
   // Device::Cuda: cache format, precise mode, the printed kernel table, the GPU of an unsplit model.
   // min_cache_tokens and max_batch_tokens are make_backend's to set, from the cache it makes.
   model::GpuModelOptions gpu;
-  std::vector<int> tp_devices;  // split over ranks: the GPU of each (empty: rank r on GPU r)
+  std::vector<int> tp_devices;  // split over ranks: the GPU of each (empty: rank r on GPU r, host-staged
+                                // ranks wrapping around the GPUs there are)
   dist::TpTransport tp_transport = dist::TpTransport::Nccl;
 #endif
 };

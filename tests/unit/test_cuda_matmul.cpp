@@ -189,7 +189,8 @@ TEST_P(CudaMatmul, MatchesCpuForEveryShapeAndTokenCount) {
   for (const Shape& sh : shapes_for(type())) {
     const TestWeight w(type(), sh.n_rows, sh.n_cols, seed++);
     double worst_decode = 0, worst_prefill = 0;
-    for (int64_t T : {1, 2, 3, 7, 16, 17, 64, 100}) {
+    // Prefill token tiles: 32 (T = 17, 32), 64 (40, 64) and 128 (100), whole and partial.
+    for (int64_t T : {1, 2, 3, 7, 16, 17, 32, 40, 64, 100}) {
       const std::vector<float> x = randn(size_t(T * sh.n_cols), seed++);
       std::vector<float> want(size_t(T * sh.n_rows));
       ops::matmul(w.host, x.data(), T, want.data(), pool());

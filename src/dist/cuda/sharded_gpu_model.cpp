@@ -137,8 +137,11 @@ std::unique_ptr<ShardedGpuModel> ShardedGpuModel::load(const model::Model& cpu, 
   const std::vector<ops::DeviceInfo> devs = ops::list_devices(&why);
   if (devs.empty()) fail("--device cuda: no CUDA device ({})", why);
   std::vector<int> devices = opts.devices;
+  // By default rank r takes GPU r; host-staged ranks may share GPUs, so they wrap around the GPUs
+  // there are (two ranks on a one-GPU machine: both on GPU 0).
   if (devices.empty())
-    for (int r = 0; r < n_ranks; ++r) devices.push_back(r);
+    for (int r = 0; r < n_ranks; ++r)
+      devices.push_back(opts.transport == TpTransport::HostStaged ? r % int(devs.size()) : r);
   if (int(devices.size()) != n_ranks) fail("tensor parallel: {} devices for {} ranks", devices.size(), n_ranks);
   for (int d : devices)
     if (d < 0 || size_t(d) >= devs.size())

@@ -7,10 +7,13 @@
 //           fp32 FMA. Batch invariant: token t's result is the same bits whatever T is and whatever
 //           the other tokens are (each token's sum runs in a fixed order that depends only on the
 //           weight's shape). Agrees with the CPU to fp32 rounding (relative ~1e-6).
-//   prefill (T > kDecodeMaxTokens): 128x128 tiles, weights dequantized to bf16 in shared memory,
-//           activations rounded to bf16, tensor-core mma.sync with fp32 accumulation.
-//           Relative error 2e-3 to 6e-3 against the fp32 product (two bf16 roundings per term);
-//           deterministic for a given T, but not batch invariant.
+//   prefill (T > kDecodeMaxTokens): tiles of 128 rows x 32, 64 or 128 tokens, weights dequantized
+//           to bf16 in shared memory, activations rounded to bf16, tensor-core mma.sync with fp32
+//           accumulation. Relative error 2e-3 to 6e-3 against the fp32 product (two bf16
+//           roundings per term); deterministic for a given T, but not batch invariant.
+// The crossover is measured (H200, docs/PERFORMANCE.md): the decode kernel costs about one fp32
+// FMA per weight and token, so past 8 tokens the tensor-core kernel, whose time hardly depends on
+// T up to its tile, is faster (at 16 tokens 2-2.5x).
 // A caller that needs batch invariance for more tokens (a large decode batch) calls
 // matmul_decode directly, which takes any T.
 #pragma once
@@ -35,7 +38,7 @@ struct QuantMatrix {
 };
 
 // Largest token count that matmul sends to the batch-invariant decode kernel.
-constexpr int64_t kDecodeMaxTokens = 16;
+constexpr int64_t kDecodeMaxTokens = 8;
 
 // Whether the kernels handle this type: F32, F16, BF16, Q8_0, Q4_0, IQ4_NL, MXFP4, Q2_K..Q6_K,
 // IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M.

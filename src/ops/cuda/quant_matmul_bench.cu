@@ -84,7 +84,8 @@ struct BenchQ8 {
 // The calls are captured once into a CUDA graph and the graph is replayed: the time is the GPU's,
 // not the host's launch rate (several microseconds per launch under some hypervisors, more than a
 // whole decode product takes).
-MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs) {
+MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs,
+                          bool prefill) {
   const QuantMatrix& w = copies[0];
   const DeviceBuffer x = to_device(bench_activations(size_t(n_tokens * w.n_cols)));
   DeviceBuffer y(size_t(n_tokens * w.n_rows) * sizeof(float));
@@ -92,7 +93,12 @@ MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tok
   SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   // call(0) runs outside the capture: it uploads the codebooks.
   const double ms =
-      graph_ms(calls, runs, s, [&](int c) { matmul(copies[c % n_copies], x.as<float>(), n_tokens, y.as<float>(), s); });
+      graph_ms(calls, runs, s, [&](int c) {
+        if (prefill)
+          matmul_prefill(copies[c % n_copies], x.as<float>(), n_tokens, y.as<float>(), s);
+        else
+          matmul(copies[c % n_copies], x.as<float>(), n_tokens, y.as<float>(), s);
+      });
   SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
   return timing(ms, calls, double(gguf::row_bytes(w.type, uint64_t(w.n_cols))) * double(w.n_rows),
                 2.0 * double(w.n_rows) * double(w.n_cols) * double(n_tokens));

@@ -19,7 +19,9 @@ struct MatmulTiming {
 // not the host's launch rate), best of `runs`. Call i reads copies[i % n_copies] (same shape and
 // type), so that weights larger than a fraction of the L2 cache are read from memory as in a
 // model's forward pass; pass enough copies to exceed L2.
-MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs);
+// prefill: call matmul_prefill whatever n_tokens is (the tensor-core kernel at decode sizes).
+MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs,
+                          bool prefill = false);
 
 // Times `calls` back-to-back matmul_experts calls of n_pairs (token, expert) pairs on one token,
 // captured and replayed as bench_matmul does. Each call takes its own n_pairs distinct experts
