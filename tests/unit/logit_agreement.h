@@ -16,6 +16,7 @@ struct Agreement {
   double median = 0;      // median over rows of max |got - ref| / max |ref|
   double argmax = 0;      // share of rows whose argmax agrees
   double argmax_tie = 0;  // the same, counting rows where the reference's top two are within 2 tol as agreeing
+  double within = 0;      // share of rows whose max |got - ref| / max |ref| is <= tol
   bool finite = true;
 };
 
@@ -41,6 +42,7 @@ inline Agreement compare(const std::vector<float>& got, const std::vector<float>
     double d = 0;
     for (int64_t i = 0; i < V; ++i) d = std::max(d, std::fabs(double(g[i]) - f[i]));
     row_err.push_back(d / max_ref);
+    a.within += d / max_ref <= tol;
     const int32_t ag = argmax(g, V), af = argmax(f, V);
     same += ag == af;
     same_tie += ag == af || double(f[af]) - f[ag] <= 2 * tol * max_ref;
@@ -50,12 +52,13 @@ inline Agreement compare(const std::vector<float>& got, const std::vector<float>
   a.median = row_err[size_t(rows / 2)];
   a.argmax = double(same) / double(rows);
   a.argmax_tie = double(same_tie) / double(rows);
+  a.within /= double(rows);
   return a;
 }
 
 // Whole runs of the same length: every row (an infinite rel when the lengths differ).
 inline Agreement compare_all(const std::vector<float>& got, const std::vector<float>& ref, int64_t V, double tol = 0) {
-  if (got.size() != ref.size()) return Agreement{INFINITY, INFINITY, 0, 0, true};
+  if (got.size() != ref.size()) return Agreement{INFINITY, INFINITY, 0, 0, 0, true};
   return compare(got, ref, V, int64_t(ref.size()) / V, tol);
 }
 
