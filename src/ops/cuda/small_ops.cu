@@ -37,28 +37,40 @@ int elementwise_blocks(int64_t n) {
 
 constexpr int kRowCache = 16;
 
+// Whether this block's row fits in its threads' registers.
+__device__ __forceinline__ bool row_fits(int64_t n) { return n <= int64_t(kRowCache) * blockDim.x; }
+
+// f(j, i) for this thread's positions i = tid + j * blockDim.x inside the row, j < kRowCache.
+template <class F>
+__device__ __forceinline__ void for_row(int64_t n, F&& f) {
+#pragma unroll
+  for (int j = 0; j < kRowCache; ++j) {
+    const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
+    if (i < n) f(j, i);
+  }
+}
+
+// This thread's values of the row, 0 past its end (adding 0 to a sum leaves its bits).
+__device__ __forceinline__ void load_row(const float* row, int64_t n, float (&v)[kRowCache]) {
+#pragma unroll
+  for (int j = 0; j < kRowCache; ++j) v[j] = 0.0f;
+  for_row(n, [&](int j, int64_t i) { v[j] = row[i]; });
+}
+
 // x may be out (an in-place norm), hence no __restrict__ on either.
 __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const float* __restrict__ w,
                                 int64_t n, float eps, float* out, int64_t out_stride) {
   const float* xr = x + int64_t(blockIdx.x) * x_stride;
   float* orow = out + int64_t(blockIdx.x) * out_stride;
-  if (n <= int64_t(kRowCache) * blockDim.x) {
+  if (row_fits(n)) {
     float v[kRowCache];
-#pragma unroll
-    for (int j = 0; j < kRowCache; ++j) {
-      const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
-      v[j] = i < n ? xr[i] : 0.0f;
-    }
+    load_row(xr, n, v);
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < kRowCache; ++j) ss += v[j] * v[j];
     ss = block_sum(ss);  // synchronizes: every read of x is done before out (maybe x) is written
     const float scale = 1.0f / sqrtf(ss / float(n) + eps);
-#pragma unroll
-    for (int j = 0; j < kRowCache; ++j) {
-      const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
-      if (i < n) orow[i] = v[j] * scale * w[i];
-    }
+    for_row(n, [&](int j, int64_t i) { orow[i] = v[j] * scale * w[i]; });
     return;
   }
   float ss = 0.0f;
@@ -73,27 +85,18 @@ __global__ void add_rms_norm_kernel(float* __restrict__ h, const float* __restri
   float* hr = h + int64_t(blockIdx.x) * n;
   const float* dr = delta + int64_t(blockIdx.x) * n;
   float* orow = out + int64_t(blockIdx.x) * n;
-  if (n <= int64_t(kRowCache) * blockDim.x) {
+  if (row_fits(n)) {
     float v[kRowCache];
 #pragma unroll
-    for (int j = 0; j < kRowCache; ++j) {
-      const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
-      v[j] = i < n ? hr[i] + dr[i] : 0.0f;
-    }
+    for (int j = 0; j < kRowCache; ++j) v[j] = 0.0f;
+    for_row(n, [&](int j, int64_t i) { v[j] = hr[i] + dr[i]; });
+    for_row(n, [&](int j, int64_t i) { hr[i] = v[j]; });
     float ss = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kRowCache; ++j) {
-      const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
-      if (i < n) hr[i] = v[j];
-      ss += v[j] * v[j];
-    }
+    for (int j = 0; j < kRowCache; ++j) ss += v[j] * v[j];
     ss = block_sum(ss);
     const float scale = 1.0f / sqrtf(ss / float(n) + eps);
-#pragma unroll
-    for (int j = 0; j < kRowCache; ++j) {
-      const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
-      if (i < n) orow[i] = v[j] * scale * w[i];
-    }
+    for_row(n, [&](int j, int64_t i) { orow[i] = v[j] * scale * w[i]; });
     return;
   }
   float ss = 0.0f;
@@ -111,30 +114,18 @@ __global__ void layer_norm_kernel(const float* __restrict__ x, const float* __re
                                   const float* __restrict__ b, int64_t n, float eps, float* __restrict__ out) {
   const float* xr = x + int64_t(blockIdx.x) * n;
   float* orow = out + int64_t(blockIdx.x) * n;
-  if (n <= int64_t(kRowCache) * blockDim.x) {
+  if (row_fits(n)) {
     float v[kRowCache];
-#pragma unroll
-    for (int j = 0; j < kRowCache; ++j) {
-      const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
-      v[j] = i < n ? xr[i] : 0.0f;
-    }
+    load_row(xr, n, v);
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < kRowCache; ++j) sum += v[j];
     const float mean = block_sum(sum) / float(n);
     float var = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kRowCache; ++j) {
-      const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
-      if (i < n) var += (v[j] - mean) * (v[j] - mean);
-    }
+    for_row(n, [&](int j, int64_t) { var += (v[j] - mean) * (v[j] - mean); });
     var = block_sum(var) / float(n);
     const float inv = 1.0f / sqrtf(var + eps);
-#pragma unroll
-    for (int j = 0; j < kRowCache; ++j) {
-      const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
-      if (i < n) orow[i] = (v[j] - mean) * inv * w[i] + (b ? b[i] : 0.0f);
-    }
+    for_row(n, [&](int j, int64_t i) { orow[i] = (v[j] - mean) * inv * w[i] + (b ? b[i] : 0.0f); });
     return;
   }
   float sum = 0.0f;
