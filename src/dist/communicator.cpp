@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "dist/rank_threads.h"
 #include "util/error.h"
 
 namespace sparsemla::dist {
@@ -188,25 +189,32 @@ void InProcessGroup::leave(int rank) {
                                     state_->arrived, op_name(state_->current)));
 }
 
-void InProcessGroup::run(const std::function<void(Communicator&)>& fn) {
+void InProcessGroup::run(const std::function<void(Communicator&)>& fn, RankThreads* pool) {
   {
     std::lock_guard<std::mutex> lk(state_->mu);
     if (state_->failed) throw Error(state_->failure);
     state_->left.assign(size_t(state_->n), false);
   }
-  std::vector<std::thread> threads;
-  for (int r = 0; r < state_->n; ++r)
-    threads.emplace_back([this, r, &fn] {
-      try {
-        fn(*ranks_[size_t(r)]);
-        leave(r);
-      } catch (const std::exception& e) {
-        ranks_[size_t(r)]->abort(e.what());
-      } catch (...) {
-        ranks_[size_t(r)]->abort("unknown exception");
-      }
-    });
-  for (auto& t : threads) t.join();
+  if (pool && pool->size() != state_->n)
+    fail("tensor parallel: {} rank threads for a group of {}", pool->size(), state_->n);
+  // A rank's error aborts the group here; run() reports the group's first failure below.
+  const auto rank_run = [this, &fn](int r) {
+    try {
+      fn(*ranks_[size_t(r)]);
+      leave(r);
+    } catch (const std::exception& e) {
+      ranks_[size_t(r)]->abort(e.what());
+    } catch (...) {
+      ranks_[size_t(r)]->abort("unknown exception");
+    }
+  };
+  if (pool) {
+    pool->run(rank_run);
+  } else {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < state_->n; ++r) threads.emplace_back(rank_run, r);
+    for (auto& t : threads) t.join();
+  }
   std::lock_guard<std::mutex> lk(state_->mu);
   if (state_->failed) throw Error(state_->failure);
 }

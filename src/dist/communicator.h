@@ -47,6 +47,8 @@ class Communicator {
 // collective checks that all ranks asked for the same thing, then moves the data for everyone
 // while the others wait; so the data movement is serial and in rank order (deterministic).
 // Once a collective has failed, the group stays failed: every later collective throws.
+class RankThreads;
+
 class InProcessGroup {
  public:
   explicit InProcessGroup(int n_ranks);
@@ -63,8 +65,9 @@ class InProcessGroup {
 
   // Runs fn(comm(r)) on size() threads, one per rank, and waits for all of them. A rank that throws
   // aborts the group (releasing the others), and a rank that returns leaves it; run() then throws
-  // an Error naming the rank that failed first and its message.
-  void run(const std::function<void(Communicator&)>& fn);
+  // an Error naming the rank that failed first and its message. The threads are `threads`' (one
+  // per rank, kept between calls) when given, else started for this call.
+  void run(const std::function<void(Communicator&)>& fn, RankThreads* threads = nullptr);
 
  private:
   struct State;

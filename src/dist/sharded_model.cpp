@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "dist/rank_threads.h"
 #include "dist/shard_weights.h"
 #include "model/forward.h"
 #include "ops/cpu/basic.h"
@@ -46,6 +47,7 @@ ShardedModel::ShardedModel(const model::Model& model, int n_ranks, int threads, 
     rank->pool = std::make_unique<ops::ThreadPool>(std::max(1, threads / local));
     ranks_.push_back(std::move(rank));
   }
+  if (only_rank < 0) threads_ = std::make_unique<RankThreads>(n_ranks);
 }
 
 ShardedModel::~ShardedModel() = default;
@@ -66,9 +68,11 @@ void ShardedModel::forward(const std::vector<model::SeqInput>& batch, Replicated
   logits.resize(base + b.out_rows.size() * model_.hparams().n_vocab);
   InProcessGroup group(n_ranks());
   try {
-    group.run([&](Communicator& comm) {
-      rank_forward(comm, b, cache.replica(comm.rank()), comm.rank() == 0 ? logits.data() + base : nullptr);
-    });
+    group.run(
+        [&](Communicator& comm) {
+          rank_forward(comm, b, cache.replica(comm.rank()), comm.rank() == 0 ? logits.data() + base : nullptr);
+        },
+        threads_.get());
   } catch (...) {
     logits.resize(base);
     throw;

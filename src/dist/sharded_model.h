@@ -65,6 +65,7 @@ class ShardedModel {
   const model::Model& model_;
   ShardPlan plan_;
   std::vector<std::unique_ptr<Rank>> ranks_;
+  std::unique_ptr<RankThreads> threads_;  // forward(): rank r on thread r, call after call
 };
 
 }  // namespace sparsemla::dist

@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "dist/communicator.h"
+#include "dist/rank_threads.h"
 #include "dist/shard_plan.h"
 #include "dist/shard_weights.h"
 #include "dist/sharded_model.h"
@@ -44,8 +45,9 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 // Runs fn on the group's ranks; a group that hangs fails the test within a minute (and ends the
 // process, whose threads cannot be joined) instead of waiting for ctest's timeout.
-std::string run_group(InProcessGroup& g, const std::function<void(Communicator&)>& fn) {
-  auto done = std::async(std::launch::async, [&] { return test::error_of([&] { g.run(fn); }); });
+std::string run_group(InProcessGroup& g, const std::function<void(Communicator&)>& fn,
+                      RankThreads* threads = nullptr) {
+  auto done = std::async(std::launch::async, [&] { return test::error_of([&] { g.run(fn, threads); }); });
   if (done.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
     std::fprintf(stderr, "the process group hung: a collective was never released\n");
     std::_Exit(1);
@@ -129,27 +131,49 @@ struct Fates {
   std::vector<std::string> what;
 };
 
+// On threads started for the call, and on long-lived rank threads (which then serve a fresh group).
 TEST(Communicator, ARankThatThrowsReleasesTheOthersWithAnError) {
-  for (int when : {0, 3}) {  // before the first collective, and after three
-    InProcessGroup g(4);
-    Fates fates(4);
-    const std::string err = run_group(g, [&](Communicator& c) {
-      fates.record(c.rank(), [&] {
-        std::vector<float> v(8, 1.0f);
-        for (int i = 0; i < 10; ++i) {
-          if (c.rank() == 2 && i == when) throw std::runtime_error("out of memory on rank two");
-          c.all_reduce_sum(v.data(), 8);
-        }
-      });
-    });
-    EXPECT_TRUE(contains(err, "rank 2 failed: out of memory on rank two")) << err;
-    for (int r : {0, 1, 3}) {
-      EXPECT_TRUE(contains(fates.what[size_t(r)], "all_reduce_sum abandoned")) << fates.what[size_t(r)];
-      EXPECT_TRUE(contains(fates.what[size_t(r)], "rank 2 failed: out of memory on rank two")) << fates.what[size_t(r)];
+  RankThreads pool(4);
+  for (RankThreads* threads : {static_cast<RankThreads*>(nullptr), &pool})
+    for (int when : {0, 3}) {  // before the first collective, and after three
+      InProcessGroup g(4);
+      Fates fates(4);
+      const std::string err = run_group(
+          g,
+          [&](Communicator& c) {
+            fates.record(c.rank(), [&] {
+              std::vector<float> v(8, 1.0f);
+              for (int i = 0; i < 10; ++i) {
+                if (c.rank() == 2 && i == when) throw std::runtime_error("out of memory on rank two");
+                c.all_reduce_sum(v.data(), 8);
+              }
+            });
+          },
+          threads);
+      EXPECT_TRUE(contains(err, "rank 2 failed: out of memory on rank two")) << err;
+      for (int r : {0, 1, 3}) {
+        EXPECT_TRUE(contains(fates.what[size_t(r)], "all_reduce_sum abandoned")) << fates.what[size_t(r)];
+        EXPECT_TRUE(contains(fates.what[size_t(r)], "rank 2 failed: out of memory on rank two")) << fates.what[size_t(r)];
+      }
+      // The group stays failed; a new group on the same threads works.
+      EXPECT_TRUE(contains(run_group(g, [](Communicator& c) { c.barrier(); }, threads), "rank 2 failed"))
+          << "after a failure";
+      InProcessGroup fresh(4);
+      std::vector<float> sums(4, 0.0f);
+      EXPECT_EQ(run_group(
+                    fresh,
+                    [&](Communicator& c) {
+                      float v = float(c.rank() + 1);
+                      c.all_reduce_sum(&v, 1);
+                      sums[size_t(c.rank())] = v;
+                    },
+                    threads),
+                "(no error)");
+      EXPECT_EQ(sums, std::vector<float>(4, 10.0f));
     }
-    // The group stays failed.
-    EXPECT_TRUE(contains(run_group(g, [](Communicator& c) { c.barrier(); }), "rank 2 failed")) << "after a failure";
-  }
+  RankThreads three(3);
+  InProcessGroup g(4);
+  EXPECT_TRUE(contains(run_group(g, [](Communicator&) {}, &three), "3 rank threads for a group of 4"));
 }
 
 TEST(Communicator, MismatchedSizesAreAnErrorOnEveryRank) {

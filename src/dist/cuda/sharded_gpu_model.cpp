@@ -227,7 +227,7 @@ void ShardedGpuModel::on_ranks(const std::function<void(int)>& fn) {
   if (group_->transport == TpTransport::HostStaged) {  // a fresh in-process group: a failed one stays failed
     InProcessGroup group(N);
     for (int r = 0; r < N; ++r) ranks_[size_t(r)]->staged->inner = &group.comm(r);
-    group.run([&](Communicator& c) { fn(c.rank()); });
+    group.run([&](Communicator& c) { fn(c.rank()); }, threads_.get());
     return;
   }
 #if SPARSEMLA_HAVE_NCCL
