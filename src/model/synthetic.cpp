@@ -3,12 +3,43 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
+#include "gguf/ggml_types.h"
 #include "gguf/writer.h"
 #include "util/error.h"
+#include "util/half.h"
 
 namespace sparsemla::model {
+
+namespace {
+
+// Random blocks of a Q4_K, Q6_K or Q8_0 tensor without quantizing anything: random bytes, then each
+// block's fp16 scale(s) set to 0.01 (every other byte pattern is a valid block). Values of a few
+// hundredths, different in every row; fast enough for a GLM-5-sized embedding table.
+std::vector<uint8_t> random_blocks(gguf::GgmlType t, int64_t n_values, std::mt19937& rng) {
+  const auto& tr = gguf::traits(t);
+  std::vector<uint8_t> bytes(size_t(n_values / tr.block_size) * tr.type_size);
+  for (size_t i = 0; i + 4 <= bytes.size(); i += 4) {
+    const uint32_t v = rng();
+    std::memcpy(&bytes[i], &v, 4);
+  }
+  const uint16_t small = f32_to_fp16(0.01f);
+  for (size_t at = 0; at < bytes.size(); at += tr.type_size) {
+    if (t == gguf::GgmlType::Q4_K) {  // d, dmin
+      std::memcpy(&bytes[at], &small, 2);
+      std::memcpy(&bytes[at + 2], &small, 2);
+    } else if (t == gguf::GgmlType::Q6_K) {  // d, after ql, qh and the scales
+      std::memcpy(&bytes[at + 208], &small, 2);
+    } else {  // Q8_0: d
+      std::memcpy(&bytes[at], &small, 2);
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
 
 SyntheticSpec SyntheticSpec::glm5_width(uint32_t layers) {
   SyntheticSpec s;
@@ -93,8 +124,15 @@ void write_synthetic_model(const SyntheticSpec& s, const std::string& path) {
   };
   auto mat = [&](const std::string& name, int64_t in, std::vector<int64_t> ne) {
     const gguf::GgmlType t = type_of(name, ne[0]);
-    if (s.zero_matrices) w.add_tensor_zeros(name, t, ne);
-    else tensor(name, std::move(ne), t, 1.0f / std::sqrt(float(in)));
+    const bool quick_random = t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q6_K || t == gguf::GgmlType::Q8_0;
+    if (s.zero_matrices && name == "token_embd.weight" && quick_random)
+      // Zero embeddings would make every hidden state zero, so every token would go to the experts
+      // the router's bias prefers: random rows give each token its own routing, as a real model does.
+      w.add_tensor_bytes(name, t, ne, random_blocks(t, ne[0] * ne[1], rng));
+    else if (s.zero_matrices)
+      w.add_tensor_zeros(name, t, ne);
+    else
+      tensor(name, std::move(ne), t, 1.0f / std::sqrt(float(in)));
   };
   auto norm = [&](const std::string& name, int64_t n) { tensor(name, {n}, F32, 0.05f, 1.0f); };
   const int64_t H = s.n_embd, V = s.n_vocab;

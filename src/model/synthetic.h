@@ -29,7 +29,8 @@ struct SyntheticSpec {
   // elsewhere, Q8_0 where rows are not whole 256-value blocks (as llama.cpp falls back).
   bool q4_k_m = false;
   // Matrices written as zero bytes (sparse holes: instant, no memory) instead of random values, for
-  // timing GLM-5-width layers; norms, biases and the router stay random, so the routing varies.
+  // timing GLM-5-width layers. The embedding table (Q4_K, Q6_K or Q8_0) gets random blocks instead,
+  // and norms, biases and the router stay random, so that tokens are routed to different experts.
   bool zero_matrices = false;
   uint32_t seed = 1;
 

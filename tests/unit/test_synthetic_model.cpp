@@ -3,10 +3,13 @@
 // MODEL_SPEC.md gives them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <set>
 #include <sys/stat.h>
 
 #include "gguf/reader.h"
+#include "model/decisions.h"
 #include "model/model.h"
 #include "model/synthetic.h"
 #include "test_util.h"
@@ -42,9 +45,21 @@ TEST(SyntheticModel, Q4KMMixAndZeroMatricesLoadAndRun) {
   std::vector<int32_t> table;
   ASSERT_TRUE(cache.reserve(table, 8));
   std::vector<float> logits;
-  m->forward({SeqInput{{1, 2, 3, 4, 5}, 0, &table, true}}, cache, logits);
+  Decisions d;
+  m->forward({SeqInput{{1, 2, 3, 4, 5}, 0, &table, true}}, cache, logits, nullptr, &d);
   ASSERT_EQ(logits.size(), size_t(5) * m->hparams().n_vocab);
   for (float x : logits) ASSERT_EQ(x, 0.0f);  // zero output head: every logit is exactly 0
+  // The embedding rows are random, so the five tokens do not all go to the same experts (with a
+  // zero embedding every hidden state was 0 and the router's bias alone chose).
+  ASSERT_EQ(d.layers.size(), size_t(2));
+  const auto& experts = d.layers[1].experts;  // layer 0 is dense
+  ASSERT_EQ(experts.size(), size_t(5));
+  std::set<std::vector<int32_t>> distinct;
+  for (std::vector<int32_t> e : experts) {
+    std::sort(e.begin(), e.end());
+    distinct.insert(e);
+  }
+  EXPECT_GE(distinct.size(), size_t(3)) << "routed expert sets of 5 tokens";
 }
 
 TEST(SyntheticModel, Glm5WidthIsGlm5sShape) {
