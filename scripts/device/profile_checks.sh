@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: where the decode time goes. The step profile (SPARSEMLA_STEP_PROFILE=1:
 # device time by operation over the decode steps) of the GLM-5-width model at 4K and 128K context
-# and at batch 8, then Nsight Compute on the decode matrix products (bench_cuda_matmul --quick).
+# and at batch 8, then Nsight Compute on the decode matrix products (bench_cuda_matmul --quick), or
+# (NCU_STEP=1) on every kernel of one decode step.
 # Binaries in $BIN (libraries in $LIBS); logs to $OUT.
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
@@ -20,6 +21,15 @@ if [ -n "${NCU_KERNEL:-}" ] && [ -n "$NCU" ]; then
     --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
     --section LaunchStats --section SchedulerStats "$BIN/bench_cuda_matmul" ${NCU_ARGS:---quick} >"$OUT/ncu.log" 2>&1
   echo "ncu exit $?"; grep -E "gemv|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Stall|Warp Cycles Per Issued|Registers Per|Block Size|Grid Size|Eligible|Issued Warp" "$OUT/ncu.log" | head -${NCUN:-80}
+fi
+# NCU_STEP=1: every kernel of one decode step of the 3-layer GLM-5-width model, timed alone (graphs
+# off), summed per kernel and launch shape (ncu_step_summary.py); found the 77 us MoE combine.
+if [ "${NCU_STEP:-0}" = 1 ] && [ -n "$NCU" ]; then
+  mk 3
+  SPARSEMLA_CUDA_GRAPHS=0 timeout 300 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+    --csv "$BIN/sparsemla" bench -m /tmp/glm5w_3.gguf --device cuda --prompt 64 --gen 3 ${NCU_STEP_ARGS:-} \
+    >"$OUT/ncu_step.csv" 2>"$OUT/ncu_step.err"
+  python3 "$(dirname "$0")/ncu_step_summary.py" "$OUT/ncu_step.csv" ${NCU_STEP_TOP:-40}
 fi
 if [ -n "${MATMUL:-}" ]; then
   timeout 300 "$BIN/bench_cuda_matmul" $MATMUL 2>&1 | tee "$OUT/matmul.log" | tail -60
