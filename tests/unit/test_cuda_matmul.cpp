@@ -243,6 +243,25 @@ TEST_P(CudaMatmul, DecodeIsBatchInvariant) {
   });
 }
 
+// Expert-mode output y [P = ids.size(), F] over activations x [tokens, H], pair p reading token
+// p / k: an unused pair (id -1) must have left its row at kUnwritten; check(p, expert, the pair's
+// activations, its output row) judges each used pair.
+constexpr float kUnwritten = 12345.0f;
+void check_expert_pairs(const std::vector<float>& y, const std::vector<int32_t>& ids, int64_t F, int64_t H,
+                        int64_t k, const std::vector<float>& x,
+                        const std::function<void(int64_t, int32_t, const std::vector<float>&,
+                                                 const std::vector<float>&)>& check) {
+  for (int64_t p = 0; p < int64_t(ids.size()); ++p) {
+    const int32_t e = ids[size_t(p)];
+    if (e < 0) {
+      for (int64_t r = 0; r < F; ++r) ASSERT_EQ(y[size_t(p * F + r)], kUnwritten) << "unused pair written";
+      continue;
+    }
+    const std::vector<float> xt(x.begin() + (p / k) * H, x.begin() + (p / k + 1) * H);
+    check(p, e, xt, std::vector<float>(y.begin() + p * F, y.begin() + (p + 1) * F));
+  }
+}
+
 // Expert mode: each (token, expert) pair equals the one-token product on that expert's rows, bit
 // for bit, and the CPU product to the decode tolerance; pairs with id -1 leave their rows alone.
 TEST_P(CudaMatmul, ExpertPairsEqualOneTokenProductsOnTheExpertRows) {
@@ -253,27 +272,19 @@ TEST_P(CudaMatmul, ExpertPairsEqualOneTokenProductsOnTheExpertRows) {
   const std::vector<float> x = randn(size_t(tokens * H), 77);
   const DeviceBuffer dx = to_device(x), dids = to_device(ids);
   const int64_t P = int64_t(ids.size());
-  std::vector<float> fill(size_t(P * F), 12345.0f);
-  DeviceBuffer dy = to_device(fill);
+  DeviceBuffer dy = to_device(std::vector<float>(size_t(P * F), kUnwritten));
   matmul_experts(w.mat, F, dids.as<int32_t>(), P, dx.as<float>(), k, dy.as<float>(), nullptr);
   synchronize();
-  const std::vector<float> y = to_host<float>(dy, size_t(P * F));
-  for (int64_t p = 0; p < P; ++p) {
-    const int32_t e = ids[size_t(p)];
-    if (e < 0) {
-      for (int64_t r = 0; r < F; ++r) ASSERT_EQ(y[size_t(p * F + r)], 12345.0f) << "unused pair written";
-      continue;
-    }
-    const QuantMatrix m = expert_rows(w.mat, e, F);
-    const std::vector<float> xt(x.begin() + (p / k) * H, x.begin() + (p / k + 1) * H);
-    const std::vector<float> alone = gpu_product(&matmul_decode, m, xt, 1);
-    ASSERT_EQ(std::memcmp(alone.data(), y.data() + p * F, size_t(F) * sizeof(float)), 0)
-        << GetParam() << " pair " << p << " (expert " << e << ") differs from the one-token product";
-    std::vector<float> want(static_cast<size_t>(F));
-    ops::matmul(w.host.rows(e * F, F), xt.data(), 1, want.data(), pool());
-    const std::vector<float> got(y.begin() + p * F, y.begin() + (p + 1) * F);
-    check_close(got, want, 1, F, kDecodeTol, GetParam() + " expert pair");
-  }
+  check_expert_pairs(to_host<float>(dy, size_t(P * F)), ids, F, H, k, x,
+                     [&](int64_t p, int32_t e, const std::vector<float>& xt, const std::vector<float>& got) {
+                       const std::vector<float> alone = gpu_product(&matmul_decode, expert_rows(w.mat, e, F), xt, 1);
+                       EXPECT_EQ(std::memcmp(alone.data(), got.data(), size_t(F) * sizeof(float)), 0)
+                           << GetParam() << " pair " << p << " (expert " << e
+                           << ") differs from the one-token product";
+                       std::vector<float> want(static_cast<size_t>(F));
+                       ops::matmul(w.host.rows(e * F, F), xt.data(), 1, want.data(), pool());
+                       check_close(got, want, 1, F, kDecodeTol, GetParam() + " expert pair");
+                     });
 }
 
 // Grouped by expert on the device (moe_group, then matmul_expert_groups): every grouped slot has
@@ -300,7 +311,7 @@ TEST_P(CudaMatmul, ExpertGroupsEqualThePairProducts) {
   g.perm = perm.as<int32_t>();
   g.max_groups = E;
   g.max_slots = tokens;
-  const std::vector<float> fill(size_t(P * F), 12345.0f);
+  const std::vector<float> fill(size_t(P * F), kUnwritten);
   DeviceBuffer grouped = to_device(fill);
   matmul_expert_groups(w.mat, F, g, dx.as<float>(), k, grouped.as<float>(), nullptr);
   synchronize();
@@ -314,7 +325,7 @@ TEST_P(CudaMatmul, ExpertGroupsEqualThePairProducts) {
   for (int64_t j = 0; j < P; ++j) {
     if (j >= routed) {
       EXPECT_EQ(hperm[size_t(j)], -1) << "slot " << j << " past the routed pairs";
-      for (int64_t r = 0; r < F; ++r) ASSERT_EQ(got[size_t(j * F + r)], 12345.0f) << "slot " << j << " written";
+      for (int64_t r = 0; r < F; ++r) ASSERT_EQ(got[size_t(j * F + r)], kUnwritten) << "slot " << j << " written";
       continue;
     }
     const int32_t p = hperm[size_t(j)];
@@ -642,26 +653,19 @@ TEST_P(CudaMatmulQ8, ExpertPairsEqualOneTokenProducts) {
   const std::vector<double> xhat = dequantized(hq);
   const DeviceBuffer dids = to_device(ids);
   const int64_t P = int64_t(ids.size());
-  DeviceBuffer dy = to_device(std::vector<float>(size_t(P * F), 12345.0f));
+  DeviceBuffer dy = to_device(std::vector<float>(size_t(P * F), kUnwritten));
   matmul_experts_q8(w.mat, F, dids.as<int32_t>(), P, dq.act, k, dy.as<float>(), nullptr);
   synchronize();
-  const std::vector<float> y = to_host<float>(dy, size_t(P * F));
-  for (int64_t p = 0; p < P; ++p) {
-    const int32_t e = ids[size_t(p)];
-    if (e < 0) {
-      for (int64_t r = 0; r < F; ++r) ASSERT_EQ(y[size_t(p * F + r)], 12345.0f) << "unused pair written";
-      continue;
-    }
-    const QuantMatrix m = expert_rows(w.mat, e, F);
-    const std::vector<float> xt(x.begin() + (p / k) * H, x.begin() + (p / k + 1) * H);
-    const std::vector<float> alone = gpu_product_q8(m, DeviceQ8(xt, 1, H));
-    ASSERT_EQ(std::memcmp(alone.data(), y.data() + p * F, size_t(F) * sizeof(float)), 0)
-        << GetParam() << " pair " << p << " (expert " << e << ") differs from the one-token product";
-    const std::vector<float> we(wd.begin() + e * F * H, wd.begin() + (e + 1) * F * H);
-    const std::vector<double> xh(xhat.begin() + (p / k) * H, xhat.begin() + (p / k + 1) * H);
-    const std::vector<float> got(y.begin() + p * F, y.begin() + (p + 1) * F);
-    check_close(got, host_product(we, F, H, xh, 1), 1, F, kQ8Tol, GetParam() + " expert pair");
-  }
+  check_expert_pairs(to_host<float>(dy, size_t(P * F)), ids, F, H, k, x,
+                     [&](int64_t p, int32_t e, const std::vector<float>& xt, const std::vector<float>& got) {
+                       const std::vector<float> alone = gpu_product_q8(expert_rows(w.mat, e, F), DeviceQ8(xt, 1, H));
+                       EXPECT_EQ(std::memcmp(alone.data(), got.data(), size_t(F) * sizeof(float)), 0)
+                           << GetParam() << " pair " << p << " (expert " << e
+                           << ") differs from the one-token product";
+                       const std::vector<float> we(wd.begin() + e * F * H, wd.begin() + (e + 1) * F * H);
+                       const std::vector<double> xh(xhat.begin() + (p / k) * H, xhat.begin() + (p / k + 1) * H);
+                       check_close(got, host_product(we, F, H, xh, 1), 1, F, kQ8Tol, GetParam() + " expert pair");
+                     });
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulQ8, ::testing::Values("q8_0", "q4_K", "q5_K", "q6_K"),

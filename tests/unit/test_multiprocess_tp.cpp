@@ -68,19 +68,9 @@ TEST(TcpCommunicator, GivesTheInProcessGroupsBits) {
   std::vector<std::vector<float>> in(N);
   for (int r = 0; r < N; ++r) in[size_t(r)] = test::randn(size_t(n), uint32_t(10 + r), float(1 + r));
   // The in-process group's results.
-  std::vector<std::vector<float>> want_sum(N), want_gather(N), want_bcast(N);
-  dist::InProcessGroup group(N);
-  group.run([&](dist::Communicator& c) {
-    const size_t r = size_t(c.rank());
-    want_sum[r] = in[r];
-    c.all_reduce_sum(want_sum[r].data(), n);
-    want_gather[r].resize(size_t(N * n));
-    c.all_gather(in[r].data(), n, want_gather[r].data());
-    want_bcast[r] = in[r];
-    c.broadcast(want_bcast[r].data(), n, 2);
-  });
-  std::vector<std::vector<float>> sum(N), gather(N), bcast(N);
-  const auto errors = on_tcp_ranks(N, [&](dist::Communicator& c) {
+  using Results = std::vector<std::vector<float>>;
+  // Each rank's all-reduce, all-gather and broadcast (root 2) of its input, into the results.
+  const auto collectives = [&](dist::Communicator& c, Results& sum, Results& gather, Results& bcast) {
     const size_t r = size_t(c.rank());
     sum[r] = in[r];
     c.all_reduce_sum(sum[r].data(), n);
@@ -88,6 +78,13 @@ TEST(TcpCommunicator, GivesTheInProcessGroupsBits) {
     c.all_gather(in[r].data(), n, gather[r].data());
     bcast[r] = in[r];
     c.broadcast(bcast[r].data(), n, 2);
+  };
+  Results want_sum(N), want_gather(N), want_bcast(N);
+  dist::InProcessGroup group(N);
+  group.run([&](dist::Communicator& c) { collectives(c, want_sum, want_gather, want_bcast); });
+  Results sum(N), gather(N), bcast(N);
+  const auto errors = on_tcp_ranks(N, [&](dist::Communicator& c) {
+    collectives(c, sum, gather, bcast);
     c.barrier();
     float none = 0;
     c.all_reduce_sum(&none, 0);  // nothing to sum is still one exchange on every rank

@@ -6,6 +6,7 @@
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/small_ops_reduce.cuh"
 
 #define SPARSEMLA_CUBLAS_CHECK(call)                                                                      \
   do {                                                                                                    \
@@ -96,9 +97,7 @@ __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const __nv_bfl
     for (int r = 0; r < kHgRowsPerWarp; ++r)
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-        float v = acc[r][t];
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, off);
+        const float v = warp_sum(acc[r][t]);
         if (lane == 0 && r0 + r < rows && t0 + t < T) out[(int64_t(t0 + t) * heads + h) * out_stride + r0 + r] = v;
       }
   }

@@ -72,7 +72,6 @@ __device__ __forceinline__ void gemv_unit(const uint8_t* const (&w)[R], const fl
 template <class V, int NT, int R, int U>
 __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) {
   __shared__ float partial[kGemvMaxThreads / 32][R * NT];  // per warp: [row][token]
-  const int tid = threadIdx.x, n_threads = blockDim.x;
   const int n_units = int(a.n_cols / V::kUnit);
   const int64_t row0 = int64_t(blockIdx.x) * R;
   // Expert mode: this block's pair selects the expert's rows, its activation row and output row;
@@ -119,12 +118,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) 
 #pragma unroll
       for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
 
-    int iu = tid;
-    for (; iu + (U - 1) * n_threads < n_units; iu += U * n_threads) {
-#pragma unroll
-      for (int j = 0; j < U; ++j) gemv_unit<V, R, NT>(w, x, iu + j * n_threads, acc, a.tables);
-    }
-    for (; iu < n_units; iu += n_threads) gemv_unit<V, R, NT>(w, x, iu, acc, a.tables);
+    for_each_unit<U>(n_units, [&](int iu) { gemv_unit<V, R, NT>(w, x, iu, acc, a.tables); });
 
     block_sum_store(acc, partial, row0, a.n_rows, t0, n_tokens, ybase);
   }

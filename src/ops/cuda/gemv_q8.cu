@@ -273,7 +273,6 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_kernel(const Q8Args a) 
   // the unrolled weight loads would need (the order of the units is the same either way).
   constexpr int U = NT >= 4 ? 1 : V::kUnroll;
   __shared__ float partial[kQ8MaxThreads / 32][R * NT];  // per warp: [row][token]
-  const int tid = threadIdx.x, n_threads = blockDim.x;
   const int n_units = int(a.n_cols / V::kBlock) * V::kUnitsPerBlock;
   const int64_t n_ab = a.n_cols / 32;  // activation blocks per token
   const int64_t row0 = int64_t(blockIdx.x) * R;
@@ -312,12 +311,7 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_kernel(const Q8Args a) 
 #pragma unroll
       for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
 
-    int iu = tid;
-    for (; iu + (U - 1) * n_threads < n_units; iu += U * n_threads) {
-#pragma unroll
-      for (int j = 0; j < U; ++j) q8_unit<V, R, NT>(w, xq, xb, iu + j * n_threads, acc);
-    }
-    for (; iu < n_units; iu += n_threads) q8_unit<V, R, NT>(w, xq, xb, iu, acc);
+    for_each_unit<U>(n_units, [&](int iu) { q8_unit<V, R, NT>(w, xq, xb, iu, acc); });
 
     block_sum_store(acc, partial, row0, a.n_rows, t0, n_tokens, ybase);
   }

@@ -1,11 +1,27 @@
-// The end of a decode product's block (gemv.cuh, gemv_q8.cu): each thread's sums acc[row][token]
-// reduced over the block in a fixed order (a shuffle tree within each warp, then the warps in
-// order), so a token's result never depends on the other tokens, and stored as
-// y[t0 + t][row0 + r] for the rows and tokens that exist.
+// What the decode products' blocks (gemv.cuh, gemv_q8.cu) share: the walk over a row's units, and
+// the end of the block, where each thread's sums acc[row][token] are reduced over the block in a
+// fixed order (a shuffle tree within each warp, then the warps in order), so a token's result never
+// depends on the other tokens, and stored as y[t0 + t][row0 + r] for the rows and tokens that exist.
 #pragma once
 #include <cstdint>
 
+#include "ops/cuda/small_ops_reduce.cuh"
+
 namespace sparsemla::cuda {
+
+// unit(iu) for this thread's units iu = tid, tid + blockDim.x, ... < n_units, U at a time fully
+// unrolled (so that U units' loads are in flight together), then the rest one by one. The order
+// depends only on n_units and the block size (batch invariance).
+template <int U, class F>
+__device__ __forceinline__ void for_each_unit(int n_units, F&& unit) {
+  const int n_threads = blockDim.x;
+  int iu = threadIdx.x;
+  for (; iu + (U - 1) * n_threads < n_units; iu += U * n_threads) {
+#pragma unroll
+    for (int j = 0; j < U; ++j) unit(iu + j * n_threads);
+  }
+  for (; iu < n_units; iu += n_threads) unit(iu);
+}
 
 template <int R, int NT, int kWarps>
 __device__ __forceinline__ void block_sum_store(const float (&acc)[R][NT], float (&partial)[kWarps][R * NT],
@@ -16,9 +32,7 @@ __device__ __forceinline__ void block_sum_store(const float (&acc)[R][NT], float
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      float s = acc[r][t];
-#pragma unroll
-      for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xFFFFFFFFu, s, off);
+      const float s = warp_sum(acc[r][t]);
       if (lane == 0) partial[warp][r * NT + t] = s;
     }
   __syncthreads();
