@@ -52,15 +52,9 @@ model::GpuModelOptions options(KvDtype d, bool precise) {
   return o;
 }
 
-// max |got - ref| / max |ref| over every row, and the share of rows whose argmax agrees.
-test::Agreement compare(const std::vector<float>& got, const std::vector<float>& ref, int64_t vocab,
-                        double tol = 0) {
-  return test::compare_all(got, ref, vocab, tol);
-}
-
 void expect_agree(const std::vector<float>& got, const std::vector<float>& ref, int64_t vocab, double tol,
                   const std::string& what) {
-  const test::Agreement a = compare(got, ref, vocab, tol);
+  const test::Agreement a = test::compare_all(got, ref, vocab, tol);
   std::printf("  %-52s max rel err %.2e, argmax agrees %5.1f%%\n", what.c_str(), a.rel, 100.0 * a.argmax);
   EXPECT_LE(a.rel, tol) << what;
   EXPECT_GE(a.argmax, 0.99) << what;
@@ -73,7 +67,7 @@ void expect_agree(const std::vector<float>& got, const std::vector<float>& ref, 
 // argmax at >= 99%.
 void expect_rows_agree(const std::vector<float>& got, const std::vector<float>& ref, int64_t vocab, double tol,
                        const std::string& what) {
-  const test::Agreement a = compare(got, ref, vocab, tol);
+  const test::Agreement a = test::compare_all(got, ref, vocab, tol);
   std::printf("  %-52s max rel err %.2e (median row %.1e, %5.1f%% of rows within %.0e), argmax agrees %5.1f%%\n",
               what.c_str(), a.rel, a.median, 100.0 * a.within, tol, 100.0 * a.argmax);
   EXPECT_GE(a.within, 0.99) << what;
@@ -311,7 +305,7 @@ TEST(GpuTensorParallelNccl, EqualsTheSingleGpuRunOnEachGpuCount) {
         } else if (strict) {
           expect_rows_agree(s.prompt(ids), single, V, 2e-2, what);
         } else {
-          const test::Agreement a = compare(s.prompt(ids), single, V);
+          const test::Agreement a = test::compare_all(s.prompt(ids), single, V);
           std::printf("  %-52s max rel err %.2e, argmax agrees %5.1f%% (printed only)\n", what.c_str(), a.rel,
                       100.0 * a.argmax);
           EXPECT_GE(a.argmax, 0.5) << what;

@@ -87,12 +87,12 @@ struct GpuModelOptions {
   // indexer kernels, instead of bf16 tensor-core products for prefill: slower, and the closest the
   // GPU comes to the CPU's arithmetic (what the tests compare strictly). The caches stay as chosen.
   bool precise = false;
-  // Decode batches (up to kDecodeMaxTokens = 8 tokens) multiply Q8_0/Q4_K/Q5_K/Q6_K weights with activations
-  // quantized to int8 blocks of 32 (dp4a, ops/cuda/quant_matmul_q8.h; llama.cpp's scheme): about
-  // 3x fewer instructions per weight, decode steps 10-30% faster at GLM-5 width, at ~1e-2 relative
-  // error per product from the activations' rounding (the bundled model's perplexity +0.2%). Off
-  // by default: the fp32-activation products are what the accuracy targets are stated for.
-  // `--int8-activations`; never in precise mode.
+  // Decode batches (up to cuda::kDecodeMaxTokens = 8 tokens) multiply Q8_0/Q4_K/Q5_K/Q6_K weights
+  // with activations quantized to int8 blocks of 32 (dp4a, ops/cuda/quant_matmul_q8.h; llama.cpp's
+  // scheme): about 3x fewer instructions per weight, decode steps 10-30% faster at GLM-5 width, at
+  // ~1e-2 relative error per product from the activations' rounding (the bundled model's
+  // perplexity +0.2%). Off by default: the fp32-activation products are what the accuracy targets
+  // are stated for. `--int8-activations`; never in precise mode.
   bool int8_activations = false;
   // Decode steps replay CUDA graphs (one per batch size and context bucket), captured the first
   // time each is seen. Off: every step launches its kernels one by one (vLLM's --enforce-eager).
