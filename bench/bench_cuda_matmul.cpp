@@ -6,13 +6,18 @@
 // experts of one MoE layer (matmul_experts, 8 pairs). Beside each decode line (T <= 8) of a type
 // with an int8-activation kernel, a "q8:T" line times matmul_decode_q8 / matmul_experts_q8 on the
 // same weights (activations quantized beforehand; the quantization's own time is printed at the
-// end), and a "pf:T" line the tensor-core prefill kernel at that T.
+// end), a "tc:T" line the tensor-core decode kernel (Q4_K, Q6_K; what matmul takes for them at
+// T <= 8) and a "pf:T" line the tensor-core prefill kernel at that T. The plain "T" lines at T <= 8
+// are the fp32 decode kernel (matmul_decode).
 //
 //   bench_cuda_matmul [--quick] [--decode]     --decode: only T <= 8 and the experts
+//   bench_cuda_matmul --only TYPE:ROWSxCOLS:T     one product (fp32 decode path, then q8), e.g. for
+//                                                  Nsight Compute: --only q4_K:2048x6144:1
 // Weights are random bytes with small block scales (values do not change the work); each shape
 // and type gets enough copies to exceed 256 MB, so that every call reads its weight from memory.
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -76,19 +81,46 @@ void print_line(GgmlType t, Shape sh, const char* what, const cuda::MatmulTiming
               m.tflops);
 }
 
+// --only TYPE:ROWSxCOLS:T: that one product's lines; 1 when the argument does not parse.
+int run_only(const char* spec) {
+  char type_name[16] = {};
+  long long rows = 0, cols = 0, T = 0;
+  std::optional<GgmlType> t;
+  if (std::sscanf(spec, "%15[^:]:%lldx%lld:%lld", type_name, &rows, &cols, &T) == 4) t = gguf::type_from_name(type_name);
+  if (!t || rows <= 0 || cols <= 0 || T <= 0 || T > cuda::kDecodeMaxTokens) {
+    std::fprintf(stderr, "bench_cuda_matmul: --only wants TYPE:ROWSxCOLS:T with T in 1..%d, got '%s'\n",
+                 int(cuda::kDecodeMaxTokens), spec);
+    return 1;
+  }
+  const Copies c(*t, rows, cols);
+  const double copy = cuda::bench_copy_gbs(size_t(1) << 30, 3);
+  print_line(*t, {rows, cols}, std::to_string(T).c_str(),
+             cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, 8, 2, cuda::BenchKernel::Fp32Decode), copy);
+  if (cuda::mma_decode_supported(*t))
+    print_line(*t, {rows, cols}, ("tc:" + std::to_string(T)).c_str(),
+               cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, 8, 2, cuda::BenchKernel::TensorCoreDecode), copy);
+  if (cuda::q8_supported(*t))
+    print_line(*t, {rows, cols}, ("q8:" + std::to_string(T)).c_str(),
+               cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), T, 8, 2), copy);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool quick = false, decode_only = false;
+  const char* only = nullptr;
   for (int i = 1; i < argc; ++i) {
     quick |= std::strcmp(argv[i], "--quick") == 0;
     decode_only |= std::strcmp(argv[i], "--decode") == 0;
+    if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
   }
   const auto devices = ops::list_devices();
   if (devices.empty()) {
     std::fprintf(stderr, "bench_cuda_matmul: no CUDA device\n");
     return 1;
   }
+  if (only) return run_only(only);
   const double copy = cuda::bench_copy_gbs(size_t(1) << 30, quick ? 3 : 10);
   std::printf("%s: device-to-device copy %.0f GB/s (read + written)\n\n", devices[0].name.c_str(), copy);
   std::printf("%-5s %-13s %5s %10s %9s %7s %8s\n", "type", "rows x cols", "T", "us/call", "GB/s", "% copy", "TFLOP/s");
@@ -102,10 +134,18 @@ int main(int argc, char** argv) {
       for (int64_t T : {1, 2, 4, 8, 16, 32, 64, 512}) {
         if ((large && T > 64) || (decode_only && T > cuda::kDecodeMaxTokens)) continue;
         const int n_calls = large ? 4 : calls;
-        const cuda::MatmulTiming m = cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs);
+        const bool few = T <= cuda::kDecodeMaxTokens;
+        const cuda::MatmulTiming m = cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs,
+                                                        few ? cuda::BenchKernel::Fp32Decode : cuda::BenchKernel::Auto);
         print_line(t, sh, std::to_string(T).c_str(), m, copy);
-        if (T > 1 && T <= cuda::kDecodeMaxTokens) {  // the tensor-core kernel at decode sizes
-          const cuda::MatmulTiming p = cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs, true);
+        if (few && cuda::mma_decode_supported(t)) {  // the tensor-core decode kernel
+          const cuda::MatmulTiming d = cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs,
+                                                          cuda::BenchKernel::TensorCoreDecode);
+          print_line(t, sh, ("tc:" + std::to_string(T)).c_str(), d, copy);
+        }
+        if (T > 1 && few) {  // the prefill kernel at decode sizes
+          const cuda::MatmulTiming p =
+              cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs, cuda::BenchKernel::Prefill);
           print_line(t, sh, ("pf:" + std::to_string(T)).c_str(), p, copy);
         }
         if (T <= cuda::kDecodeMaxTokens && cuda::q8_supported(t)) {
@@ -123,6 +163,7 @@ int main(int argc, char** argv) {
     const cuda::DeviceBuffer buf = cuda::to_device(bytes);
     const cuda::QuantMatrix w{t, cols, 64 * rows, gguf::row_bytes(t, uint64_t(cols)), buf.get()};
     print_line(t, {rows, cols}, "8exp", cuda::bench_matmul_experts(w, rows, 8, calls, runs), copy);
+    print_line(t, {rows, cols}, "tc:8e", cuda::bench_matmul_experts(w, rows, 8, calls, runs, true), copy);
     print_line(t, {rows, cols}, "q8:8e", cuda::bench_matmul_experts_q8(w, rows, 8, calls, runs), copy);
   }
   std::printf("\nquantize_activations, us per call:");

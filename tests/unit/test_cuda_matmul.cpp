@@ -47,6 +47,9 @@ const std::vector<std::string> kSupportedNames = {"f32",   "f16",    "bf16",  "q
 
 constexpr double kDecodeTol = 1e-4;
 constexpr double kPrefillTol = 1e-2;
+// What matmul's few-token products reach: the fp32 decode kernel's rounding, or for the types with
+// a tensor-core decode kernel (bf16 weights and activations) the prefill kernel's.
+double few_token_tol(GgmlType t, int64_t T) { return T >= mma_min_tokens(t) ? kPrefillTol : kDecodeTol; }
 
 ops::ThreadPool& pool() {
   static ops::ThreadPool p(0);
@@ -198,7 +201,7 @@ TEST_P(CudaMatmul, MatchesCpuForEveryShapeAndTokenCount) {
       const bool decode = T <= kDecodeMaxTokens;
       const std::string what = GetParam() + " " + std::to_string(sh.n_rows) + "x" + std::to_string(sh.n_cols) +
                                " T=" + std::to_string(T);
-      const double e = check_close(got, want, T, sh.n_rows, decode ? kDecodeTol : kPrefillTol, what);
+      const double e = check_close(got, want, T, sh.n_rows, decode ? few_token_tol(type(), T) : kPrefillTol, what);
       (decode ? worst_decode : worst_prefill) = std::max(decode ? worst_decode : worst_prefill, e);
     }
     std::printf("  %-8s %4lldx%-4lld  worst relative error: decode %.2e  prefill %.2e\n", GetParam().c_str(),
@@ -241,6 +244,36 @@ TEST_P(CudaMatmul, DecodeIsBatchInvariant) {
   expect_batch_invariant(GetParam(), 200, [&](const std::vector<float>& x, int64_t T) {
     return gpu_product(&matmul_decode, w.mat, x, T);
   });
+  if (!mma_decode_supported(type())) return;
+  // The tensor-core decode kernel: 8 tokens per pass, so T = 16 and 23 take several passes.
+  expect_batch_invariant(GetParam() + " tensor cores", 300, [&](const std::vector<float>& x, int64_t T) {
+    return gpu_product(&matmul_decode_mma, w.mat, x, T);
+  });
+}
+
+// The tensor-core decode kernel on the shapes of matmul's test at every pass width, directly (matmul
+// takes it only up to kDecodeMaxTokens), and its refusal of the types it lacks.
+TEST_P(CudaMatmul, TensorCoreDecodeMatchesCpu) {
+  SPARSEMLA_REQUIRE_GPU();
+  if (!mma_decode_supported(type())) {
+    const TestWeight w(type(), 16, gguf::traits(type()).block_size == 256 ? 256 : 512, 5);
+    const std::vector<float> x = randn(512, 5);
+    EXPECT_NE(test::error_of([&] { gpu_product(&matmul_decode_mma, w.mat, std::vector<float>(x.begin(), x.begin() + w.mat.n_cols), 1); })
+                  .find("no tensor-core decode kernel for " + GetParam()),
+              std::string::npos);
+    return;
+  }
+  uint32_t seed = 500;
+  for (const Shape& sh : shapes_for(type()))
+    for (int64_t T : {1, 2, 8, 9, 20}) {
+      const TestWeight w(type(), sh.n_rows, sh.n_cols, seed++);
+      const std::vector<float> x = randn(size_t(T * sh.n_cols), seed++);
+      std::vector<float> want(size_t(T * sh.n_rows));
+      ops::matmul(w.host, x.data(), T, want.data(), pool());
+      check_close(gpu_product(&matmul_decode_mma, w.mat, x, T), want, T, sh.n_rows, kPrefillTol,
+                  GetParam() + " tensor-core decode " + std::to_string(sh.n_rows) + "x" + std::to_string(sh.n_cols) +
+                      " T=" + std::to_string(T));
+    }
 }
 
 // Expert-mode output y [P = ids.size(), F] over activations x [tokens, H], pair p reading token
@@ -272,19 +305,24 @@ TEST_P(CudaMatmul, ExpertPairsEqualOneTokenProductsOnTheExpertRows) {
   const std::vector<float> x = randn(size_t(tokens * H), 77);
   const DeviceBuffer dx = to_device(x), dids = to_device(ids);
   const int64_t P = int64_t(ids.size());
-  DeviceBuffer dy = to_device(std::vector<float>(size_t(P * F), kUnwritten));
-  matmul_experts(w.mat, F, dids.as<int32_t>(), P, dx.as<float>(), k, dy.as<float>(), nullptr);
-  synchronize();
-  check_expert_pairs(to_host<float>(dy, size_t(P * F)), ids, F, H, k, x,
-                     [&](int64_t p, int32_t e, const std::vector<float>& xt, const std::vector<float>& got) {
-                       const std::vector<float> alone = gpu_product(&matmul_decode, expert_rows(w.mat, e, F), xt, 1);
-                       EXPECT_EQ(std::memcmp(alone.data(), got.data(), size_t(F) * sizeof(float)), 0)
-                           << GetParam() << " pair " << p << " (expert " << e
-                           << ") differs from the one-token product";
-                       std::vector<float> want(static_cast<size_t>(F));
-                       ops::matmul(w.host.rows(e * F, F), xt.data(), 1, want.data(), pool());
-                       check_close(got, want, 1, F, kDecodeTol, GetParam() + " expert pair");
-                     });
+  // Both kernels: the fp32 decode kernel and, where the type has one, the tensor-core kernel.
+  for (const bool tc : {false, true}) {
+    if (tc && !mma_decode_supported(type())) continue;
+    DeviceBuffer dy = to_device(std::vector<float>(size_t(P * F), kUnwritten));
+    matmul_experts(w.mat, F, dids.as<int32_t>(), P, dx.as<float>(), k, dy.as<float>(), nullptr, tc);
+    synchronize();
+    const std::string what = GetParam() + (tc ? " tensor cores" : "");
+    check_expert_pairs(to_host<float>(dy, size_t(P * F)), ids, F, H, k, x,
+                       [&](int64_t p, int32_t e, const std::vector<float>& xt, const std::vector<float>& got) {
+                         const std::vector<float> alone =
+                             gpu_product(tc ? &matmul_decode_mma : &matmul_decode, expert_rows(w.mat, e, F), xt, 1);
+                         EXPECT_EQ(std::memcmp(alone.data(), got.data(), size_t(F) * sizeof(float)), 0)
+                             << what << " pair " << p << " (expert " << e << ") differs from the one-token product";
+                         std::vector<float> want(static_cast<size_t>(F));
+                         ops::matmul(w.host.rows(e * F, F), xt.data(), 1, want.data(), pool());
+                         check_close(got, want, 1, F, tc ? kPrefillTol : kDecodeTol, what + " expert pair");
+                       });
+  }
 }
 
 // Grouped by expert on the device (moe_group, then matmul_expert_groups): every grouped slot has
@@ -314,8 +352,15 @@ TEST_P(CudaMatmul, ExpertGroupsEqualThePairProducts) {
   const std::vector<float> fill(size_t(P * F), kUnwritten);
   DeviceBuffer grouped = to_device(fill);
   matmul_expert_groups(w.mat, F, g, dx.as<float>(), k, grouped.as<float>(), nullptr);
+  // A batch above kGroupOneTokenBatch (gemv.cuh) takes groups two tokens per pass: the same bits.
+  DeviceBuffer grouped_wide = to_device(fill);
+  g.max_slots = 40;
+  matmul_expert_groups(w.mat, F, g, dx.as<float>(), k, grouped_wide.as<float>(), nullptr);
+  g.max_slots = tokens;
   synchronize();
   const auto want = to_host<float>(pairs, size_t(P * F)), got = to_host<float>(grouped, size_t(P * F));
+  EXPECT_EQ(std::memcmp(to_host<float>(grouped_wide, size_t(P * F)).data(), got.data(), size_t(P * F) * sizeof(float)), 0)
+      << GetParam() << ": two-token passes differ from one-token passes";
   const auto hperm = to_host<int32_t>(perm, size_t(P));
   const auto hactive = to_host<int32_t>(active, size_t(E));
   ASSERT_EQ(to_host<int32_t>(n_active, 1)[0], 6) << "experts 0..5 all have tokens";
@@ -344,6 +389,20 @@ TEST_P(CudaMatmul, ExpertGroupsEqualThePairProducts) {
   synchronize();
   const auto got2 = to_host<float>(in_place, size_t(P * F));
   EXPECT_EQ(std::memcmp(got2.data(), got.data(), size_t(routed * F) * sizeof(float)), 0) << GetParam();
+  // The tensor-core kernel grouped: the bits of its own pair products.
+  if (mma_decode_supported(type())) {
+    DeviceBuffer pairs_tc(size_t(P * F) * sizeof(float));
+    matmul_experts(w.mat, F, dids.as<int32_t>(), P, dx.as<float>(), k, pairs_tc.as<float>(), nullptr, true);
+    DeviceBuffer grouped_tc = to_device(fill);
+    g.perm = perm.as<int32_t>();
+    matmul_expert_groups(w.mat, F, g, dx.as<float>(), k, grouped_tc.as<float>(), nullptr, true);
+    g.perm = nullptr;
+    synchronize();
+    const auto want_tc = to_host<float>(pairs_tc, size_t(P * F)), got_tc = to_host<float>(grouped_tc, size_t(P * F));
+    for (int64_t j = 0; j < routed; ++j)
+      ASSERT_EQ(std::memcmp(got_tc.data() + j * F, want_tc.data() + int64_t(hperm[size_t(j)]) * F, size_t(F) * sizeof(float)), 0)
+          << GetParam() << " tensor cores: grouped slot " << j << " differs from its pair product";
+  }
   // Bad arguments are refused with the numbers.
   g.max_groups = E + 1;
   EXPECT_NE(test::error_of([&] { matmul_expert_groups(w.mat, F, g, dxg.as<float>(), 1, in_place.as<float>(), nullptr); })
@@ -414,7 +473,7 @@ TEST(CudaMatmulApi, ColumnSlicesReadStridedRows) {
       const std::vector<float> x = randn(size_t(T * count), 300 + uint32_t(T));
       std::vector<float> want(size_t(T * 41));
       ops::matmul(hs, x.data(), T, want.data(), pool());
-      check_close(gpu_product(&matmul, ds, x, T), want, T, 41, T <= kDecodeMaxTokens ? kDecodeTol : kPrefillTol,
+      check_close(gpu_product(&matmul, ds, x, T), want, T, 41, T <= kDecodeMaxTokens ? few_token_tol(t, T) : kPrefillTol,
                   std::string(tr.name) + " column slice T=" + std::to_string(T));
     }
   }

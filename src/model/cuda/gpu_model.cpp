@@ -985,26 +985,37 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   const int64_t qk = nope + rope, lat = kvl + rope;
   const bool sparse = attention_ == AttentionMode::Sparse && hp.has_indexer();
 
-  // The layer input, and q_a's normed output, quantized once for every product that reads them
-  // (slot 0: x, until the output projection; slot 1: qr).
+  // The products first, those of the layer input and then those of q_a's normed output, each
+  // input quantized once (slot 0: x, until the output projection; slot 1: qr): products in a row
+  // overlap each other's start (pdl.cuh), the small operations on their outputs follow.
+  const bool index = sparse && L.indexer;
   const cuda::Q8Activations* qx = quantized(w.x, T, hp.n_embd, 0);
-  const cuda::Q8Activations* qqr = nullptr;
+  if (hp.q_lora_rank > 0) product(L.q_a, w.x, T, w.qr, qx);
+  product(L.kv_a_mqa, w.x, T, w.kv, qx);
+  if (index) {
+    product(L.idx_k, w.x, T, w.ik, qx);
+    product(L.idx_proj, w.x, T, w.iw, qx);
+  }
   if (hp.q_lora_rank > 0) {
     const int64_t ql = hp.q_lora_rank;
-    product(L.q_a, w.x, T, w.qr, qx);
     cuda::rms_norm(w.qr, ql, L.q_a_norm, T, ql, hp.rms_eps, w.qr, ql, s);
-    qqr = quantized(w.qr, T, ql, 1);
+    const cuda::Q8Activations* qqr = quantized(w.qr, T, ql, 1);
+    product(L.q_b, w.qr, T, w.q, qqr);
+    if (index) product(L.idx_q_b, w.qr, T, w.iq, qqr);
+  } else {
+    product(L.q, w.x, T, w.q, qx);
+    if (index) product(L.idx_q_b, w.qr, T, w.iq, nullptr);
   }
+  mark("attention: q_a, kv_a, q_b and the indexer's products");
   // The latent rows [rmsnorm(c) | rope(k_pe)] into the cache.
-  product(L.kv_a_mqa, w.x, T, w.kv, qx);
   cuda::rms_norm(w.kv, lat, L.kv_a_norm, T, kvl, hp.rms_eps, w.kv, lat, s);
   st.rope->apply(w.kv + kvl, T, 1, lat, w.pos, spec_->main_rope, s);
   cuda::write_latent_rows(w.kv, w.slots, T, cache.dtype(), int(kvl), int(rope), cache.latent(il),
                           cache.latent_row_bytes(), s);
-  mark("attention: q_a, kv_a, norms, rope, cache rows");
+  mark("attention: norms, rope, cache rows");
 
-  if (sparse && L.indexer) {
-    indexer(L, il, cache, qx, qqr);
+  if (index) {
+    indexer(L, il, cache);
     st.selection_made = true;
   }
   if (sparse && !st.selection_made)
@@ -1021,12 +1032,10 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   }
 
   // q per head [q_nope | rope(q_pe)], absorbed into the latent space: qfull = [W_UK_h q_nope | q_pe].
-  if (hp.q_lora_rank > 0) product(L.q_b, w.qr, T, w.q, qqr);
-  else product(L.q, w.x, T, w.q, qx);
   st.rope->apply(w.q + nope, T, nh, qk, w.pos, spec_->main_rope, s);
   st.blas.per_head(L.uk, w.q, qk, T, w.qfull, lat, s);
   gpu::copy_columns(w.q + nope, qk, w.qfull + kvl, lat, rope, T * nh, s);
-  mark("attention: q_b, rope, W_UK absorption");
+  mark("attention: rope, W_UK absorption");
 
   cuda::AttentionArgs a;
   a.q = w.qfull;
@@ -1052,10 +1061,10 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   mark("attention: W_UV, output projection");
 }
 
-// The lightning indexer of a full layer: writes the new tokens' index keys, then selects for each
-// token the top-k positions of its sequence into ws.sel.
-void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache, const cuda::Q8Activations* qx,
-                       const cuda::Q8Activations* qqr) {
+// The lightning indexer of a full layer, after its products (attention_layer: keys ws.ik, queries
+// ws.iq, head weights ws.iw): writes the new tokens' index keys, then selects for each token the
+// top-k positions of its sequence into ws.sel.
+void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
   State& st = *st_;
   Workspace& w = st.ws;
   const HParams& hp = hp_;
@@ -1064,17 +1073,14 @@ void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache, const cuda::
   if (!cache.has_keys(il)) fail("GPU forward: the cache holds no index keys for layer {}", il);
 
   // keys: layernorm(x @ attn_k), rope on the first rope dims
-  product(L.idx_k, w.x, T, w.ik, qx);
   cuda::layer_norm(w.ik, L.idx_k_norm_w, L.idx_k_norm_b, T, dim, 1e-6f, w.ikn, s);
   st.rope->apply(w.ikn, T, 1, dim, w.pos, spec_->indexer_rope, s);
   cuda::write_index_keys(w.ikn, w.slots, T, cache.dtype(), int(dim), cache.keys(il), cache.key_row_bytes(), s);
 
-  // queries: qr @ q_b, rope on the first rope dims of each head; weights with both scales folded in
-  product(L.idx_q_b, w.qr, T, w.iq, qqr);
+  // queries (qr @ q_b): rope on the first rope dims of each head; weights with both scales folded in
   st.rope->apply(w.iq, T, heads, dim, w.pos, spec_->indexer_rope, s);
-  product(L.idx_proj, w.x, T, w.iw, qx);
   cuda::scale(w.iw, 1.0f / std::sqrt(float(heads) * float(dim)), T * heads, s);
-  mark("indexer: projections, keys, rope");
+  mark("indexer: keys, rope");
 
   const int fi = format_index(cache.dtype());
   const int64_t chunk = st.ws_dims.score_rows;
@@ -1228,11 +1234,15 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     g.perm = w.perm;
     g.max_groups = std::min(E, P);
     g.max_slots = T;
-    cuda::matmul_expert_groups(L.gate_exps, Fe, g, w.x, k, w.g, s);
-    cuda::matmul_expert_groups(L.up_exps, Fe, g, w.x, k, w.u, s);
+    // The tensor-core decode kernel in the fast mode: its time hardly grows with a group's tokens,
+    // and at every batch of 2-64 it beat the fp32 kernel on the GLM-5-width model (H200: a MoE
+    // layer at batch 8 0.96 against 1.26 ms, at 32 1.99 against 3.41; docs/PERFORMANCE.md).
+    const bool tc = !opts_.precise;
+    cuda::matmul_expert_groups(L.gate_exps, Fe, g, w.x, k, w.g, s, tc);
+    cuda::matmul_expert_groups(L.up_exps, Fe, g, w.x, k, w.u, s, tc);
     cuda::silu_mul(w.g, w.u, P * Fe, s);  // slots past the routed ones hold stale values, never read
     g.perm = nullptr;                      // the down products read the grouped rows in place
-    cuda::matmul_expert_groups(L.down_exps, H, g, w.g, 1, w.oe, s);
+    cuda::matmul_expert_groups(L.down_exps, H, g, w.g, 1, w.oe, s, tc);
     // Entries left out of the grouping (other ranks' experts) are -1 in perm and add nothing.
     gpu::moe_combine(w.oe, w.perm, P, ids, w.rw, T, int(k), H, w.inv, w.attn, s);
     mark("moe: routed experts (grouped on the device)");

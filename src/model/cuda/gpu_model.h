@@ -201,8 +201,7 @@ class GpuModel {
   const float* logit_rows(int64_t R);  // the enqueued forward's logits, [R, n_vocab] on the device
   void run_step(GpuCache& cache);        // the device work of one forward (enqueue() lays it out)
   void attention_layer(const Layer& L, int32_t il, GpuCache& cache);
-  void indexer(const Layer& L, int32_t il, GpuCache& cache, const cuda::Q8Activations* qx,
-               const cuda::Q8Activations* qqr);
+  void indexer(const Layer& L, int32_t il, GpuCache& cache);  // after attention_layer's products
   void ffn(const Layer& L, int32_t il);
   // y = x W^T by the options' kernels.   x: [T, w.n_cols]   y: [T, w.n_rows]
   // With q (x quantized by quantized()), the int8-activation product where W's type has one.

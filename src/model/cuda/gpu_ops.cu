@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "ops/cuda/check.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace sparsemla::model::gpu {
 namespace {
@@ -22,6 +23,7 @@ constexpr int kColumnThreads = 256, kColumnChunk = 1024;
 
 __global__ void gather_rows_kernel(const float* __restrict__ x, int64_t width, const int32_t* __restrict__ idx,
                                    int32_t divisor, float* __restrict__ out) {
+  cuda::pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const float* src = x + int64_t(idx[blockIdx.x] / divisor) * width;
   float* dst = out + int64_t(blockIdx.x) * width;
   const int64_t end = min(width, int64_t(blockIdx.y + 1) * kColumnChunk);
@@ -45,6 +47,7 @@ constexpr int kMaxSlots = 64;  // moe_route takes at most 64 experts per token
 __global__ void moe_combine_kernel(const float* __restrict__ expert_out, const int32_t* __restrict__ ids,
                                    const float* __restrict__ weights, const int32_t* __restrict__ inv, int k,
                                    int64_t width, float* __restrict__ out) {
+  cuda::pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   __shared__ int32_t order[kMaxSlots], row[kMaxSlots];
   __shared__ float weight[kMaxSlots];
   const int64_t t = blockIdx.x;

@@ -7,6 +7,7 @@
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/small_ops_reduce.cuh"
+#include "ops/cuda/pdl.cuh"
 
 #define SPARSEMLA_CUBLAS_CHECK(call)                                                                      \
   do {                                                                                                    \
@@ -57,6 +58,7 @@ __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const __nv_bfl
                                                                    int rows, int cols, const float* __restrict__ x,
                                                                    int64_t x_stride, int T, float* __restrict__ out,
                                                                    int64_t out_stride) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   extern __shared__ float xs[];  // [T][cols]
   const int h = blockIdx.y;
   for (int i = threadIdx.x; i < T * cols; i += blockDim.x) {

@@ -4,6 +4,7 @@
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace sparsemla::cuda {
 
@@ -31,6 +32,7 @@ namespace {
 // amax / 448), followed by the scales, then `n_tail` values kept as bf16 (the rope part).
 __global__ void write_fp8_rows(const float* rows, const int64_t* slots, int n_fp8, int n_tail, uint8_t* cache,
                                int64_t row_bytes) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const float* x = rows + int64_t(blockIdx.x) * (n_fp8 + n_tail);
   uint8_t* dst = cache + slots[blockIdx.x] * row_bytes;
   const int groups = (n_fp8 + kFp8Group - 1) / kFp8Group;
@@ -51,12 +53,14 @@ __global__ void write_fp8_rows(const float* rows, const int64_t* slots, int n_fp
 
 __global__ void write_bf16_rows(const float* rows, const int64_t* slots, int n, __nv_bfloat16* cache,
                                 int64_t row_elems) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const float* x = rows + int64_t(blockIdx.x) * n;
   __nv_bfloat16* dst = cache + slots[blockIdx.x] * row_elems;
   for (int c = threadIdx.x; c < n; c += blockDim.x) dst[c] = __float2bfloat16(x[c]);
 }
 
 __global__ void write_f32_rows(const float* rows, const int64_t* slots, int n, float* cache, int64_t row_elems) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const float* x = rows + int64_t(blockIdx.x) * n;
   float* dst = cache + slots[blockIdx.x] * row_elems;
   for (int c = threadIdx.x; c < n; c += blockDim.x) dst[c] = x[c];

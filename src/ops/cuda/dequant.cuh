@@ -76,6 +76,18 @@ __device__ __forceinline__ uint2 ld64_a2(const uint8_t* p) {
   return make_uint2(__byte_perm(w0, w1, sel), __byte_perm(w1, h, sel));
 }
 
+// 16 bytes at a 2-byte aligned address as 4 words: 5 aligned words from p rounded down to 4,
+// shifted into place by byte permutes. Reads bytes [p - 2, p + 20): callers keep them inside
+// one weight block (never
+// before a 4-byte aligned buffer start).
+__device__ __forceinline__ uint4 ld128_a2(const uint8_t* p) {
+  const uint8_t* a = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+  const uint32_t w0 = ld32(a), w1 = ld32(a + 4), w2 = ld32(a + 8), w3 = ld32(a + 12), w4 = ld32(a + 16);
+  const uint32_t sel = (reinterpret_cast<uintptr_t>(p) & 2) ? 0x5432u : 0x3210u;
+  return make_uint4(__byte_perm(w0, w1, sel), __byte_perm(w1, w2, sel), __byte_perm(w2, w3, sel),
+                    __byte_perm(w3, w4, sel));
+}
+
 // 8 bytes at any address.
 __device__ __forceinline__ uint2 ld64_a1(const uint8_t* p) {
   uint32_t w[2] = {0, 0};

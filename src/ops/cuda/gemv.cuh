@@ -74,44 +74,19 @@ __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) 
   __shared__ float partial[kGemvMaxThreads / 32][R * NT];  // per warp: [row][token]
   const int n_units = int(a.n_cols / V::kUnit);
   const int64_t row0 = int64_t(blockIdx.x) * R;
-  // Expert mode: this block's pair selects the expert's rows, its activation row and output row;
-  // the product is then the one-token product, summed exactly as a one-token call sums it.
-  const uint8_t* wbase = a.w;
-  const float* xbase = a.x;
-  float* ybase = a.y;
-  int64_t n_tokens = a.n_tokens;
-  if (a.expert_ids) {
-    const int64_t pair = blockIdx.y;
-    const int32_t e = a.expert_ids[pair];
-    if (e < 0) return;  // an unused slot: its output row is not written
-    wbase += uint64_t(e) * uint64_t(a.n_rows) * a.row_bytes;
-    xbase += (pair / a.x_div) * a.n_cols;
-    ybase += pair * a.n_rows;
-    n_tokens = 1;
-  }
-  const int32_t* xrows = nullptr;  // grouped mode with a permutation: the slots' activation rows
-  if (a.group_offsets) {
-    if (int(blockIdx.y) >= *a.group_count) return;
-    const int32_t e = a.group_active[blockIdx.y];
-    const int32_t j0 = a.group_offsets[e];
-    wbase += uint64_t(e) * uint64_t(a.n_rows) * a.row_bytes;
-    n_tokens = a.group_offsets[e + 1] - j0;
-    ybase += int64_t(j0) * a.n_rows;
-    if (a.group_perm) xrows = a.group_perm + j0;
-    else xbase += int64_t(j0) * a.n_cols;
-  }
+  // The weights of an expert or grouped product depend on the routing: no prefetch there.
+  gemv_prologue<R>(a.prefetch && !a.expert_ids && !a.group_offsets, a.w, a.row_bytes, row0, a.n_rows);
+  BlockView v;
+  if (!block_view(a, v)) return;
   const uint8_t* w[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) w[r] = wbase + uint64_t(min(row0 + r, a.n_rows - 1)) * a.row_bytes;
+  for (int r = 0; r < R; ++r) w[r] = v.w + uint64_t(min(row0 + r, a.n_rows - 1)) * a.row_bytes;
 
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += NT) {
+  for (int64_t t0 = 0; t0 < v.n_tokens; t0 += NT) {
     // Tokens past the end repeat the last one; their sums are not stored.
     const float* x[NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const int64_t j = min(t0 + t, n_tokens - 1);
-      x[t] = xrows ? a.x + int64_t(xrows[j] / a.x_div) * a.n_cols : xbase + j * a.n_cols;
-    }
+    for (int t = 0; t < NT; ++t) x[t] = v.token(a, min(t0 + t, v.n_tokens - 1));
     float acc[R][NT];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -120,7 +95,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) 
 
     for_each_unit<U>(n_units, [&](int iu) { gemv_unit<V, R, NT>(w, x, iu, acc, a.tables); });
 
-    block_sum_store(acc, partial, row0, a.n_rows, t0, n_tokens, ybase);
+    block_sum_store(acc, partial, row0, a.n_rows, t0, v.n_tokens, v.y);
   }
 }
 
@@ -144,18 +119,21 @@ int gemv_threads(int64_t n_cols) {
 }
 
 // Grouped mode: a grid row for every group the call may have (MatArgs::n_tokens carries that
-// count here); group_tokens_max, the most slots one group can hold, sets NT.
+// count here); group_tokens_max, the most slots one group can hold (the batch), sets the tokens per
+// pass. A decode batch spread over 256 experts leaves most groups 1-2 tokens (8 of 256 experts per
+// token: 1.1 tokens per group on average at batch 8, 1.6 at 32, 2.3 at 64), so passes stay narrow:
+// one token up to batches of 16, two beyond. Wider passes (NT = 8: 255 registers, a quarter of
+// the warps per multiprocessor) cost several times over on one-token groups what they save on
+// full ones (GLM-5-width MoE layer at batch 8: docs/PERFORMANCE.md).
+constexpr int64_t kGroupOneTokenBatch = 16;
+
 template <class V, int R, int U>
 void launch_gemv_groups(const MatArgs& a, unsigned blocks, int threads, cudaStream_t s) {
   const dim3 grid(blocks, unsigned(a.n_tokens));
-  if (a.group_tokens_max <= 1)
-    gemv_kernel<V, 1, R, U><<<grid, threads, 0, s>>>(a);
-  else if (a.group_tokens_max == 2)
-    gemv_kernel<V, 2, R, U><<<grid, threads, 0, s>>>(a);
-  else if (a.group_tokens_max <= 4)
-    gemv_kernel<V, 4, R, U><<<grid, threads, 0, s>>>(a);
+  if (a.group_tokens_max <= kGroupOneTokenBatch)
+    pdl::launch(gemv_kernel<V, 1, R, U>, grid, threads, 0, s, a);
   else
-    gemv_kernel<V, 8, R, U><<<grid, threads, 0, s>>>(a);
+    pdl::launch(gemv_kernel<V, 2, R, U>, grid, threads, 0, s, a);
 }
 
 template <class D>
@@ -165,17 +143,17 @@ void launch_gemv(const MatArgs& a, cudaStream_t s) {
   const int threads = gemv_threads<V>(a.n_cols);
   const unsigned blocks = unsigned(ceil_div(a.n_rows, int64_t(R)));
   if (a.expert_ids)
-    gemv_kernel<V, 1, R, U><<<dim3(blocks, unsigned(a.n_tokens)), threads, 0, s>>>(a);
+    pdl::launch(gemv_kernel<V, 1, R, U>, dim3(blocks, unsigned(a.n_tokens)), threads, 0, s, a);
   else if (a.group_offsets)
     launch_gemv_groups<V, R, U>(a, blocks, threads, s);
   else if (a.n_tokens == 1)
-    gemv_kernel<V, 1, R, U><<<blocks, threads, 0, s>>>(a);
+    pdl::launch(gemv_kernel<V, 1, R, U>, blocks, threads, 0, s, a);
   else if (a.n_tokens == 2)
-    gemv_kernel<V, 2, R, U><<<blocks, threads, 0, s>>>(a);
+    pdl::launch(gemv_kernel<V, 2, R, U>, blocks, threads, 0, s, a);
   else if (a.n_tokens <= 4)
-    gemv_kernel<V, 4, R, U><<<blocks, threads, 0, s>>>(a);
+    pdl::launch(gemv_kernel<V, 4, R, U>, blocks, threads, 0, s, a);
   else
-    gemv_kernel<V, 8, R, U><<<blocks, threads, 0, s>>>(a);
+    pdl::launch(gemv_kernel<V, 8, R, U>, blocks, threads, 0, s, a);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 

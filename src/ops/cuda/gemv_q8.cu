@@ -24,6 +24,7 @@
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/dequant.cuh"
 #include "ops/cuda/gemv_reduce.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace sparsemla::cuda {
 
@@ -33,6 +34,7 @@ using gguf::GgmlType;
 using dq::half_to_f;
 using dq::int_to_f;
 using dq::ld128;
+using dq::ld128_a2;
 using dq::ld16;
 using dq::ld32;
 
@@ -48,18 +50,8 @@ struct Q8Args {
   int64_t n_tokens = 0;        // pairs in expert mode
   const int32_t* expert_ids = nullptr;  // expert mode: [n_tokens]
   int64_t x_div = 1;
+  bool prefetch = false;  // gemv_prologue
 };
-
-// 16 bytes at a 2-byte aligned address as 4 words: 5 aligned words from p rounded down to 4,
-// shifted into place by byte permutes. Reads bytes [p - 2, p + 20): callers keep them inside
-// one weight block.
-__device__ __forceinline__ uint4 ld128_a2(const uint8_t* p) {
-  const uint8_t* a = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
-  const uint32_t w0 = ld32(a), w1 = ld32(a + 4), w2 = ld32(a + 8), w3 = ld32(a + 12), w4 = ld32(a + 16);
-  const uint32_t sel = (reinterpret_cast<uintptr_t>(p) & 2) ? 0x5432u : 0x3210u;
-  return make_uint4(__byte_perm(w0, w1, sel), __byte_perm(w1, w2, sel), __byte_perm(w2, w3, sel),
-                    __byte_perm(w3, w4, sel));
-}
 
 __device__ __forceinline__ int dot16(const uint32_t (&w)[4], const int4 x, int acc) {
   acc = __dp4a(int(w[0]), x.x, acc);
@@ -278,6 +270,7 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_kernel(const Q8Args a) 
   const int64_t row0 = int64_t(blockIdx.x) * R;
   // Expert mode: this block's pair selects the expert's rows, its activation row and output row;
   // the product is then the one-token product, summed exactly as a one-token call sums it.
+  gemv_prologue<R>(a.prefetch && !a.expert_ids, a.w, a.row_bytes, row0, a.n_rows);
   const uint8_t* wbase = a.w;
   int64_t x0 = 0;
   float* ybase = a.y;
@@ -332,15 +325,15 @@ void launch_q8(const Q8Args& a, cudaStream_t s) {
   const int threads = q8_threads<V>(a.n_cols);
   const unsigned blocks = unsigned(ceil_div(a.n_rows, int64_t(R)));
   if (a.expert_ids)
-    gemv_q8_kernel<V, 1, R><<<dim3(blocks, unsigned(a.n_tokens)), threads, 0, s>>>(a);
+    pdl::launch(gemv_q8_kernel<V, 1, R>, dim3(blocks, unsigned(a.n_tokens)), threads, 0, s, a);
   else if (a.n_tokens == 1)
-    gemv_q8_kernel<V, 1, R><<<blocks, threads, 0, s>>>(a);
+    pdl::launch(gemv_q8_kernel<V, 1, R>, blocks, threads, 0, s, a);
   else if (a.n_tokens == 2)
-    gemv_q8_kernel<V, 2, R><<<blocks, threads, 0, s>>>(a);
+    pdl::launch(gemv_q8_kernel<V, 2, R>, blocks, threads, 0, s, a);
   else if (a.n_tokens <= 4)
-    gemv_q8_kernel<V, 4, R><<<blocks, threads, 0, s>>>(a);
+    pdl::launch(gemv_q8_kernel<V, 4, R>, blocks, threads, 0, s, a);
   else
-    gemv_q8_kernel<V, 8, R><<<blocks, threads, 0, s>>>(a);
+    pdl::launch(gemv_q8_kernel<V, 8, R>, blocks, threads, 0, s, a);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
@@ -367,6 +360,7 @@ const Q8Kernels& q8_kernels_for(GgmlType t, const char* what) {
 
 // One warp per block of 32 values (the rule is in quant_matmul_q8.h).
 __global__ void quantize_q8_kernel(const float* x, int64_t n_blocks, int8_t* q, int2* blocks) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (blk >= n_blocks) return;  // whole warps
@@ -415,6 +409,7 @@ Q8Args checked_q8(const QuantMatrix& w, const Q8Activations& x, float* y, const 
   a.xb = reinterpret_cast<const int2*>(static_cast<const uint8_t*>(x.data) + q8_scales_offset(x.n_tokens, x.n_cols));
   a.y = y;
   a.n_tokens = x.n_tokens;
+  a.prefetch = pdl::prefetch();
   return a;
 }
 

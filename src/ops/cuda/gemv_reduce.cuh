@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/small_ops_reduce.cuh"
 
 namespace sparsemla::cuda {
@@ -21,6 +22,24 @@ __device__ __forceinline__ void for_each_unit(int n_units, F&& unit) {
     for (int j = 0; j < U; ++j) unit(iu + j * n_threads);
   }
   for (; iu < n_units; iu += n_threads) unit(iu);
+}
+
+// The start of a decode product launched through pdl::launch: with `prefetch`, threads 0 .. R - 1
+// ask for the first kGemvPrefetchBytes of the block's weight rows (rows row0 .. row0 + R - 1 of w,
+// those that exist) to be brought into L2 while the kernel before it still runs; then it waits for
+// that kernel (pdl.cuh) and lets the next one start its own prologue. Only the start of each row:
+// enough to cover the launch and the first memory latency, little enough that a wave of blocks
+// (about 1,000 x 4 rows) does not flood L2.
+constexpr uint32_t kGemvPrefetchBytes = 4096;
+
+template <int R>
+__device__ __forceinline__ void gemv_prologue(bool prefetch, const uint8_t* w, uint64_t row_bytes, int64_t row0,
+                                              int64_t n_rows) {
+  if (prefetch && threadIdx.x < R && row0 + threadIdx.x < n_rows)
+    pdl::prefetch_l2(w + uint64_t(row0 + threadIdx.x) * row_bytes,
+                     uint32_t(row_bytes < kGemvPrefetchBytes ? row_bytes : kGemvPrefetchBytes));
+  pdl::wait();
+  pdl::launch_dependents();
 }
 
 template <int R, int NT, int kWarps>

@@ -4,6 +4,7 @@
 
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/small_ops_reduce.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace sparsemla::cuda {
 
@@ -27,6 +28,7 @@ struct RouterShape {
 // One block per token. Shared memory: score [E] | choice [E] | group score [G] | taken [E] | group kept [G].
 __global__ void route_kernel(RouterShape sh, const float* __restrict__ logits, const float* __restrict__ bias,
                              int32_t* __restrict__ ids, float* __restrict__ weights) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   extern __shared__ float smem[];
   const int E = sh.E, G = sh.groups;
   float* score = smem;
@@ -181,6 +183,7 @@ __global__ void scan_chunks_kernel(int32_t* base, int E, int n_chunks, int32_t* 
 // Entry j goes to base[e][chunk] + (entries before j in its chunk routed to the same expert).
 __global__ void scatter_chunks_kernel(const int32_t* __restrict__ ids, int64_t n, int E, int n_chunks,
                                       const int32_t* __restrict__ base, int32_t* __restrict__ perm) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   __shared__ int32_t tile[kChunk];
   const int64_t j = int64_t(blockIdx.x) * kChunk + threadIdx.x;
   const int32_t e = j < n ? ids[j] : -1;

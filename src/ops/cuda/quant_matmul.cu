@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gguf/quant_tables.h"
+#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/quant_matmul_kernels.cuh"
 
 namespace sparsemla::cuda {
@@ -130,6 +131,7 @@ MatArgs checked_args(const QuantMatrix& w, const char* what) {
   const DeviceState& st = device_state();
   a.tables = st.tables;
   a.sm_count = st.sm_count;
+  a.prefetch = pdl::prefetch();
   return a;
 }
 
@@ -172,15 +174,33 @@ void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, floa
   if (n_tokens > 0) k.prefill(a, static_cast<cudaStream_t>(s));
 }
 
+bool mma_decode_supported(gguf::GgmlType t) { return t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q6_K; }
+
+void matmul_decode_mma(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s) {
+  if (!mma_decode_supported(w.type))
+    fail("cuda::matmul_decode_mma: no tensor-core decode kernel for {} (q4_K and q6_K have one)",
+         gguf::type_name(w.type));
+  const MatArgs a = checked_product(w, x, n_tokens, y, "matmul_decode_mma");
+  if (n_tokens > 0) launch_gemv_mma(w.type, a, static_cast<cudaStream_t>(s));
+}
+
+int64_t mma_min_tokens(gguf::GgmlType t) {
+  if (t == gguf::GgmlType::Q4_K) return 2;
+  if (t == gguf::GgmlType::Q6_K) return 3;
+  return kDecodeMaxTokens + 1;
+}
+
 void matmul(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s) {
-  if (n_tokens <= kDecodeMaxTokens)
+  if (n_tokens >= mma_min_tokens(w.type) && n_tokens <= kDecodeMaxTokens)
+    matmul_decode_mma(w, x, n_tokens, y, s);
+  else if (n_tokens <= kDecodeMaxTokens)
     matmul_decode(w, x, n_tokens, y, s);
   else
     matmul_prefill(w, x, n_tokens, y, s);
 }
 
 void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
-                    const float* x, int64_t x_div, float* y, Stream s) {
+                    const float* x, int64_t x_div, float* y, Stream s, bool tensor_cores) {
   const TypeKernels& k = kernels_for(w.type, "matmul_experts");
   if (rows_per_expert <= 0 || w.n_rows % rows_per_expert != 0)
     fail("cuda::matmul_experts: {} rows are not whole experts of {} rows", w.n_rows, rows_per_expert);
@@ -190,11 +210,13 @@ void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t
   a.n_rows = rows_per_expert;
   a.expert_ids = expert_ids;
   a.x_div = x_div;
-  if (n_pairs > 0) k.decode(a, static_cast<cudaStream_t>(s));
+  if (n_pairs == 0) return;
+  if (tensor_cores && mma_decode_supported(w.type)) launch_gemv_mma(w.type, a, static_cast<cudaStream_t>(s));
+  else k.decode(a, static_cast<cudaStream_t>(s));
 }
 
 void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g, const float* x,
-                          int64_t x_div, float* y, Stream s) {
+                          int64_t x_div, float* y, Stream s, bool tensor_cores) {
   const TypeKernels& k = kernels_for(w.type, "matmul_expert_groups");
   if (rows_per_expert <= 0 || w.n_rows % rows_per_expert != 0)
     fail("cuda::matmul_expert_groups: {} rows are not whole experts of {} rows", w.n_rows, rows_per_expert);
@@ -212,7 +234,9 @@ void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const E
   a.group_count = g.n_active;
   a.group_perm = g.perm;
   a.group_tokens_max = g.max_slots;
-  if (g.max_groups > 0 && g.max_slots > 0) k.decode(a, static_cast<cudaStream_t>(s));
+  if (g.max_groups == 0 || g.max_slots == 0) return;
+  if (tensor_cores && mma_decode_supported(w.type)) launch_gemv_mma(w.type, a, static_cast<cudaStream_t>(s));
+  else k.decode(a, static_cast<cudaStream_t>(s));
 }
 
 void dequantize_rows(const QuantMatrix& w, const int32_t* rows, int64_t n, float* out, Stream s) {

@@ -2,11 +2,20 @@
 // blocks it needs in registers or shared memory, so no float copy of a weight ever exists.
 // The GPU counterpart of ops/cpu/matmul.h; plain C++, so that host code can call it.
 //
-// Two kernels, picked by the number of tokens:
+// Three kernels, picked by the number of tokens and the type:
 //   decode  (T <= kDecodeMaxTokens): fp32 activations, weights dequantized to fp32 in registers,
 //           fp32 FMA. Batch invariant: token t's result is the same bits whatever T is and whatever
 //           the other tokens are (each token's sum runs in a fixed order that depends only on the
 //           weight's shape). Agrees with the CPU to fp32 rounding (relative ~1e-6).
+//   tensor-core decode (Q4_K and Q6_K: mma_decode_supported): weights decoded to bf16 pairs in
+//           registers, activations rounded to bf16, mma.sync with fp32 accumulation (gemv_mma.cu):
+//           about 3.7 instructions per weight whatever the token count up to 8, where the fp32
+//           kernel adds a multiply-add per weight and token. Batch invariant among the token
+//           counts it takes; agrees with the fp32 product to ~1e-2 relative (bf16 roundings, as
+//           the prefill kernel). matmul takes it from mma_min_tokens(type) to kDecodeMaxTokens
+//           tokens (Q4_K 2, Q6_K 3: below that the fp32 kernel is as fast or faster, H200), so a
+//           token's bits under matmul differ between one token and a batch; matmul_decode (the
+//           precise mode's choice) stays the fp32 kernel at every T.
 //   prefill (T > kDecodeMaxTokens): tiles of 128 rows x 32, 64 or 128 tokens, weights dequantized
 //           to bf16 in shared memory, activations rounded to bf16, tensor-core mma.sync with fp32
 //           accumulation. Relative error 2e-3 to 6e-3 against the fp32 product (two bf16
@@ -49,6 +58,9 @@ bool supported(gguf::GgmlType t);
 // unsupported type, a shape the view does not hold, or misaligned pointers.
 void matmul(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 void matmul_decode(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
+bool mma_decode_supported(gguf::GgmlType t);
+int64_t mma_min_tokens(gguf::GgmlType t);  // the fewest tokens matmul sends to it (> kDecodeMaxTokens: never)
+void matmul_decode_mma(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 
 // Mixture-of-experts products without a host round trip (the expert ids stay on the device):
@@ -57,8 +69,10 @@ void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, floa
 // x_div = k (experts per token) for gate/up (x: [tokens, n_cols]), 1 for down (x: [pairs, n_cols]).
 // Pairs with a negative id are skipped (their output rows are not written). Each pair is summed
 // exactly as the one-token decode product sums it (batch invariant).   y: [n_pairs, rows_per_expert]
+// tensor_cores: the tensor-core decode kernel where mma_decode_supported (the fast mode), summed as
+// its one-token product sums it; else the fp32 decode kernel.
 void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
-                    const float* x, int64_t x_div, float* y, Stream s);
+                    const float* x, int64_t x_div, float* y, Stream s, bool tensor_cores = false);
 
 // The experts' products grouped by expert, without a host round trip (cuda::moe_group's output on
 // the device): each expert with pairs reads its weights once for all of them. For every active
@@ -66,7 +80,7 @@ void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t
 // y[j] = W_e x[perm[j] / x_div] (x[j] when perm is null: activations already in grouped order).
 // max_groups bounds *n_active (min(experts, pairs)); max_slots bounds the slots of one expert (the
 // tokens: an expert appears once per token). Each slot is summed as the one-token decode product
-// sums it, so the result equals matmul_experts' for the same pairs, bit for bit.
+// sums it, so the result equals matmul_experts' for the same pairs (and tensor_cores), bit for bit.
 //   y: [pairs, rows_per_expert] in grouped order (rows of experts without pairs untouched)
 struct ExpertGroups {
   const int32_t* offsets = nullptr;   // [E + 1]
@@ -76,7 +90,7 @@ struct ExpertGroups {
   int64_t max_groups = 0, max_slots = 0;
 };
 void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g, const float* x,
-                          int64_t x_div, float* y, Stream s);
+                          int64_t x_div, float* y, Stream s, bool tensor_cores = false);
 
 // Embedding lookup: out[i] = row rows[i] of W as fp32, equal bit for bit to ops::dequantize_row.
 // rows: [n] device int32; out: [n, n_cols] device fp32, 16-byte aligned. A negative id gives a row

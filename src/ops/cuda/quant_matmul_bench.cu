@@ -85,7 +85,7 @@ struct BenchQ8 {
 // not the host's launch rate (several microseconds per launch under some hypervisors, more than a
 // whole decode product takes).
 MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs,
-                          bool prefill) {
+                          BenchKernel kernel) {
   const QuantMatrix& w = copies[0];
   const DeviceBuffer x = to_device(bench_activations(size_t(n_tokens * w.n_cols)));
   DeviceBuffer y(size_t(n_tokens * w.n_rows) * sizeof(float));
@@ -94,17 +94,21 @@ MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tok
   // call(0) runs outside the capture: it uploads the codebooks.
   const double ms =
       graph_ms(calls, runs, s, [&](int c) {
-        if (prefill)
-          matmul_prefill(copies[c % n_copies], x.as<float>(), n_tokens, y.as<float>(), s);
-        else
-          matmul(copies[c % n_copies], x.as<float>(), n_tokens, y.as<float>(), s);
+        const QuantMatrix& m = copies[c % n_copies];
+        switch (kernel) {
+          case BenchKernel::Auto: matmul(m, x.as<float>(), n_tokens, y.as<float>(), s); break;
+          case BenchKernel::Fp32Decode: matmul_decode(m, x.as<float>(), n_tokens, y.as<float>(), s); break;
+          case BenchKernel::TensorCoreDecode: matmul_decode_mma(m, x.as<float>(), n_tokens, y.as<float>(), s); break;
+          case BenchKernel::Prefill: matmul_prefill(m, x.as<float>(), n_tokens, y.as<float>(), s); break;
+        }
       });
   SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
   return timing(ms, calls, double(gguf::row_bytes(w.type, uint64_t(w.n_cols))) * double(w.n_rows),
                 2.0 * double(w.n_rows) * double(w.n_cols) * double(n_tokens));
 }
 
-MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs) {
+MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs,
+                                  bool tensor_cores) {
   const DeviceBuffer x = to_device(bench_activations(size_t(w.n_cols)));
   const DeviceBuffer dids = to_device(random_expert_ids(w.n_rows / rows_per_expert, n_pairs, calls));
   DeviceBuffer y(size_t(n_pairs * rows_per_expert) * sizeof(float));
@@ -112,7 +116,7 @@ MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert,
   SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const double ms = graph_ms(calls, runs, s, [&](int c) {
     matmul_experts(w, rows_per_expert, dids.as<int32_t>() + c * n_pairs, n_pairs, x.as<float>(), n_pairs,
-                   y.as<float>(), s);
+                   y.as<float>(), s, tensor_cores);
   });
   SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
   const double rows = double(n_pairs) * double(rows_per_expert);

@@ -19,15 +19,18 @@ struct MatmulTiming {
 // not the host's launch rate), best of `runs`. Call i reads copies[i % n_copies] (same shape and
 // type), so that weights larger than a fraction of the L2 cache are read from memory as in a
 // model's forward pass; pass enough copies to exceed L2.
-// prefill: call matmul_prefill whatever n_tokens is (the tensor-core kernel at decode sizes).
+// kernel: which entry point the calls go through (matmul's own choice by default).
+enum class BenchKernel { Auto, Fp32Decode, TensorCoreDecode, Prefill };
 MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs,
-                          bool prefill = false);
+                          BenchKernel kernel = BenchKernel::Auto);
 
 // Times `calls` back-to-back matmul_experts calls of n_pairs (token, expert) pairs on one token,
 // captured and replayed as bench_matmul does. Each call takes its own n_pairs distinct experts
 // drawn at random (seed 1) from w's n_rows / rows_per_expert, so that the expert weights come from
 // memory; weight_gbs counts the bytes of the experts read.
-MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs);
+// tensor_cores: matmul_experts' tensor-core kernel (where the type has one).
+MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs,
+                                  bool tensor_cores = false);
 
 // The int8-activation products (quant_matmul_q8.h), timed as bench_matmul / bench_matmul_experts
 // time the fp32 ones: the product only, on activations quantized once before the capture (a

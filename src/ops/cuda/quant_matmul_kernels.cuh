@@ -24,6 +24,7 @@ struct MatArgs {
   float* y = nullptr;          // [n_tokens, n_rows]
   int64_t n_tokens = 0;
   int sm_count = 0;            // multiprocessors of the device, for the prefill grid
+  bool prefetch = false;       // the decode kernel's weight prefetch (gemv_prologue)
   QuantTables tables;
   // Expert mode (matmul_experts, decode kernel only): grid row p is one (token, expert) pair; it
   // reads rows [ids[p] * n_rows, (ids[p] + 1) * n_rows) of w, activation row p / x_div, and writes
@@ -40,6 +41,49 @@ struct MatArgs {
   const int32_t* group_perm = nullptr;
   int64_t group_tokens_max = 0;  // the most slots one group can have (sets the tokens per pass)
 };
+
+// What one block of a decode product reads and writes, by mode: the matrix (or the expert's rows),
+// the activations of its tokens and where their outputs go. Resolved on the device, after
+// pdl::wait() (the expert ids and groups are the previous kernels' outputs).
+struct BlockView {
+  const uint8_t* w = nullptr;      // row 0 of the matrix or of the block's expert
+  const float* x = nullptr;        // token j's activations at x + j * n_cols (when xrows is null)
+  const int32_t* xrows = nullptr;  // grouped with a permutation: token j's row is xrows[j] / x_div of a.x
+  float* y = nullptr;              // token j's outputs at y + j * n_rows
+  int64_t n_tokens = 0;
+  __device__ const float* token(const MatArgs& a, int64_t j) const {
+    return xrows ? a.x + int64_t(xrows[j] / a.x_div) * a.n_cols : x + j * a.n_cols;
+  }
+};
+
+// The view of the block at grid row blockIdx.y; false when it has nothing to do (an unused
+// expert pair or a grid row past the active groups).
+__device__ __forceinline__ bool block_view(const MatArgs& a, BlockView& v) {
+  v.w = a.w;
+  v.x = a.x;
+  v.y = a.y;
+  v.n_tokens = a.n_tokens;
+  if (a.expert_ids) {  // the pair's expert rows, activation row and output row: a one-token product
+    const int64_t pair = blockIdx.y;
+    const int32_t e = a.expert_ids[pair];
+    if (e < 0) return false;  // an unused slot: its output row is not written
+    v.w += uint64_t(e) * uint64_t(a.n_rows) * a.row_bytes;
+    v.x += (pair / a.x_div) * a.n_cols;
+    v.y += pair * a.n_rows;
+    v.n_tokens = 1;
+  }
+  if (a.group_offsets) {  // the group's expert, its slots' activation rows and output rows
+    if (int(blockIdx.y) >= *a.group_count) return false;
+    const int32_t e = a.group_active[blockIdx.y];
+    const int32_t j0 = a.group_offsets[e];
+    v.w += uint64_t(e) * uint64_t(a.n_rows) * a.row_bytes;
+    v.n_tokens = a.group_offsets[e + 1] - j0;
+    v.y += int64_t(j0) * a.n_rows;
+    if (a.group_perm) v.xrows = a.group_perm + j0;
+    else v.x += int64_t(j0) * a.n_cols;
+  }
+  return true;
+}
 
 using MatmulLauncher = void (*)(const MatArgs& a, cudaStream_t s);
 // out: [n, n_cols], 16-byte aligned; ids: [n] device.
@@ -94,6 +138,9 @@ void launch_dequantize_rows(const MatArgs& a, const int32_t* ids, int64_t n, flo
   dequantize_rows_kernel<D><<<unsigned(n), 128, 0, s>>>(a, ids, out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
+
+// The tensor-core decode kernel (gemv_mma.cu) for the types mma_decode_supported() names.
+void launch_gemv_mma(gguf::GgmlType t, const MatArgs& a, cudaStream_t s);
 
 // Defined in gemv.cuh and gemm.cuh, which the family files include.
 template <class D>

@@ -4,6 +4,7 @@
 
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/small_ops_reduce.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace sparsemla::cuda {
 
@@ -60,6 +61,7 @@ __device__ __forceinline__ void load_row(const float* row, int64_t n, float (&v)
 // x may be out (an in-place norm), hence no __restrict__ on either.
 __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const float* __restrict__ w,
                                 int64_t n, float eps, float* out, int64_t out_stride) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const float* xr = x + int64_t(blockIdx.x) * x_stride;
   float* orow = out + int64_t(blockIdx.x) * out_stride;
   if (row_fits(n)) {
@@ -82,6 +84,7 @@ __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const float* _
 
 __global__ void add_rms_norm_kernel(float* __restrict__ h, const float* __restrict__ delta,
                                     const float* __restrict__ w, int64_t n, float eps, float* __restrict__ out) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   float* hr = h + int64_t(blockIdx.x) * n;
   const float* dr = delta + int64_t(blockIdx.x) * n;
   float* orow = out + int64_t(blockIdx.x) * n;
@@ -112,6 +115,7 @@ __global__ void add_rms_norm_kernel(float* __restrict__ h, const float* __restri
 
 __global__ void layer_norm_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                   const float* __restrict__ b, int64_t n, float eps, float* __restrict__ out) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const float* xr = x + int64_t(blockIdx.x) * n;
   float* orow = out + int64_t(blockIdx.x) * n;
   if (row_fits(n)) {
@@ -145,6 +149,7 @@ constexpr int kRopePairThreads = 32, kRopeHeadThreads = 8;
 template <class Pos>
 __global__ void rope_kernel(float* x, int64_t heads, int64_t stride, const Pos* __restrict__ pos,
                             const float* __restrict__ inv_freq, int64_t half, float attn_factor, bool interleaved) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const int64_t t = blockIdx.x;
   const float p = float(pos[t]);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
@@ -169,12 +174,14 @@ __global__ void rope_kernel(float* x, int64_t heads, int64_t stride, const Pos* 
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 __global__ void silu_mul_kernel(float* gate, const float* __restrict__ up, int64_t n) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     gate[i] = silu_times(gate[i], up[i]);
 }
 
 __global__ void silu_mul_fused_kernel(const float* __restrict__ gate_up, int64_t T, int64_t F,
                                       float* __restrict__ out) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * F; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / F, f = i - t * F;
     out[i] = silu_times(gate_up[t * 2 * F + f], gate_up[t * 2 * F + F + f]);
@@ -182,11 +189,13 @@ __global__ void silu_mul_fused_kernel(const float* __restrict__ gate_up, int64_t
 }
 
 __global__ void add_kernel(float* h, const float* __restrict__ delta, int64_t n) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     h[i] += delta[i];
 }
 
 __global__ void scale_kernel(float* x, float factor, int64_t n) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] *= factor;
 }

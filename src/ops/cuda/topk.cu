@@ -28,6 +28,7 @@
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace sparsemla::cuda {
 namespace {
@@ -219,6 +220,7 @@ __device__ void write_short_row(int n, int k, int32_t* out, int part, int parts)
 
 __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const float* scores, int64_t stride, const int32_t* nn,
                                                              int k, int32_t* out) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   __shared__ SelectSmem sm;
   const int t = blockIdx.x;
   const int n = nn[t];
@@ -341,6 +343,7 @@ __global__ void __launch_bounds__(kThreads) topk_span_last_kernel(const float* s
                                                                   const int32_t* nn, int k, int spans_per_block,
                                                                   RowState* state, uint32_t* masks,
                                                                   int64_t mask_words, int32_t* out) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   __shared__ SelectSmem sm;
   __shared__ uint32_t hist1[kMaxBins];  // the row's second-digit histogram
   __shared__ uint32_t hist2[1024];      // this block's last-digit histogram, then the row's

@@ -1,0 +1,245 @@
+// The tensor-core decode product (1-8 tokens per pass) for Q4_K and Q6_K weights, the fast mode's
+// kernel for the types most GLM-5 / DeepSeek GGUF files hold: weights decoded straight to bf16
+// pairs in registers and multiplied with mma.sync m16n8k16 (bf16 in, fp32 accumulate), tokens
+// along n (a pass holds 8; fewer leave the rest of the fragment zero).
+//
+// Why: the fp32 decode kernel (gemv.cuh) spends about 6.7 instructions per weight at one token
+// (Nsight Compute, H200: decode to fp32, FMA, addressing), and each further token adds an FMA per
+// weight. Here a weight costs about 3.7 instructions whatever the token count (up to 8):
+//   - 4 bytes of nibbles (8 weights) become 4 bf16 pairs 128 + q by one mask, one shift and byte
+//     permutes against 0x43 (the bf16 exponent of 128): no conversion instruction;
+//   - (128 + q) - 128 is exact in bf16, then one bf16x2 FMA applies the sub-block scale and min
+//     (d*sc and dmin*m rounded to bf16; one rounding of the value, as the prefill kernel's tile);
+//   - one mma per 8 weights per thread.
+// Activations are rounded to bf16 (the prefill kernel's rounding), so results agree with the
+// fp32 product to ~1e-2 relative, not to fp32 rounding: precise mode keeps the fp32 kernel.
+// At one token it is not faster than the fp32 kernel yet (H200: 104 registers, 2 blocks of 8 warps
+// per multiprocessor, waiting on its loads); at 4-8 tokens it is 1.7-2x faster, so matmul takes
+// it from 2 (Q4_K) or 3 (Q6_K) tokens. Staging the weights through shared memory (cp.async)
+// instead of registers is the next step for one token.
+//
+// Layout: a block takes 16 rows (one m16 tile) and all tokens; its 8 warps split the row's
+// 256-element blocks round-robin (warp w takes w, w + 8, ...), and add their fragments in warp
+// order through shared memory at the end. Thread (g = lane / 4, c = lane % 4) reads rows g and
+// g + 8 of a 256-block: quarter c for Q4_K (its scales' header and 32 bytes: 64 weights per row),
+// for Q6_K half c / 2, bytes 16 (c % 2) .. + 16 of each of its runs. Any column may sit in any k
+// slot of an mma as long as the activation in the same slot is that column's, so each thread
+// feeds the mma its own columns and loads their activations (one float4 per 4 columns) for its
+// token g. Batch invariance: a token's sum is the same sequence of mma and warp additions
+// whatever the other tokens are (each output element of an mma depends only on its own row and
+// column).
+#include <cuda_bf16.h>
+
+#include "ops/cuda/dequant.cuh"
+#include "ops/cuda/gemm.cuh"
+#include "ops/cuda/gemv_reduce.cuh"
+#include "ops/cuda/quant_matmul_kernels.cuh"
+
+namespace sparsemla::cuda {
+
+namespace {
+
+using dq::half_to_f;
+using dq::int_to_f;
+using dq::ld128;
+using dq::ld128_a2;
+
+constexpr int kMmaWarps = 8;
+constexpr int kMmaRows = 16;
+constexpr int kMmaTokens = 8;  // tokens per pass: the n of m16n8k16
+
+__device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+__device__ __forceinline__ __nv_bfloat162 bits_bf2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
+
+// Bytes 0, 1 (sel 0x4140) or 2, 3 (0x4342) of v, each under 0x43: the bf16 pair (128 + b0, 128 + b1)
+// for bytes < 128.
+template <uint32_t kSel>
+__device__ __forceinline__ __nv_bfloat162 magic_pair(uint32_t v) {
+  return bits_bf2(__byte_perm(v, 0x43434343u, kSel));
+}
+
+// One row's pair of weights (128 + q) as bf16 (q - bias) * scale + offset: the subtraction is exact.
+__device__ __forceinline__ uint32_t scale_pair(__nv_bfloat162 p, __nv_bfloat162 minus, __nv_bfloat162 sc,
+                                               __nv_bfloat162 off) {
+  return bf2_bits(__hfma2(__hsub2(p, minus), sc, off));
+}
+
+// The activations of 4 consecutive columns of token g as the mma's two b registers.
+__device__ __forceinline__ void load_b(const float* x, bool has, uint32_t& b0, uint32_t& b1) {
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (has) v = __ldg(reinterpret_cast<const float4*>(x));
+  b0 = pack_bf16x2(v.x, v.y);
+  b1 = pack_bf16x2(v.z, v.w);
+}
+
+// Q4_K, 144 bytes: fp16 d | fp16 dmin | scales[12] | qs[128]. Thread c takes quarter c: groups 2c
+// (low nibbles of qs[32c .. 32c + 32)) and 2c + 1 (high nibbles); word j of the quarter holds
+// columns 64c + 4j .. + 4 (low) and 64c + 32 + 4j .. + 4 (high).
+struct Q4KMma {
+  static constexpr int kBytes = 144;
+  struct Raw {
+    uint4 hd, q0, q1;
+  };
+  __device__ static Raw load(const uint8_t* b, int c) {
+    return {ld128(b), ld128(b + 16 + 32 * c), ld128(b + 32 + 32 * c)};
+  }
+  // acc += W[rows g, g + 8][this block] x[token g] over this thread's 64 columns.
+  __device__ static void step(const Raw (&r)[2], int c, const float* xb, bool has, float (&acc)[4]) {
+    // Centred: (128 + q) - 136 = q - 8 exactly, times d*sc, plus 8 d*sc - dmin*m (rounded once to
+    // bf16). The offset's rounding is shared by the group's 32 weights; centred, it is about the
+    // group's mean value instead of its minimum, which for a group whose values straddle zero is
+    // much smaller (uncentred, the products were 2-3x further from the fp32 ones than the prefill
+    // kernel's, 1.1e-2 against 4e-3 relative).
+    const __nv_bfloat162 k136 = __float2bfloat162_rn(136.0f);
+    __nv_bfloat162 sc[2][2], off[2][2];  // [row][group n]
+#pragma unroll
+    for (int row = 0; row < 2; ++row) {
+      const float d = half_to_f(r[row].hd.x & 0xFFFF), dmin = half_to_f(r[row].hd.x >> 16);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        int s, m;
+        dq::k4_scale_min(r[row].hd.y, r[row].hd.z, r[row].hd.w, 2 * c + n, &s, &m);
+        const float scale = __fmul_rn(d, int_to_f(s));
+        sc[row][n] = __float2bfloat162_rn(scale);
+        off[row][n] = __float2bfloat162_rn(__fmaf_rn(8.0f, scale, -__fmul_rn(dmin, int_to_f(m))));
+      }
+    }
+    const uint32_t q[2][8] = {{r[0].q0.x, r[0].q0.y, r[0].q0.z, r[0].q0.w, r[0].q1.x, r[0].q1.y, r[0].q1.z, r[0].q1.w},
+                              {r[1].q0.x, r[1].q0.y, r[1].q0.z, r[1].q0.w, r[1].q1.x, r[1].q1.y, r[1].q1.z, r[1].q1.w}};
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t b0, b1;
+        load_b(xb + 64 * c + 32 * n + 4 * j, has, b0, b1);
+        uint32_t a[4];
+#pragma unroll
+        for (int row = 0; row < 2; ++row) {
+          const uint32_t v = (n ? q[row][j] >> 4 : q[row][j]) & 0x0F0F0F0Fu;
+          a[row] = scale_pair(magic_pair<0x4140>(v), k136, sc[row][n], off[row][n]);
+          a[2 + row] = scale_pair(magic_pair<0x4342>(v), k136, sc[row][n], off[row][n]);
+        }
+        mma_bf16_16816(acc, a, b0, b1);
+      }
+  }
+};
+
+// Q6_K, 210 bytes (2-byte aligned): ql[128] | qh[64] | int8 scales[16] | fp16 d. Thread c takes
+// half h = c / 2, bytes l in [16 s, 16 s + 16) (s = c % 2) of each run k = 0..3: column 128h +
+// 32k + l, 6-bit value from the nibble k / 2 of ql[64h + 32 (k % 2) + l] and bits 2k of
+// qh[32h + l], scale sc[8h + s + 2k]. Value d * sc * (q - 32).
+struct Q6KMma {
+  static constexpr int kBytes = 210;
+  struct Raw {
+    uint4 la, lb, qh;
+    uint2 sc;
+    uint32_t d;
+  };
+  __device__ static Raw load(const uint8_t* b, int c) {
+    const int h = c / 2, s = c % 2;
+    return {ld128_a2(b + 64 * h + 16 * s), ld128_a2(b + 64 * h + 32 + 16 * s), ld128_a2(b + 128 + 32 * h + 16 * s),
+            dq::ld64_a2(b + 192 + 8 * h), dq::ld16(b + 208)};
+  }
+  __device__ static void step(const Raw (&r)[2], int c, const float* xb, bool has, float (&acc)[4]) {
+    const int h = c / 2, s = c % 2;
+    const __nv_bfloat162 k160 = __float2bfloat162_rn(160.0f), zero = __float2bfloat162_rn(0.0f);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      __nv_bfloat162 sc[2];
+#pragma unroll
+      for (int row = 0; row < 2; ++row) {
+        const uint32_t word = k < 2 ? r[row].sc.x : r[row].sc.y;  // scales 8h .. 8h + 8; run k's is byte s + 2k
+        const int sv = int(int8_t((word >> (8 * (s + 2 * (k % 2)))) & 0xFF));
+        sc[row] = __float2bfloat162_rn(__fmul_rn(half_to_f(r[row].d), int_to_f(sv)));
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t b0, b1;
+        load_b(xb + 128 * h + 32 * k + 16 * s + 4 * j, has, b0, b1);
+        uint32_t a[4];
+#pragma unroll
+        for (int row = 0; row < 2; ++row) {
+          const uint4& l4 = k % 2 ? r[row].lb : r[row].la;
+          const uint32_t lw = j == 0 ? l4.x : j == 1 ? l4.y : j == 2 ? l4.z : l4.w;
+          const uint32_t hw = j == 0 ? r[row].qh.x : j == 1 ? r[row].qh.y : j == 2 ? r[row].qh.z : r[row].qh.w;
+          const uint32_t v = ((lw >> (4 * (k / 2))) & 0x0F0F0F0Fu) | (((hw >> (2 * k)) & 0x03030303u) << 4);
+          a[row] = scale_pair(magic_pair<0x4140>(v), k160, sc[row], zero);
+          a[2 + row] = scale_pair(magic_pair<0x4342>(v), k160, sc[row], zero);
+        }
+        mma_bf16_16816(acc, a, b0, b1);
+      }
+    }
+  }
+};
+
+// Rows [16 bx, +16) for the block's tokens (BlockView), 8 tokens per pass; the block's 8 warps
+// split the row's 256-blocks round-robin, U blocks per step with all their loads issued first.
+// Measured (H200, docs/PERFORMANCE.md): 8 warps and U = 2 (104 registers, 2 blocks per
+// multiprocessor) beat 4-16 warps per block with the next block's loads software-pipelined.
+template <class M, int U>
+__global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(const MatArgs a) {
+  __shared__ float part[kMmaWarps][kMmaRows][kMmaTokens];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
+  const int64_t row0 = int64_t(blockIdx.x) * kMmaRows;
+  gemv_prologue<kMmaRows>(a.prefetch && !a.expert_ids && !a.group_offsets, a.w, a.row_bytes, row0, a.n_rows);
+  BlockView v;
+  if (!block_view(a, v)) return;
+  const int n_blocks = int(a.n_cols / 256);
+  const uint8_t* w[2] = {v.w + uint64_t(min(row0 + g, a.n_rows - 1)) * a.row_bytes,
+                         v.w + uint64_t(min(row0 + g + 8, a.n_rows - 1)) * a.row_bytes};
+  for (int64_t t0 = 0; t0 < v.n_tokens; t0 += kMmaTokens) {
+    const bool has = t0 + g < v.n_tokens;  // this thread's token g of the pass exists
+    const float* x = v.token(a, min(t0 + g, v.n_tokens - 1));
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int kb = warp;
+    for (; kb + (U - 1) * kMmaWarps < n_blocks; kb += U * kMmaWarps) {
+      typename M::Raw r[U][2];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int row = 0; row < 2; ++row) r[u][row] = M::load(w[row] + uint64_t(kb + u * kMmaWarps) * M::kBytes, c);
+#pragma unroll
+      for (int u = 0; u < U; ++u) M::step(r[u], c, x + int64_t(kb + u * kMmaWarps) * 256, has, acc);
+    }
+    for (; kb < n_blocks; kb += kMmaWarps) {
+      typename M::Raw r[2];
+#pragma unroll
+      for (int row = 0; row < 2; ++row) r[row] = M::load(w[row] + uint64_t(kb) * M::kBytes, c);
+      M::step(r, c, x + int64_t(kb) * 256, has, acc);
+    }
+    // Fragment: rows g and g + 8, tokens 2c and 2c + 1; warps added in order.
+    part[warp][g][2 * c] = acc[0];
+    part[warp][g][2 * c + 1] = acc[1];
+    part[warp][g + 8][2 * c] = acc[2];
+    part[warp][g + 8][2 * c + 1] = acc[3];
+    __syncthreads();
+    if (threadIdx.x < kMmaRows * kMmaTokens) {
+      const int row = threadIdx.x / kMmaTokens, t = threadIdx.x % kMmaTokens;
+      float sum = part[0][row][t];
+#pragma unroll
+      for (int k = 1; k < kMmaWarps; ++k) sum += part[k][row][t];
+      if (row0 + row < a.n_rows && t0 + t < v.n_tokens) v.y[(t0 + t) * a.n_rows + row0 + row] = sum;
+    }
+    __syncthreads();
+  }
+}
+
+template <class M>
+void launch(const MatArgs& a, cudaStream_t s) {
+  const dim3 grid(unsigned(ceil_div(a.n_rows, kMmaRows)), a.expert_ids || a.group_offsets ? unsigned(a.n_tokens) : 1u);
+  pdl::launch(gemv_mma_kernel<M, 2>, grid, kMmaWarps * 32, 0, s, a);
+}
+
+}  // namespace
+
+void launch_gemv_mma(gguf::GgmlType t, const MatArgs& a, cudaStream_t s) {
+  if (t == gguf::GgmlType::Q4_K)
+    launch<Q4KMma>(a, s);
+  else if (t == gguf::GgmlType::Q6_K)
+    launch<Q6KMma>(a, s);
+  else
+    fail("cuda::launch_gemv_mma: no tensor-core decode kernel for {}", gguf::type_name(t));
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace sparsemla::cuda
