@@ -199,6 +199,8 @@ HParams load_hparams(const gguf::File& f) {
     hp.idx_rope_interleaved = hp.arch == Arch::GlmDsa;
     if (hp.idx_dim != 0 && hp.idx_dim < hp.qk_rope)
       k.problem(fmt::format("indexer key_length {} is smaller than the rope dims {}", hp.idx_dim, hp.qk_rope));
+    if (hp.idx_heads != 0 && hp.q_lora_rank == 0)
+      k.problem("the indexer's queries read q_a's output, but attention.q_lora_rank is 0 (no q_a)");
     hp.idx_full.assign(hp.n_layer_total, true);
     if (const auto* types = k.array("attention.indexer.types")) {
       // Shorter than block_count is normal (next-n layers are not listed): the rest are full.

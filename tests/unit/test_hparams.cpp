@@ -133,6 +133,13 @@ TEST(HParams, FirstLayerSharedIsRefused) {
   EXPECT_NE(error_of(w, dir).find("layer 0 is 'shared'"), std::string::npos);
 }
 
+TEST(HParams, IndexerWithoutQaIsRefused) {
+  test::TempDir dir("hp7");
+  gguf::Writer w = glm_writer();
+  w.set("glm-dsa.attention.q_lora_rank", gguf::Value::u32(0));
+  EXPECT_NE(error_of(w, dir).find("attention.q_lora_rank is 0"), std::string::npos) << error_of(w, dir);
+}
+
 TEST(HParams, InconsistentKeysAreRefused) {
   test::TempDir dir("hp5");
   gguf::Writer w = glm_writer();

@@ -1003,8 +1003,7 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
     product(L.q_b, w.qr, T, w.q, qqr);
     if (index) product(L.idx_q_b, w.qr, T, w.iq, qqr);
   } else {
-    product(L.q, w.x, T, w.q, qx);
-    if (index) product(L.idx_q_b, w.qr, T, w.iq, nullptr);
+    product(L.q, w.x, T, w.q, qx);  // no q_a, so no indexer (hparams refuses one)
   }
   mark("attention: q_a, kv_a, q_b and the indexer's products");
   // The latent rows [rmsnorm(c) | rope(k_pe)] into the cache.

@@ -268,9 +268,9 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_kernel(const Q8Args a) 
   const int n_units = int(a.n_cols / V::kBlock) * V::kUnitsPerBlock;
   const int64_t n_ab = a.n_cols / 32;  // activation blocks per token
   const int64_t row0 = int64_t(blockIdx.x) * R;
+  gemv_prologue<R>(a.prefetch && !a.expert_ids, a.w, a.row_bytes, row0, a.n_rows);
   // Expert mode: this block's pair selects the expert's rows, its activation row and output row;
   // the product is then the one-token product, summed exactly as a one-token call sums it.
-  gemv_prologue<R>(a.prefetch && !a.expert_ids, a.w, a.row_bytes, row0, a.n_rows);
   const uint8_t* wbase = a.w;
   int64_t x0 = 0;
   float* ybase = a.y;

@@ -199,6 +199,16 @@ void matmul(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, St
     matmul_prefill(w, x, n_tokens, y, s);
 }
 
+namespace {
+
+// The expert entry points' decode kernel: the tensor-core one when asked for and the type has it.
+void launch_decode(const TypeKernels& k, const MatArgs& a, bool tensor_cores, Stream s) {
+  if (tensor_cores && mma_decode_supported(k.type)) launch_gemv_mma(k.type, a, static_cast<cudaStream_t>(s));
+  else k.decode(a, static_cast<cudaStream_t>(s));
+}
+
+}  // namespace
+
 void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
                     const float* x, int64_t x_div, float* y, Stream s, bool tensor_cores) {
   const TypeKernels& k = kernels_for(w.type, "matmul_experts");
@@ -210,9 +220,7 @@ void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t
   a.n_rows = rows_per_expert;
   a.expert_ids = expert_ids;
   a.x_div = x_div;
-  if (n_pairs == 0) return;
-  if (tensor_cores && mma_decode_supported(w.type)) launch_gemv_mma(w.type, a, static_cast<cudaStream_t>(s));
-  else k.decode(a, static_cast<cudaStream_t>(s));
+  if (n_pairs > 0) launch_decode(k, a, tensor_cores, s);
 }
 
 void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g, const float* x,
@@ -234,9 +242,7 @@ void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const E
   a.group_count = g.n_active;
   a.group_perm = g.perm;
   a.group_tokens_max = g.max_slots;
-  if (g.max_groups == 0 || g.max_slots == 0) return;
-  if (tensor_cores && mma_decode_supported(w.type)) launch_gemv_mma(w.type, a, static_cast<cudaStream_t>(s));
-  else k.decode(a, static_cast<cudaStream_t>(s));
+  if (g.max_groups > 0 && g.max_slots > 0) launch_decode(k, a, tensor_cores, s);
 }
 
 void dequantize_rows(const QuantMatrix& w, const int32_t* rows, int64_t n, float* out, Stream s) {
