@@ -13,6 +13,7 @@
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/pdl.cuh"
 
 namespace sparsemla::cuda {
 namespace {
@@ -54,6 +55,7 @@ size_t mma_smem_bytes(int heads, int64_t row_bytes, int pages) {
 template <int DIM, bool FP8, int STAGES>
 __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, int tiles_per_block, int run) {
   static_assert(STAGES >= 2, "one tile in flight while another is scored");
+  pdl::launch_dependents();  // the top-k after it may be scheduled (it waits for the scores: pdl.cuh)
   using T16 = typename std::conditional<FP8, __half, __nv_bfloat16>::type;
   constexpr int STR = DIM + 8;  // row stride in smem (16-byte aligned, staggers banks)
   constexpr int KSTEPS = DIM / 16;
