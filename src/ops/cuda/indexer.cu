@@ -55,7 +55,6 @@ size_t mma_smem_bytes(int heads, int64_t row_bytes, int pages) {
 template <int DIM, bool FP8, int STAGES>
 __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, int tiles_per_block, int run) {
   static_assert(STAGES >= 2, "one tile in flight while another is scored");
-  pdl::launch_dependents();  // the top-k after it may be scheduled (it waits for the scores: pdl.cuh)
   using T16 = typename std::conditional<FP8, __half, __nv_bfloat16>::type;
   constexpr int STR = DIM + 8;  // row stride in smem (16-byte aligned, staggers banks)
   constexpr int KSTEPS = DIM / 16;
@@ -129,6 +128,12 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
     if (st < n_tiles) issue(st, st);
     cp_async_commit();
   }
+  // Launched with programmatic dependent launch (pdl.cuh): the page-table entries and the first
+  // tiles' keys above were written before the kernel this one follows (the step's key row three
+  // launches earlier), so they load while that kernel finishes; its output, the queries' head
+  // weights (and the queries with them), only after the wait.
+  pdl::wait();
+  pdl::launch_dependents();  // the top-k after it may be scheduled (it waits for the scores)
 
   // queries and head weights of token t, while the first tiles load; eight loads in flight per thread
   const float* q = a.q + int64_t(t) * a.heads * DIM;
@@ -253,8 +258,7 @@ void launch_stages(const IndexerArgs& a, int run, cudaStream_t st) {
   const size_t smem = mma_smem_bytes<DIM, FP8, STAGES>(a.heads, a.keys.row_bytes,
                                                        pages_per_block(per_block, a.keys.block_size));
   const dim3 grid{unsigned(ceil_div(tiles, per_block)), unsigned(a.T)};
-  kernel<<<grid, kThreads, smem, st>>>(a, per_block, run);
-  SPARSEMLA_CUDA_LAUNCH_CHECK();
+  pdl::launch(kernel, grid, dim3(kThreads), smem, st, a, per_block, run);
 }
 
 // Stages: one tile in flight while one is scored (bf16, 44 KB a block: five blocks, twenty warps
