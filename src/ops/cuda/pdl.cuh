@@ -9,7 +9,9 @@
 // Rules for this project's kernels:
 //  - a kernel launched through pdl::launch calls pdl::wait() before it reads any activation,
 //    routing or cache data and before its first global write (launching one that does not would
-//    race with the kernel before it);
+//    race with the kernel before it). Before the wait it may read what kernels two or more launches
+//    back wrote: those have finished (next rule), as have plain launches before them. The indexer
+//    reads its key rows that way, the top-k's second and third launches the indexer's scores;
 //  - pdl::launch_dependents() is called after pdl::wait() (so at most two kernels overlap), and
 //    any kernel may call it: it only lets the next kernel's prologue start;
 //  - on devices before SM90, and with SPARSEMLA_PDL=0 in the environment, pdl::launch is a plain

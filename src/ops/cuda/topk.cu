@@ -390,8 +390,6 @@ __global__ void __launch_bounds__(kThreads) topk_span_first_kernel(const float* 
 __global__ void __launch_bounds__(kThreads) topk_span_second_kernel(const float* scores, int64_t stride,
                                                                     const int32_t* nn, int k, int spans_per_block,
                                                                     RowState* state) {
-  pdl::wait();  // launched after the kernel that wrote the scores and the first histogram (pdl.cuh)
-  pdl::launch_dependents();
   __shared__ SelectSmem sm;
   const int t = blockIdx.y, tid = threadIdx.x;
   const int n = nn[t];
@@ -402,6 +400,10 @@ __global__ void __launch_bounds__(kThreads) topk_span_second_kernel(const float*
   const float* row = scores + int64_t(t) * stride;
   uint32_t first = 0;  // thr's first digit, in place
   auto find_first = [&] {
+    // Launched after the first histogram's kernel (pdl.cuh): the scores' kernel came before that one,
+    // so the first span's scores were loaded before this wait; the histogram only after it.
+    pdl::wait();
+    pdl::launch_dependents();
     for (int b = tid; b < kMaxBins; b += kThreads) sm.hist[b] = st.hist0[b];
     __syncthreads();
     find_bucket(sm, sm.hist, kMaxBins, uint32_t(k));
@@ -431,8 +433,6 @@ __global__ void __launch_bounds__(kThreads) topk_span_last_kernel(const float* s
                                                                   const int32_t* nn, int k, int spans_per_block,
                                                                   RowState* state, uint32_t* masks,
                                                                   int64_t mask_words, int32_t* out) {
-  pdl::wait();  // launched after the second histogram's kernel (pdl.cuh)
-  pdl::launch_dependents();
   __shared__ SelectSmem sm;
   __shared__ union {
     struct {
@@ -448,7 +448,10 @@ __global__ void __launch_bounds__(kThreads) topk_span_last_kernel(const float* s
   const int t = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int n = nn[t];
   int32_t* o = out + int64_t(t) * k;
-  if (n <= k) return write_short_row(n, k, o, blockIdx.x, gridDim.x);
+  if (n <= k) {
+    pdl::wait();  // (pdl.cuh: nothing is written before the kernel before this one has finished)
+    return write_short_row(n, k, o, blockIdx.x, gridDim.x);
+  }
   RowState& st = state[t];
   const float* row = scores + int64_t(t) * stride;
   uint32_t* above_p = masks + 2 * int64_t(t) * mask_words;
@@ -458,6 +461,8 @@ __global__ void __launch_bounds__(kThreads) topk_span_last_kernel(const float* s
 
   uint32_t prefix = 0, rank = 0, n_on_p = 0;  // P; thr's rank among the keys with prefix P; their count
   auto find_prefix = [&] {
+    pdl::wait();  // after the second histogram's kernel; the first span's scores are already loading
+    pdl::launch_dependents();
     for (int b = tid; b < kMaxBins; b += kThreads) {
       sm.hist[b] = st.hist0[b];
       hist1[b] = st.hist1[b];
