@@ -13,10 +13,11 @@
 //   - one mma per 8 weights per thread.
 // Activations are rounded to bf16 (the prefill kernel's rounding), so results agree with the
 // fp32 product to ~1e-2 relative, not to fp32 rounding: precise mode keeps the fp32 kernel.
-// At one token it is not faster than the fp32 kernel yet (H200: 104 registers, 2 blocks of 8 warps
-// per multiprocessor, waiting on its loads); at 4-8 tokens it is 1.7-2x faster, so matmul takes
-// it from 2 (Q4_K) or 3 (Q6_K) tokens. Staging the weights through shared memory (cp.async)
-// instead of registers is the next step for one token.
+// At one token it waits on its loads; with 3 blocks per multiprocessor (large grids) it beats the
+// fp32 kernel on the large Q4_K shapes (output head 247 -> 197 us, H200) but not on Q6_K or the
+// 2048-row shapes. At 4-8 tokens it is 1.7-2x faster, so matmul takes it from 2 (Q4_K) or 3 (Q6_K)
+// tokens. Staging the weights through shared memory (cp.async) instead of registers is the next
+// step for one token.
 //
 // Layout: a block takes 16 rows (one m16 tile) and all tokens; its 8 warps split the row's
 // 256-element blocks round-robin (warp w takes w, w + 8, ...), and add their fragments in warp
@@ -33,6 +34,7 @@
 #include "ops/cuda/dequant.cuh"
 #include "ops/cuda/gemm.cuh"
 #include "ops/cuda/gemv_reduce.cuh"
+#include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/quant_matmul_kernels.cuh"
 
 namespace sparsemla::cuda {
@@ -174,10 +176,12 @@ struct Q6KMma {
 
 // Rows [16 bx, +16) for the block's tokens (BlockView), 8 tokens per pass; the block's 8 warps
 // split the row's 256-blocks round-robin, U blocks per step with all their loads issued first.
-// Measured (H200, docs/PERFORMANCE.md): 8 warps and U = 2 (104 registers, 2 blocks per
-// multiprocessor) beat 4-16 warps per block with the next block's loads software-pipelined.
-template <class M, int U>
-__global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(const MatArgs a) {
+// Measured (H200, docs/PERFORMANCE.md): 8 warps and U = 2 beat 4-16 warps per block with the next
+// block's loads software-pipelined; MinBlocks = 3 (85 registers instead of 104, so 3 blocks per
+// multiprocessor instead of 2) is 1.2-1.6x faster wherever the grid fills them: the kernel waits
+// on its loads, and more warps hide that.
+template <class M, int U, int MinBlocks>
+__global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_kernel(const MatArgs a) {
   __shared__ float part[kMmaWarps][kMmaRows][kMmaTokens];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
   const int64_t row0 = int64_t(blockIdx.x) * kMmaRows;
@@ -227,7 +231,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32) gemv_mma_kernel(const MatArgs 
 template <class M>
 void launch(const MatArgs& a, cudaStream_t s) {
   const dim3 grid(unsigned(ceil_div(a.n_rows, kMmaRows)), a.expert_ids || a.group_offsets ? unsigned(a.n_tokens) : 1u);
-  pdl::launch(gemv_mma_kernel<M, 2>, grid, kMmaWarps * 32, 0, s, a);
+  // Three blocks per multiprocessor (registers capped at 85, a few bytes spilled) where the grid
+  // fills them; a grid of one wave or less (the 2048-row shapes: 128 blocks) keeps the uncapped
+  // kernel, which is faster there (docs/PERFORMANCE.md, session 7).
+  if (int64_t(grid.x) * grid.y >= 2 * int64_t(sm_count()))
+    pdl::launch(gemv_mma_kernel<M, 2, 3>, grid, kMmaWarps * 32, 0, s, a);
+  else
+    pdl::launch(gemv_mma_kernel<M, 2, 1>, grid, kMmaWarps * 32, 0, s, a);
 }
 
 }  // namespace
