@@ -177,9 +177,9 @@ struct Q6KMma {
 // Rows [16 bx, +16) for the block's tokens (BlockView), 8 tokens per pass; the block's 8 warps
 // split the row's 256-blocks round-robin, U blocks per step with all their loads issued first.
 // Measured (H200, docs/PERFORMANCE.md): 8 warps and U = 2 beat 4-16 warps per block with the next
-// block's loads software-pipelined; MinBlocks = 3 (85 registers instead of 104, so 3 blocks per
-// multiprocessor instead of 2) is 1.2-1.6x faster wherever the grid fills them: the kernel waits
-// on its loads, and more warps hide that.
+// block's loads software-pipelined; MinBlocks = 3 (80 registers, a few bytes spilled: 3 blocks per
+// multiprocessor, where uncapped ptxas gives Q4_K 139 and Q6_K 183, one block) is 1.2-1.6x faster
+// wherever the grid fills them: the kernel waits on its loads, and more warps hide that.
 template <class M, int U, int MinBlocks>
 __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_kernel(const MatArgs a) {
   __shared__ float part[kMmaWarps][kMmaRows][kMmaTokens];
