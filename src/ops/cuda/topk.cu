@@ -159,6 +159,39 @@ __device__ uint32_t radix_select(SelectSmem& sm, int n, uint32_t rank, KeyOf key
   return prefix;
 }
 
+// A compaction round's counts: this thread's positions above thr (c_gt) and equal to it (c_eq), and
+// those before its words in the row (earlier rounds, then lower threads: r_gt, r_eq); total: the
+// round's, both halves. Called by every thread of the block.
+struct RoundCounts {
+  uint32_t c_gt = 0, c_eq = 0, r_gt = 0, r_eq = 0;
+  uint64_t total = 0;
+};
+template <int W>
+__device__ RoundCounts count_round(SelectSmem& sm, const uint32_t (&gt)[W], const uint32_t (&eq)[W]) {
+  RoundCounts c;
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    c.c_gt += uint32_t(__popc(gt[w]));
+    c.c_eq += uint32_t(__popc(eq[w]));
+  }
+  const uint64_t before = block_exclusive_sum(uint64_t(c.c_gt) | uint64_t(c.c_eq) << 32, sm.totals, &c.total);
+  c.r_gt = sm.run_gt + uint32_t(before);
+  c.r_eq = sm.run_eq + uint32_t(before >> 32);
+  return c;
+}
+
+// Ends a compaction round (every thread has read the run counts and the scan storage is free once
+// all arrive): adds its totals to the run; whether all k = n_gt + need_eq positions are written.
+__device__ bool end_round(SelectSmem& sm, uint64_t total, uint32_t need_eq, uint32_t n_gt) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    sm.run_gt += uint32_t(total);
+    sm.run_eq += uint32_t(total >> 32);
+  }
+  __syncthreads();
+  return sm.run_gt == n_gt && sm.run_eq >= need_eq;
+}
+
 // One round of the ordered compaction, called by every thread of the block. Each thread holds W
 // bit words of consecutive 32-position groups, the first at position `first` (bit b of word w:
 // position first + 32 w + b); a lower thread holds earlier positions, and earlier rounds earlier
@@ -168,15 +201,8 @@ __device__ uint32_t radix_select(SelectSmem& sm, int n, uint32_t rank, KeyOf key
 template <int W>
 __device__ bool compact_round(SelectSmem& sm, const uint32_t (&gt)[W], const uint32_t (&eq)[W], int first,
                               uint32_t need_eq, uint32_t n_gt, int32_t* out) {
-  uint32_t c_gt = 0, c_eq = 0;
-#pragma unroll
-  for (int w = 0; w < W; ++w) {
-    c_gt += uint32_t(__popc(gt[w]));
-    c_eq += uint32_t(__popc(eq[w]));
-  }
-  uint64_t before, total;
-  before = block_exclusive_sum(uint64_t(c_gt) | uint64_t(c_eq) << 32, sm.totals, &total);
-  uint32_t r_gt = sm.run_gt + uint32_t(before), r_eq = sm.run_eq + uint32_t(before >> 32);
+  const RoundCounts c = count_round(sm, gt, eq);
+  uint32_t r_gt = c.r_gt, r_eq = c.r_eq;
 #pragma unroll
   for (int w = 0; w < W; ++w) {
     // Positions in order; once need_eq equal ones are out, only those above thr.
@@ -194,13 +220,7 @@ __device__ bool compact_round(SelectSmem& sm, const uint32_t (&gt)[W], const uin
       }
     }
   }
-  __syncthreads();  // every thread has read run_gt and run_eq, and the scan storage is free
-  if (threadIdx.x == 0) {
-    sm.run_gt += uint32_t(total);
-    sm.run_eq += uint32_t(total >> 32);
-  }
-  __syncthreads();
-  return sm.run_gt == n_gt && sm.run_eq >= need_eq;
+  return end_round(sm, c.total, need_eq, n_gt);
 }
 
 // The span path's ordered compaction (its row's last block), one round of kThreads * W mask words:
@@ -215,19 +235,11 @@ template <int W>
 __device__ bool compact_slots(SelectSmem& sm, uint32_t* s_words, uint32_t* s_first, const uint32_t (&gt)[W],
                               const uint32_t (&eq)[W], int first_word, uint32_t need_eq, uint32_t n_gt, int32_t* out) {
   const int tid = threadIdx.x;
-  uint32_t c_gt = 0, c_eq = 0;
-#pragma unroll
-  for (int w = 0; w < W; ++w) {
-    c_gt += uint32_t(__popc(gt[w]));
-    c_eq += uint32_t(__popc(eq[w]));
-  }
-  uint64_t before, total;
-  before = block_exclusive_sum(uint64_t(c_gt) | uint64_t(c_eq) << 32, sm.totals, &total);
-  const uint32_t r_gt = sm.run_gt + uint32_t(before), r_eq = sm.run_eq + uint32_t(before >> 32);
+  const RoundCounts c = count_round(sm, gt, eq);
   // The equal keys taken are the first need_eq of the row: here the lowest `take` of this thread's.
-  uint32_t take = r_eq < need_eq ? min(c_eq, need_eq - r_eq) : 0u;
-  const uint32_t first = r_gt + min(r_eq, need_eq);  // output index of this thread's first selected position
-  const uint32_t n_sel = c_gt + take;
+  uint32_t take = c.r_eq < need_eq ? min(c.c_eq, need_eq - c.r_eq) : 0u;
+  const uint32_t first = c.r_gt + min(c.r_eq, need_eq);  // output index of this thread's first selected position
+  const uint32_t n_sel = c.c_gt + take;
 #pragma unroll
   for (int w = 0; w < W; ++w) {
     uint32_t e = eq[w];
@@ -257,13 +269,7 @@ __device__ bool compact_slots(SelectSmem& sm, uint32_t* s_words, uint32_t* s_fir
     }
     out[j] = (first_word + x * W) * 32 + pos;
   }
-  __syncthreads();  // every thread has read run_gt, run_eq and the shared words, and the scan storage is free
-  if (tid == 0) {
-    sm.run_gt += uint32_t(total);
-    sm.run_eq += uint32_t(total >> 32);
-  }
-  __syncthreads();
-  return sm.run_gt == n_gt && sm.run_eq >= need_eq;
+  return end_round(sm, c.total, need_eq, n_gt);  // (its first barrier also frees the shared words)
 }
 
 // The ordered compaction over the keys of a row [0, n), in rounds of kThreads * 32 positions: warp
