@@ -18,8 +18,12 @@
 //    whatever their last digit) and keys with prefix P (the boundary). The row's last block (a
 //    counter) finds thr from the last histogram, splits the boundary into keys above, equal to and
 //    below thr (without reading a score when every boundary key is thr, as in a run of ties),
-//    compacts the masks in order, and leaves the row's histograms and counter zeroed for the next
-//    call.
+//    compacts the masks in order with the output slots spread over its threads (compact_slots),
+//    and leaves the row's histograms and counter zeroed for the next call. The three launches are
+//    chained by programmatic dependent launch (pdl.cuh): each one's blocks are scheduled while the
+//    one before drains, and the second and third load their first scores before they wait.
+//    Measured on an H200 (docs/PERFORMANCE.md): each dependent step of the last block costs
+//    0.4-1 us, so that block's serial work (~5 us) and the three launches set a long row's time.
 // Ties cost little on either path: a warp whose keys share a histogram bin adds them with one
 // atomic, and the compaction stops once the k positions are written.
 #include <algorithm>
