@@ -277,11 +277,15 @@ Runner add_bench(CLI::App& app) {
                 "decode: copy every logits row to the host (what logits/ppl do) instead of drawing the tokens on the "
                 "GPU (what serve does)");
   add_device_options(cmd, a->dev);
+  // `bench model --model FILE ...` says the same as `bench --model FILE ...` (the spelling beside
+  // `bench attention`): the subcommand has no options of its own and hands every one to bench.
+  cmd->add_subcommand("model", "The model's prefill and decode (bench's own options: bench model --model FILE ...)")
+      ->fallthrough();
   Runner attention = add_bench_attention(*cmd);
   CLI::App* att = cmd->get_subcommand("attention");
   return [a, att, attention] {
     if (att->parsed()) return attention();
-    if (a->model.empty()) fail("bench needs --model FILE (or a subcommand: attention)");
+    if (a->model.empty()) fail("bench needs --model FILE (or a subcommand: model, attention)");
     return run_bench(*a);
   };
 }

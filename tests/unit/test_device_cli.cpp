@@ -197,6 +197,18 @@ TEST(DeviceCli, BenchReportsBatchedDecodeOnTheCpu) {
   EXPECT_TRUE(contains(bad_list.out, "--prompt 8,,20: '' is not a positive size")) << bad_list.out;
 }
 
+// `bench model --model FILE` (the model issue's spelling, beside `bench attention`) runs the same
+// benchmark as `bench -m FILE`; without a model it says what is missing.
+TEST(DeviceCli, BenchModelSubcommandIsTheModelBenchmark) {
+  const CliResult r = cli("bench model --model " + model() + " --prompt 10 --gen 2 --batch 2 --threads 2");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_TRUE(contains(r.out, "prefill 2 x 10 tokens")) << r.out;
+  EXPECT_TRUE(contains(r.out, "decode 2 steps of batch 2, context 11..12")) << r.out;
+  const CliResult missing = cli("bench model --prompt 10");
+  EXPECT_NE(missing.status, 0);
+  EXPECT_TRUE(contains(missing.out, "bench needs --model FILE")) << missing.out;
+}
+
 TEST(DeviceCli, ServeSplitOverTwoCpuRanksAnswersAsTheWholeModel) {
   for (const std::string& user : {"Hello there", "Tell me a story about a cat"}) {
     const Served whole = serve_chat("-t 2", user), split = serve_chat("-t 2 --tensor-parallel 2", user);
