@@ -78,8 +78,7 @@ __device__ __forceinline__ uint2 ld64_a2(const uint8_t* p) {
 
 // 16 bytes at a 2-byte aligned address as 4 words: 5 aligned words from p rounded down to 4,
 // shifted into place by byte permutes. Reads bytes [p - 2, p + 20): callers keep them inside
-// one weight block (never
-// before a 4-byte aligned buffer start).
+// one weight block (never before a 4-byte aligned buffer start).
 __device__ __forceinline__ uint4 ld128_a2(const uint8_t* p) {
   const uint8_t* a = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
   const uint32_t w0 = ld32(a), w1 = ld32(a + 4), w2 = ld32(a + 8), w3 = ld32(a + 12), w4 = ld32(a + 16);

@@ -34,7 +34,6 @@
 #include "ops/cuda/dequant.cuh"
 #include "ops/cuda/gemm.cuh"
 #include "ops/cuda/gemv_reduce.cuh"
-#include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/quant_matmul_kernels.cuh"
 
 namespace sparsemla::cuda {
@@ -234,7 +233,7 @@ void launch(const MatArgs& a, cudaStream_t s) {
   // Three blocks per multiprocessor (registers capped at 85, a few bytes spilled) where the grid
   // fills them; a grid of one wave or less (the 2048-row shapes: 128 blocks) keeps the uncapped
   // kernel, which is faster there (docs/PERFORMANCE.md, session 7).
-  if (int64_t(grid.x) * grid.y >= 2 * int64_t(sm_count()))
+  if (int64_t(grid.x) * grid.y >= 2 * int64_t(a.sm_count))
     pdl::launch(gemv_mma_kernel<M, 2, 3>, grid, kMmaWarps * 32, 0, s, a);
   else
     pdl::launch(gemv_mma_kernel<M, 2, 1>, grid, kMmaWarps * 32, 0, s, a);

@@ -13,9 +13,10 @@
 //           kernel adds a multiply-add per weight and token. Batch invariant among the token
 //           counts it takes; agrees with the fp32 product to ~1e-2 relative (bf16 roundings, as
 //           the prefill kernel). matmul takes it from mma_min_tokens(type) to kDecodeMaxTokens
-//           tokens (Q4_K 2, Q6_K 3: below that the fp32 kernel is as fast or faster, H200), so a
-//           token's bits under matmul differ between one token and a batch; matmul_decode (the
-//           precise mode's choice) stays the fp32 kernel at every T.
+//           tokens (Q4_K 2, Q6_K 3): one token stays on the fp32 kernel, as fast or faster on Q6_K
+//           and the small Q4_K shapes (H200; on the large Q4_K ones the tensor-core kernel now leads,
+//           docs/PERFORMANCE.md session 7), so a token's bits under matmul differ between one token
+//           and a batch; matmul_decode (the precise mode's choice) stays the fp32 kernel at every T.
 //   prefill (T > kDecodeMaxTokens): tiles of 128 rows x 32, 64 or 128 tokens, weights dequantized
 //           to bf16 in shared memory, activations rounded to bf16, tensor-core mma.sync with fp32
 //           accumulation. Relative error 2e-3 to 6e-3 against the fp32 product (two bf16

@@ -23,7 +23,7 @@ struct MatArgs {
   const float* x = nullptr;    // [n_tokens, n_cols], 16-byte aligned
   float* y = nullptr;          // [n_tokens, n_rows]
   int64_t n_tokens = 0;
-  int sm_count = 0;            // multiprocessors of the device, for the prefill grid
+  int sm_count = 0;            // multiprocessors of the device: the prefill grid, the tensor-core decode launch
   bool prefetch = false;       // the decode kernel's weight prefetch (gemv_prologue)
   QuantTables tables;
   // Expert mode (matmul_experts, decode kernel only): grid row p is one (token, expert) pair; it
