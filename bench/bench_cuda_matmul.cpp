@@ -99,6 +99,9 @@ int run_only(const char* spec) {
   if (cuda::mma_decode_supported(*t))
     print_line(*t, {rows, cols}, ("tc:" + std::to_string(T)).c_str(),
                cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, 8, 2, cuda::BenchKernel::TensorCoreDecode), copy);
+  if (T == 1 && cuda::mma_one_token_supported(*t))
+    print_line(*t, {rows, cols}, "one:1",
+               cuda::bench_matmul(c.mats.data(), int(c.mats.size()), 1, 8, 2, cuda::BenchKernel::OneTokenTensorCore), copy);
   if (cuda::q8_supported(*t))
     print_line(*t, {rows, cols}, ("q8:" + std::to_string(T)).c_str(),
                cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), T, 8, 2), copy);
@@ -143,6 +146,11 @@ int main(int argc, char** argv) {
                                                           cuda::BenchKernel::TensorCoreDecode);
           print_line(t, sh, ("tc:" + std::to_string(T)).c_str(), d, copy);
         }
+        if (T == 1 && cuda::mma_one_token_supported(t))  // its one-token form
+          print_line(t, sh, "one:1",
+                     cuda::bench_matmul(c.mats.data(), int(c.mats.size()), 1, n_calls, runs,
+                                        cuda::BenchKernel::OneTokenTensorCore),
+                     copy);
         if (T > 1 && few) {  // the prefill kernel at decode sizes
           const cuda::MatmulTiming p =
               cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs, cuda::BenchKernel::Prefill);
@@ -163,7 +171,11 @@ int main(int argc, char** argv) {
     const cuda::DeviceBuffer buf = cuda::to_device(bytes);
     const cuda::QuantMatrix w{t, cols, 64 * rows, gguf::row_bytes(t, uint64_t(cols)), buf.get()};
     print_line(t, {rows, cols}, "8exp", cuda::bench_matmul_experts(w, rows, 8, calls, runs), copy);
-    print_line(t, {rows, cols}, "tc:8e", cuda::bench_matmul_experts(w, rows, 8, calls, runs, true), copy);
+    print_line(t, {rows, cols}, "tc:8e",
+               cuda::bench_matmul_experts(w, rows, 8, calls, runs, cuda::ExpertKernel::kTensorCores), copy);
+    if (cuda::mma_one_token_supported(t))
+      print_line(t, {rows, cols}, "one:8e",
+                 cuda::bench_matmul_experts(w, rows, 8, calls, runs, cuda::ExpertKernel::kOneToken), copy);
     print_line(t, {rows, cols}, "q8:8e", cuda::bench_matmul_experts_q8(w, rows, 8, calls, runs), copy);
   }
   std::printf("\nquantize_activations, us per call:");

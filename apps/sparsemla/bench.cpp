@@ -53,6 +53,9 @@ struct BenchArgs {
   int threads = 0;
   std::string attention = "sparse";
   bool host_logits = false;  // decode: copy every logits row to the host instead of sampling on the GPU
+  float temperature = 0.0f;  // the GPU draw's parameters (0: greedy)
+  float top_p = 1.0f;
+  int top_k = 0;
   DeviceArgs dev;
 };
 
@@ -110,13 +113,20 @@ BenchRow bench_case(const BenchArgs& a, const model::Model& m, engine::Backend& 
       backend.forward({model::SeqInput{{prompt.begin() + at, prompt.begin() + at + n}, at, &table, false}}, logits);
     }
   const double prefill_s = seconds_since(t0);
-  // Decode as the server does: a GPU backend draws the tokens on the device (greedy) and only the
-  // ids come back; the CPU, or --host-logits, copies every logits row to the host (at batch 32 and
-  // GLM-5's vocabulary that is 20 MB per step, ~1.5 ms of the step on an H200's PCIe link).
+  // Decode as the server does: a GPU backend draws the tokens on the device (greedy, or
+  // --temperature/--top-p/--top-k) and only the ids come back; the CPU, or --host-logits, copies
+  // every logits row to the host (at batch 32 and GLM-5's vocabulary that is 20 MB per step, ~1.5
+  // ms of the step on an H200's PCIe link).
   bool on_device = false;
 #if SPARSEMLA_HAVE_CUDA
   on_device = backend.samples_on_device() && !a.host_logits;
-  const std::vector<cuda::RowSampling> greedy(tables.size(), cuda::RowSampling{0.0f});
+  std::vector<cuda::RowSampling> draw(tables.size());
+  for (size_t s = 0; s < draw.size(); ++s) {
+    draw[s].temperature = a.temperature;
+    draw[s].top_p = a.top_p;
+    draw[s].top_k = a.top_k;
+    draw[s].seed = s + 1;
+  }
   std::vector<int32_t> ids;
 #endif
   t0 = Clock::now();
@@ -127,7 +137,8 @@ BenchRow bench_case(const BenchArgs& a, const model::Model& m, engine::Backend& 
 #if SPARSEMLA_HAVE_CUDA
     if (on_device) {
       ids.clear();
-      backend.forward_sample(step, greedy, ids);
+      for (auto& d : draw) d.step = uint64_t(i);
+      backend.forward_sample(step, draw, ids);
       continue;
     }
 #endif
@@ -147,10 +158,13 @@ BenchRow bench_case(const BenchArgs& a, const model::Model& m, engine::Backend& 
   const double bound_steps = bw / double(cost.weight_bytes);
   row.ms_per_step = 1e3 / steps_per_s;
   row.pct_of_bound = 100.0 * steps_per_s / bound_steps;
+  std::string how = on_device ? "tokens drawn on the GPU" : "logits to the host";
+  if (on_device && a.temperature > 0)
+    how += fmt::format(", temperature {:g}, top-p {:g}, top-k {}", a.temperature, a.top_p, a.top_k);
   std::printf("decode %d steps of batch %d, context %d..%d (%s): %.2f tokens/s, %.3f ms per step (%.2f GB/s of "
               "weights); bound %.2f steps/s (%s): %.1f%% of it\n",
               a.gen, batch, prompt_n + 1, prompt_n + a.gen,
-              on_device ? "tokens drawn on the GPU" : "logits to the host", row.decode_tps, row.ms_per_step,
+              how.c_str(), row.decode_tps, row.ms_per_step,
               steps_per_s * cost.weight_bytes / 1e9, bound_steps, bound_of.c_str(), row.pct_of_bound);
   if (const double us = backend.all_reduce_us(int64_t(batch) * hp.n_embd); us >= 0) {
     std::printf("all-reduce of [%d, %u] fp32 between the ranks: %.1f us; 2 per layer: %.3f ms per step over %u layers "
@@ -276,6 +290,14 @@ Runner add_bench(CLI::App& app) {
   cmd->add_flag("--host-logits", a->host_logits,
                 "decode: copy every logits row to the host (what logits/ppl do) instead of drawing the tokens on the "
                 "GPU (what serve does)");
+  cmd->add_option("--temperature", a->temperature,
+                  "decode on a GPU: draw the tokens at this temperature (default 0: greedy); the step's time then "
+                  "includes the sampler's filters")
+      ->check(CLI::Range(0.0f, 100.0f));
+  cmd->add_option("--top-p", a->top_p, "decode on a GPU: nucleus filter of the draws (default 1: off)")
+      ->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--top-k", a->top_k, "decode on a GPU: keep the k most likely tokens (default 0: off)")
+      ->check(CLI::NonNegativeNumber);
   add_device_options(cmd, a->dev);
   // `bench model --model FILE ...` says the same as `bench --model FILE ...` (the spelling beside
   // `bench attention`): the subcommand has no options of its own and hands every one to bench.

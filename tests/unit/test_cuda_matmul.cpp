@@ -47,9 +47,14 @@ const std::vector<std::string> kSupportedNames = {"f32",   "f16",    "bf16",  "q
 
 constexpr double kDecodeTol = 1e-4;
 constexpr double kPrefillTol = 1e-2;
+// The one-token tensor-core kernel: only the activations rounded to bf16 (2^-9 relative each).
+constexpr double kOneTokenTol = 4e-3;
 // What matmul's few-token products reach: the fp32 decode kernel's rounding, or for the types with
 // a tensor-core decode kernel (bf16 weights and activations) the prefill kernel's.
-double few_token_tol(GgmlType t, int64_t T) { return T >= mma_min_tokens(t) ? kPrefillTol : kDecodeTol; }
+double few_token_tol(GgmlType t, int64_t T) {
+  if (T == 1 && mma_one_token_supported(t)) return kOneTokenTol;
+  return T >= mma_min_tokens(t) ? kPrefillTol : kDecodeTol;
+}
 
 ops::ThreadPool& pool() {
   static ops::ThreadPool p(0);
@@ -136,6 +141,15 @@ std::vector<float> gpu_product(ProductFn fn, const QuantMatrix& m, const std::ve
   fn(m, dx.as<float>(), T, dy.as<float>(), nullptr);
   synchronize();
   return to_host<float>(dy, size_t(T * m.n_rows));
+}
+
+// matmul_decode_mma_one's y = W x for one token, into a poisoned buffer: every row must be written.
+std::vector<float> one_token_product(const QuantMatrix& m, const std::vector<float>& x) {
+  const DeviceBuffer dx = to_device(x);
+  DeviceBuffer dy = to_device(std::vector<float>(size_t(m.n_rows), NAN));
+  matmul_decode_mma_one(m, dx.as<float>(), dy.as<float>(), nullptr);
+  synchronize();
+  return to_host<float>(dy, size_t(m.n_rows));
 }
 
 // NaN/inf positions first, then each token's relative L2 error; returns the largest.
@@ -275,6 +289,52 @@ TEST_P(CudaMatmul, TensorCoreDecodeMatchesCpu) {
     }
 }
 
+// The one-token tensor-core kernel against the CPU on shapes with row tails and 1 to 35 blocks of
+// 256 per row (partial rounds of the warps); it refuses the types it lacks.
+TEST_P(CudaMatmul, OneTokenTensorCoreKernelMatchesCpu) {
+  SPARSEMLA_REQUIRE_GPU();
+  if (!mma_one_token_supported(type())) {
+    const TestWeight w(type(), 16, 256, 5);
+    EXPECT_NE(test::error_of([&] { one_token_product(w.mat, randn(256, 5)); })
+                  .find("no one-token tensor-core kernel for " + GetParam()),
+              std::string::npos);
+    return;
+  }
+  uint32_t seed = 700;
+  double worst = 0;
+  for (const Shape& sh : {Shape{67, 768}, Shape{131, 256}, Shape{19, 8960}, Shape{40, 2560}, Shape{16, 4096}}) {
+    const TestWeight w(type(), sh.n_rows, sh.n_cols, seed++);
+    const std::vector<float> x = randn(size_t(sh.n_cols), seed++);
+    std::vector<float> want(size_t(sh.n_rows));
+    ops::matmul(w.host, x.data(), 1, want.data(), pool());
+    worst = std::max(worst, check_close(one_token_product(w.mat, x), want, 1, sh.n_rows, kOneTokenTol,
+                                        GetParam() + " one-token " + std::to_string(sh.n_rows) + "x" +
+                                            std::to_string(sh.n_cols)));
+  }
+  std::printf("  %s one-token tensor-core kernel: worst relative error %.2e\n", GetParam().c_str(), worst);
+}
+
+// One token: matmul takes the one-token tensor-core kernel for the types that have it, else the
+// fp32 decode kernel, on a one-wave and a many-wave grid (67 and 6400 rows); bit for bit the
+// kernel's own result, and within that kernel's tolerance of the CPU.
+TEST_P(CudaMatmul, OneTokenTakesTheOneTokenKernelWhereTheTypeHasIt) {
+  SPARSEMLA_REQUIRE_GPU();
+  uint32_t seed = 900;
+  const bool one = mma_one_token_supported(type());
+  EXPECT_EQ(one, type() == GgmlType::Q4_K) << GetParam();
+  for (const Shape& sh : {Shape{67, 768}, Shape{6400, 256}}) {
+    const TestWeight w(type(), sh.n_rows, sh.n_cols, seed++);
+    const std::vector<float> x = randn(size_t(sh.n_cols), seed++);
+    std::vector<float> want(size_t(sh.n_rows));
+    ops::matmul(w.host, x.data(), 1, want.data(), pool());
+    const std::vector<float> got = gpu_product(&matmul, w.mat, x, 1);
+    const std::vector<float> kernel = one ? one_token_product(w.mat, x) : gpu_product(&matmul_decode, w.mat, x, 1);
+    const std::string what = GetParam() + " " + std::to_string(sh.n_rows) + "x" + std::to_string(sh.n_cols) + " T=1";
+    EXPECT_EQ(std::memcmp(got.data(), kernel.data(), got.size() * sizeof(float)), 0) << what << ": not the chosen kernel's bits";
+    check_close(got, want, 1, sh.n_rows, one ? kOneTokenTol : kDecodeTol, what);
+  }
+}
+
 // Expert-mode output y [P = ids.size(), F] over activations x [tokens, H], pair p reading token
 // p / k: an unused pair (id -1) must have left its row at kUnwritten; check(p, expert, the pair's
 // activations, its output row) judges each used pair.
@@ -304,22 +364,35 @@ TEST_P(CudaMatmul, ExpertPairsEqualOneTokenProductsOnTheExpertRows) {
   const std::vector<float> x = randn(size_t(tokens * H), 77);
   const DeviceBuffer dx = to_device(x), dids = to_device(ids);
   const int64_t P = int64_t(ids.size());
-  // Both kernels: the fp32 decode kernel and, where the type has one, the tensor-core kernel.
-  for (const bool tc : {false, true}) {
-    if (tc && !mma_decode_supported(type())) continue;
+  // Every kernel the type has: the fp32 decode kernel, the tensor-core one, the one-token one.
+  for (const ExpertKernel kernel : {ExpertKernel::kFp32, ExpertKernel::kTensorCores, ExpertKernel::kOneToken}) {
+    if (kernel == ExpertKernel::kTensorCores && !mma_decode_supported(type())) continue;
+    if (kernel == ExpertKernel::kOneToken && !mma_one_token_supported(type())) {
+      const std::string err = test::error_of([&] {
+        matmul_experts(w.mat, F, dids.as<int32_t>(), P, dx.as<float>(), k, nullptr, nullptr, kernel);
+      });
+      EXPECT_NE(err.find("no one-token tensor-core kernel for " + GetParam()), std::string::npos) << err;
+      continue;
+    }
     DeviceBuffer dy = to_device(std::vector<float>(size_t(P * F), kUnwritten));
-    matmul_experts(w.mat, F, dids.as<int32_t>(), P, dx.as<float>(), k, dy.as<float>(), nullptr, tc);
+    matmul_experts(w.mat, F, dids.as<int32_t>(), P, dx.as<float>(), k, dy.as<float>(), nullptr, kernel);
     synchronize();
-    const std::string what = GetParam() + (tc ? " tensor cores" : "");
+    const std::string what = GetParam() + (kernel == ExpertKernel::kTensorCores ? " tensor cores"
+                                           : kernel == ExpertKernel::kOneToken  ? " one-token tensor cores"
+                                                                                : "");
     check_expert_pairs(to_host<float>(dy, size_t(P * F)), ids, F, H, k, x,
                        [&](int64_t p, int32_t e, const std::vector<float>& xt, const std::vector<float>& got) {
+                         const QuantMatrix rows = expert_rows(w.mat, e, F);
                          const std::vector<float> alone =
-                             gpu_product(tc ? &matmul_decode_mma : &matmul_decode, expert_rows(w.mat, e, F), xt, 1);
+                             kernel == ExpertKernel::kFp32          ? gpu_product(&matmul_decode, rows, xt, 1)
+                             : kernel == ExpertKernel::kTensorCores ? gpu_product(&matmul_decode_mma, rows, xt, 1)
+                                                                    : one_token_product(rows, xt);
                          EXPECT_EQ(std::memcmp(alone.data(), got.data(), size_t(F) * sizeof(float)), 0)
                              << what << " pair " << p << " (expert " << e << ") differs from the one-token product";
                          std::vector<float> want(static_cast<size_t>(F));
                          ops::matmul(w.host.rows(e * F, F), xt.data(), 1, want.data(), pool());
-                         check_close(got, want, 1, F, tc ? kPrefillTol : kDecodeTol, what + " expert pair");
+                         check_close(got, want, 1, F, kernel == ExpertKernel::kFp32 ? kDecodeTol : kPrefillTol,
+                                     what + " expert pair");
                        });
   }
 }
@@ -391,7 +464,8 @@ TEST_P(CudaMatmul, ExpertGroupsEqualThePairProducts) {
   // The tensor-core kernel grouped: the bits of its own pair products.
   if (mma_decode_supported(type())) {
     DeviceBuffer pairs_tc(size_t(P * F) * sizeof(float));
-    matmul_experts(w.mat, F, dids.as<int32_t>(), P, dx.as<float>(), k, pairs_tc.as<float>(), nullptr, true);
+    matmul_experts(w.mat, F, dids.as<int32_t>(), P, dx.as<float>(), k, pairs_tc.as<float>(), nullptr,
+                   ExpertKernel::kTensorCores);
     DeviceBuffer grouped_tc = to_device(fill);
     g.perm = perm.as<int32_t>();
     matmul_expert_groups(w.mat, F, g, dx.as<float>(), k, grouped_tc.as<float>(), nullptr, true);

@@ -204,6 +204,9 @@ TEST(DeviceCli, BenchModelSubcommandIsTheModelBenchmark) {
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_TRUE(contains(r.out, "prefill 2 x 10 tokens")) << r.out;
   EXPECT_TRUE(contains(r.out, "decode 2 steps of batch 2, context 11..12")) << r.out;
+  const CliResult bad_p = cli("bench model --model " + model() + " --top-p 1.5");
+  EXPECT_NE(bad_p.status, 0);
+  EXPECT_TRUE(contains(bad_p.out, "--top-p")) << bad_p.out;
   const CliResult missing = cli("bench model --prompt 10");
   EXPECT_NE(missing.status, 0);
   EXPECT_TRUE(contains(missing.out, "bench needs --model FILE")) << missing.out;
@@ -320,6 +323,12 @@ TEST(DeviceCli, GpuCommandsRunAndAgreeWithTheCpu) {
   const CliResult bench = cli("bench -m " + model() + " --prompt 32 --gen 8 --device cuda");
   ASSERT_EQ(bench.status, 0) << bench.out;
   EXPECT_TRUE(contains(bench.out, "decode 8 steps of batch 1, context 33..40 (tokens drawn on the GPU)")) << bench.out;
+  const CliResult drawn = cli("bench -m " + model() + " --prompt 32 --gen 8 --batch 2 --device cuda --temperature 0.8 "
+                              "--top-p 0.9 --top-k 40");
+  ASSERT_EQ(drawn.status, 0) << drawn.out;
+  EXPECT_TRUE(contains(drawn.out, "decode 8 steps of batch 2, context 33..40 (tokens drawn on the GPU, temperature "
+                                  "0.8, top-p 0.9, top-k 40)"))
+      << drawn.out;
   const CliResult batched = cli("bench -m " + model() + " --prompt 32 --gen 8 --batch 3 --device cuda --host-logits");
   ASSERT_EQ(batched.status, 0) << batched.out;
   EXPECT_TRUE(contains(batched.out, "prefill 3 x 32 tokens")) << batched.out;

@@ -190,8 +190,19 @@ int64_t mma_min_tokens(gguf::GgmlType t) {
   return kDecodeMaxTokens + 1;
 }
 
+bool mma_one_token_supported(gguf::GgmlType t) { return t == gguf::GgmlType::Q4_K; }
+
+void matmul_decode_mma_one(const QuantMatrix& w, const float* x, float* y, Stream s) {
+  if (!mma_one_token_supported(w.type))
+    fail("cuda::matmul_decode_mma_one: no one-token tensor-core kernel for {} (q4_K has one)", gguf::type_name(w.type));
+  const MatArgs a = checked_product(w, x, 1, y, "matmul_decode_mma_one");
+  launch_gemv_mma_one(w.type, a, static_cast<cudaStream_t>(s));
+}
+
 void matmul(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s) {
-  if (n_tokens >= mma_min_tokens(w.type) && n_tokens <= kDecodeMaxTokens)
+  if (n_tokens == 1 && mma_one_token_supported(w.type))
+    matmul_decode_mma_one(w, x, y, s);
+  else if (n_tokens >= mma_min_tokens(w.type) && n_tokens <= kDecodeMaxTokens)
     matmul_decode_mma(w, x, n_tokens, y, s);
   else if (n_tokens <= kDecodeMaxTokens)
     matmul_decode(w, x, n_tokens, y, s);
@@ -210,8 +221,10 @@ void launch_decode(const TypeKernels& k, const MatArgs& a, bool tensor_cores, St
 }  // namespace
 
 void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
-                    const float* x, int64_t x_div, float* y, Stream s, bool tensor_cores) {
+                    const float* x, int64_t x_div, float* y, Stream s, ExpertKernel kernel) {
   const TypeKernels& k = kernels_for(w.type, "matmul_experts");
+  if (kernel == ExpertKernel::kOneToken && !mma_one_token_supported(w.type))
+    fail("cuda::matmul_experts: no one-token tensor-core kernel for {} (q4_K has one)", gguf::type_name(w.type));
   if (rows_per_expert <= 0 || w.n_rows % rows_per_expert != 0)
     fail("cuda::matmul_experts: {} rows are not whole experts of {} rows", w.n_rows, rows_per_expert);
   if (x_div <= 0) fail("cuda::matmul_experts: x_div must be > 0, got {}", x_div);
@@ -220,7 +233,9 @@ void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t
   a.n_rows = rows_per_expert;
   a.expert_ids = expert_ids;
   a.x_div = x_div;
-  if (n_pairs > 0) launch_decode(k, a, tensor_cores, s);
+  if (n_pairs == 0) return;
+  if (kernel == ExpertKernel::kOneToken) launch_gemv_mma_one(w.type, a, static_cast<cudaStream_t>(s));
+  else launch_decode(k, a, kernel == ExpertKernel::kTensorCores, s);
 }
 
 void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g, const float* x,

@@ -13,10 +13,12 @@
 //           kernel adds a multiply-add per weight and token. Batch invariant among the token
 //           counts it takes; agrees with the fp32 product to ~1e-2 relative (bf16 roundings, as
 //           the prefill kernel). matmul takes it from mma_min_tokens(type) to kDecodeMaxTokens
-//           tokens (Q4_K 2, Q6_K 3): one token stays on the fp32 kernel, as fast or faster on Q6_K
-//           and the small Q4_K shapes (H200; on the large Q4_K ones the tensor-core kernel now leads,
-//           docs/PERFORMANCE.md session 7), so a token's bits under matmul differ between one token
-//           and a batch; matmul_decode (the precise mode's choice) stays the fp32 kernel at every T.
+//           tokens (Q4_K 2, Q6_K 3). One Q6_K token stays on the fp32 kernel (faster there, H200).
+//   one-token tensor-core decode (Q4_K: mma_one_token_supported): the mma's n holds the scale
+//           groups instead of tokens, weights exact, only activations rounded to bf16 (~2e-3
+//           relative); matmul's kernel for one Q4_K token. So a token's bits under matmul differ
+//           between one token and a batch; matmul_decode (the precise mode's choice) stays the
+//           fp32 kernel at every T.
 //   prefill (T > kDecodeMaxTokens): tiles of 128 rows x 32, 64 or 128 tokens, weights dequantized
 //           to bf16 in shared memory, activations rounded to bf16, tensor-core mma.sync with fp32
 //           accumulation. Relative error 2e-3 to 6e-3 against the fp32 product (two bf16
@@ -61,6 +63,14 @@ void matmul(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, St
 void matmul_decode(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 bool mma_decode_supported(gguf::GgmlType t);
 int64_t mma_min_tokens(gguf::GgmlType t);  // the fewest tokens matmul sends to it (> kDecodeMaxTokens: never)
+// The one-token tensor-core kernel (Q4_K): the mma's n holds a 256-block's 8 scale groups instead of
+// tokens, the weights enter as exact bf16 integers and their scales are applied per group in fp32
+// (gemv_mma.cu), so only the activations are rounded to bf16: closer to the fp32 product than the
+// kernel above, about half its instructions per weight. One token per call (or per expert pair).
+// matmul takes it for every one-token product of these types: as fast as or faster than the fp32
+// kernel on every shape measured (H200, docs/PERFORMANCE.md).
+bool mma_one_token_supported(gguf::GgmlType t);
+void matmul_decode_mma_one(const QuantMatrix& w, const float* x, float* y, Stream s);
 void matmul_decode_mma(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 
@@ -70,10 +80,12 @@ void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, floa
 // x_div = k (experts per token) for gate/up (x: [tokens, n_cols]), 1 for down (x: [pairs, n_cols]).
 // Pairs with a negative id are skipped (their output rows are not written). Each pair is summed
 // exactly as the one-token decode product sums it (batch invariant).   y: [n_pairs, rows_per_expert]
-// tensor_cores: the tensor-core decode kernel where mma_decode_supported (the fast mode), summed as
-// its one-token product sums it; else the fp32 decode kernel.
+// kernel: the fp32 decode kernel; the tensor-core one where mma_decode_supported, summed as its
+// one-token product sums it (so equal to matmul_expert_groups with tensor_cores); or the one-token
+// tensor-core kernel (mma_one_token_supported types; the fast mode's choice at batch 1).
+enum class ExpertKernel { kFp32, kTensorCores, kOneToken };
 void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
-                    const float* x, int64_t x_div, float* y, Stream s, bool tensor_cores = false);
+                    const float* x, int64_t x_div, float* y, Stream s, ExpertKernel kernel = ExpertKernel::kFp32);
 
 // The experts' products grouped by expert, without a host round trip (cuda::moe_group's output on
 // the device): each expert with pairs reads its weights once for all of them. For every active
@@ -81,7 +93,8 @@ void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t
 // y[j] = W_e x[perm[j] / x_div] (x[j] when perm is null: activations already in grouped order).
 // max_groups bounds *n_active (min(experts, pairs)); max_slots bounds the slots of one expert (the
 // tokens: an expert appears once per token). Each slot is summed as the one-token decode product
-// sums it, so the result equals matmul_experts' for the same pairs (and tensor_cores), bit for bit.
+// sums it, so the result equals matmul_experts' for the same pairs (kFp32 without tensor_cores,
+// kTensorCores with), bit for bit.
 //   y: [pairs, rows_per_expert] in grouped order (rows of experts without pairs untouched)
 struct ExpertGroups {
   const int32_t* offsets = nullptr;   // [E + 1]

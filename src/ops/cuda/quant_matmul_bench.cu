@@ -99,6 +99,7 @@ MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tok
           case BenchKernel::Auto: matmul(m, x.as<float>(), n_tokens, y.as<float>(), s); break;
           case BenchKernel::Fp32Decode: matmul_decode(m, x.as<float>(), n_tokens, y.as<float>(), s); break;
           case BenchKernel::TensorCoreDecode: matmul_decode_mma(m, x.as<float>(), n_tokens, y.as<float>(), s); break;
+          case BenchKernel::OneTokenTensorCore: matmul_decode_mma_one(m, x.as<float>(), y.as<float>(), s); break;
           case BenchKernel::Prefill: matmul_prefill(m, x.as<float>(), n_tokens, y.as<float>(), s); break;
         }
       });
@@ -108,7 +109,7 @@ MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tok
 }
 
 MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs,
-                                  bool tensor_cores) {
+                                  ExpertKernel kernel) {
   const DeviceBuffer x = to_device(bench_activations(size_t(w.n_cols)));
   const DeviceBuffer dids = to_device(random_expert_ids(w.n_rows / rows_per_expert, n_pairs, calls));
   DeviceBuffer y(size_t(n_pairs * rows_per_expert) * sizeof(float));
@@ -116,7 +117,7 @@ MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert,
   SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const double ms = graph_ms(calls, runs, s, [&](int c) {
     matmul_experts(w, rows_per_expert, dids.as<int32_t>() + c * n_pairs, n_pairs, x.as<float>(), n_pairs,
-                   y.as<float>(), s, tensor_cores);
+                   y.as<float>(), s, kernel);
   });
   SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
   const double rows = double(n_pairs) * double(rows_per_expert);

@@ -20,7 +20,7 @@ struct MatmulTiming {
 // type), so that weights larger than a fraction of the L2 cache are read from memory as in a
 // model's forward pass; pass enough copies to exceed L2.
 // kernel: which entry point the calls go through (matmul's own choice by default).
-enum class BenchKernel { Auto, Fp32Decode, TensorCoreDecode, Prefill };
+enum class BenchKernel { Auto, Fp32Decode, TensorCoreDecode, OneTokenTensorCore, Prefill };
 MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs,
                           BenchKernel kernel = BenchKernel::Auto);
 
@@ -28,9 +28,9 @@ MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tok
 // captured and replayed as bench_matmul does. Each call takes its own n_pairs distinct experts
 // drawn at random (seed 1) from w's n_rows / rows_per_expert, so that the expert weights come from
 // memory; weight_gbs counts the bytes of the experts read.
-// tensor_cores: matmul_experts' tensor-core kernel (where the type has one).
+// kernel: matmul_experts' kernel.
 MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs,
-                                  bool tensor_cores = false);
+                                  ExpertKernel kernel = ExpertKernel::kFp32);
 
 // The int8-activation products (quant_matmul_q8.h), timed as bench_matmul / bench_matmul_experts
 // time the fp32 ones: the product only, on activations quantized once before the capture (a

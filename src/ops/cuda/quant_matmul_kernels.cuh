@@ -141,6 +141,14 @@ void launch_dequantize_rows(const MatArgs& a, const int32_t* ids, int64_t n, flo
 
 // The tensor-core decode kernel (gemv_mma.cu) for the types mma_decode_supported() names.
 void launch_gemv_mma(gguf::GgmlType t, const MatArgs& a, cudaStream_t s);
+// Its one-token form (Q4_K; one token, or one per expert pair).
+void launch_gemv_mma_one(gguf::GgmlType t, const MatArgs& a, cudaStream_t s);
+// Its blocks take 16 rows each (times the pairs or groups of an expert product); with at least two
+// blocks per multiprocessor it runs three per multiprocessor (registers capped), else one.
+constexpr int64_t kMmaRowsPerBlock = 16;
+inline bool mma_takes_three_blocks(int64_t n_rows, int64_t n_items, int sm_count) {
+  return (n_rows + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock * n_items >= 2 * int64_t(sm_count);
+}
 
 // Defined in gemv.cuh and gemm.cuh, which the family files include.
 template <class D>
