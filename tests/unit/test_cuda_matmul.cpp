@@ -289,8 +289,8 @@ TEST_P(CudaMatmul, TensorCoreDecodeMatchesCpu) {
     }
 }
 
-// The one-token tensor-core kernel against the CPU on shapes with row tails and 1 to 35 blocks of
-// 256 per row (partial rounds of the warps); it refuses the types it lacks.
+// The one-token tensor-core kernel against the CPU on shapes with row tails, 1 to 35 blocks of 256
+// per row (partial rounds of the warps) and many tiles per block; it refuses the types it lacks.
 TEST_P(CudaMatmul, OneTokenTensorCoreKernelMatchesCpu) {
   SPARSEMLA_REQUIRE_GPU();
   if (!mma_one_token_supported(type())) {
@@ -302,7 +302,9 @@ TEST_P(CudaMatmul, OneTokenTensorCoreKernelMatchesCpu) {
   }
   uint32_t seed = 700;
   double worst = 0;
-  for (const Shape& sh : {Shape{67, 768}, Shape{131, 256}, Shape{19, 8960}, Shape{40, 2560}, Shape{16, 4096}}) {
+  // 20000 rows: 1250 tiles of 16, more than one per block of the persistent kernel on any GPU.
+  for (const Shape& sh :
+       {Shape{67, 768}, Shape{131, 256}, Shape{19, 8960}, Shape{40, 2560}, Shape{16, 4096}, Shape{20000, 512}}) {
     const TestWeight w(type(), sh.n_rows, sh.n_cols, seed++);
     const std::vector<float> x = randn(size_t(sh.n_cols), seed++);
     std::vector<float> want(size_t(sh.n_rows));

@@ -14,10 +14,9 @@
 // Activations are rounded to bf16 (the prefill kernel's rounding), so results agree with the
 // fp32 product to ~1e-2 relative, not to fp32 rounding: precise mode keeps the fp32 kernel.
 // At 4-8 tokens it is 1.7-2x faster than the fp32 kernel, so matmul takes it from 2 (Q4_K) or 3
-// (Q6_K) tokens. One Q4_K token has its own kernel below (gemv_mma_one_kernel: half the
-// instructions, the weights exact); both wait on their loads at one token (H200: output head 197
-// us, 64% of the copy rate, whichever of the two), so staging the weights through shared memory
-// (cp.async) instead of registers is the next step there.
+// (Q6_K) tokens. One Q4_K token has its own kernel below (gemv_mma_one_kernel: the weights exact,
+// no per-weight scaling); at one token both reach the same speed (H200: output head 195 us, 65%
+// of the copy rate), limited by issue and latency together (docs/PERFORMANCE.md, session 8).
 //
 // Layout: a block takes 16 rows (one m16 tile) and all tokens; its 8 warps split the row's
 // 256-element blocks round-robin (warp w takes w, w + 8, ...), and add their fragments in warp
@@ -235,10 +234,75 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_kernel(con
 // S_n of the (bf16) activations. Thread (g, c) then holds exactly its own groups 2c, 2c + 1 for
 // rows g, g + 8 and applies their scales once per 256-block in fp32:
 //   y += d sc_n D[row][n] - (128 d sc_n + dmin m_n) S_n.
-// About 2 instructions per weight instead of 3.7, and the weights' values are not rounded to bf16
-// (only the activations are), so it is closer to the fp32 product than the kernel above. Not the
+// The weights' values are not rounded to bf16 (only the activations are), so it is closer to the
+// fp32 product than the kernel above (2.2e-3 against ~8e-3 relative on the test shapes). Not the
 // kernel above's bits: matmul takes it for every one-token Q4_K product (as fast as or faster than
-// the fp32 kernel on every shape measured, H200).
+// the fp32 kernel on every shape measured, H200). Nsight Compute (output head): 3.4 instructions
+// per weight (the inner loop ~1.8: per mma pair a mask, 4 byte permutes, the activation load
+// with its zero fill and bf16 packing; the rest the per-group scales and per-block overhead), 57%
+// of the issue slots used, 1.7 eligible warps of 5.75.
+
+// One 256-block of rows g, g + 8 for thread (g, c): tot[row] += its groups 2c, 2c + 1. x: the
+// token's activations at this thread's quarter of the block (x + 256 kb + 64 c).
+__device__ __forceinline__ void one_token_block(const Q4KMma::Raw (&r)[2], const float* x, int g, int c,
+                                                float (&tot)[2]) {
+  const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};  // bf16 pairs (1, 1)
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const uint32_t q[2][8] = {{r[0].q0.x, r[0].q0.y, r[0].q0.z, r[0].q0.w, r[0].q1.x, r[0].q1.y, r[0].q1.z, r[0].q1.w},
+                            {r[1].q0.x, r[1].q0.y, r[1].q0.z, r[1].q0.w, r[1].q1.x, r[1].q1.y, r[1].q1.z, r[1].q1.w}};
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      uint32_t b0, b1;
+      load_b(x + 32 * h + 4 * j, g == 2 * c + h, b0, b1);
+      uint32_t aw[4];
+#pragma unroll
+      for (int row = 0; row < 2; ++row) {
+        const uint32_t nib = (h ? q[row][j] >> 4 : q[row][j]) & 0x0F0F0F0Fu;
+        aw[row] = __byte_perm(nib, 0x43434343u, 0x4140);
+        aw[2 + row] = __byte_perm(nib, 0x43434343u, 0x4342);
+      }
+      mma_bf16_16816(acc, aw, b0, b1);
+      mma_bf16_16816(sum, ones, b0, b1);
+    }
+  // acc: [row g, group 2c], [g, 2c + 1], [g + 8, 2c], [g + 8, 2c + 1]; sum likewise (rows alike).
+#pragma unroll
+  for (int row = 0; row < 2; ++row) {
+    const float d = half_to_f(r[row].hd.x & 0xFFFF), dmin = half_to_f(r[row].hd.x >> 16);
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      int sc, m;
+      dq::k4_scale_min(r[row].hd.y, r[row].hd.z, r[row].hd.w, 2 * c + n, &sc, &m);
+      const float scale = __fmul_rn(d, int_to_f(sc));
+      const float coef = __fmaf_rn(128.0f, scale, __fmul_rn(dmin, int_to_f(m)));
+      tot[row] = __fmaf_rn(scale, acc[2 * row + n], __fmaf_rn(-coef, sum[2 * row + n], tot[row]));
+    }
+  }
+}
+
+// Rows g and g + 8 summed over the 4 threads of a row (c), then over the warps in order: y[0, 16).
+__device__ __forceinline__ void one_token_store(float (&tot)[2], float (&part)[kMmaWarps][kMmaRows], int64_t row0,
+                                                int64_t n_rows, float* y) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int row = 0; row < 2; ++row) {
+    tot[row] += __shfl_xor_sync(0xffffffffu, tot[row], 1);
+    tot[row] += __shfl_xor_sync(0xffffffffu, tot[row], 2);
+  }
+  if (c == 0) {
+    part[warp][g] = tot[0];
+    part[warp][g + 8] = tot[1];
+  }
+  __syncthreads();
+  if (y && threadIdx.x < kMmaRows) {
+    float v = part[0][threadIdx.x];
+#pragma unroll
+    for (int k = 1; k < kMmaWarps; ++k) v += part[k][threadIdx.x];
+    if (row0 + threadIdx.x < n_rows) y[row0 + threadIdx.x] = v;
+  }
+}
+
 template <int U, int MinBlocks>
 __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel(const MatArgs a) {
   __shared__ float part[kMmaWarps][kMmaRows];
@@ -251,42 +315,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel
   const uint8_t* w[2] = {v.w + uint64_t(min(row0 + g, a.n_rows - 1)) * a.row_bytes,
                          v.w + uint64_t(min(row0 + g + 8, a.n_rows - 1)) * a.row_bytes};
   const float* x = v.token(a, 0) + 64 * c;
-  const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};  // bf16 pairs (1, 1)
   float tot[2] = {0.0f, 0.0f};  // rows g, g + 8
-  const auto block = [&](const Q4KMma::Raw (&r)[2], int kb) {
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const uint32_t q[2][8] = {{r[0].q0.x, r[0].q0.y, r[0].q0.z, r[0].q0.w, r[0].q1.x, r[0].q1.y, r[0].q1.z, r[0].q1.w},
-                              {r[1].q0.x, r[1].q0.y, r[1].q0.z, r[1].q0.w, r[1].q1.x, r[1].q1.y, r[1].q1.z, r[1].q1.w}};
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        uint32_t b0, b1;
-        load_b(x + int64_t(kb) * 256 + 32 * h + 4 * j, g == 2 * c + h, b0, b1);
-        uint32_t aw[4];
-#pragma unroll
-        for (int row = 0; row < 2; ++row) {
-          const uint32_t nib = (h ? q[row][j] >> 4 : q[row][j]) & 0x0F0F0F0Fu;
-          aw[row] = __byte_perm(nib, 0x43434343u, 0x4140);
-          aw[2 + row] = __byte_perm(nib, 0x43434343u, 0x4342);
-        }
-        mma_bf16_16816(acc, aw, b0, b1);
-        mma_bf16_16816(sum, ones, b0, b1);
-      }
-    // acc: [row g, group 2c], [g, 2c + 1], [g + 8, 2c], [g + 8, 2c + 1]; sum likewise (rows alike).
-#pragma unroll
-    for (int row = 0; row < 2; ++row) {
-      const float d = half_to_f(r[row].hd.x & 0xFFFF), dmin = half_to_f(r[row].hd.x >> 16);
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        int sc, m;
-        dq::k4_scale_min(r[row].hd.y, r[row].hd.z, r[row].hd.w, 2 * c + n, &sc, &m);
-        const float scale = __fmul_rn(d, int_to_f(sc));
-        const float coef = __fmaf_rn(128.0f, scale, __fmul_rn(dmin, int_to_f(m)));
-        tot[row] = __fmaf_rn(scale, acc[2 * row + n], __fmaf_rn(-coef, sum[2 * row + n], tot[row]));
-      }
-    }
-  };
   int kb = warp;
   for (; kb + (U - 1) * kMmaWarps < n_blocks; kb += U * kMmaWarps) {
     Q4KMma::Raw r[U][2];
@@ -295,31 +324,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel
 #pragma unroll
       for (int row = 0; row < 2; ++row) r[u][row] = Q4KMma::load(w[row] + uint64_t(kb + u * kMmaWarps) * Q4KMma::kBytes, c);
 #pragma unroll
-    for (int u = 0; u < U; ++u) block(r[u], kb + u * kMmaWarps);
+    for (int u = 0; u < U; ++u) one_token_block(r[u], x + int64_t(kb + u * kMmaWarps) * 256, g, c, tot);
   }
   for (; kb < n_blocks; kb += kMmaWarps) {
     Q4KMma::Raw r[2];
 #pragma unroll
     for (int row = 0; row < 2; ++row) r[row] = Q4KMma::load(w[row] + uint64_t(kb) * Q4KMma::kBytes, c);
-    block(r, kb);
+    one_token_block(r, x + int64_t(kb) * 256, g, c, tot);
   }
-  // The 4 threads of a row (c), then the warps in order.
-#pragma unroll
-  for (int row = 0; row < 2; ++row) {
-    tot[row] += __shfl_xor_sync(0xffffffffu, tot[row], 1);
-    tot[row] += __shfl_xor_sync(0xffffffffu, tot[row], 2);
-  }
-  if (c == 0) {
-    part[warp][g] = tot[0];
-    part[warp][g + 8] = tot[1];
-  }
-  __syncthreads();
-  if (threadIdx.x < kMmaRows) {
-    float y = part[0][threadIdx.x];
-#pragma unroll
-    for (int k = 1; k < kMmaWarps; ++k) y += part[k][threadIdx.x];
-    if (row0 + threadIdx.x < a.n_rows) v.y[row0 + threadIdx.x] = y;
-  }
+  one_token_store(tot, part, row0, a.n_rows, v.y);
 }
 
 template <class M>
@@ -342,7 +355,8 @@ void launch_gemv_mma_one(gguf::GgmlType t, const MatArgs& a, cudaStream_t s) {
   if (a.group_offsets || (!a.expert_ids && a.n_tokens != 1))
     fail("cuda::launch_gemv_mma_one: one token per product (got {} tokens{})", a.n_tokens,
          a.group_offsets ? ", grouped" : "");
-  const dim3 grid(unsigned(ceil_div(a.n_rows, kMmaRows)), a.expert_ids ? unsigned(a.n_tokens) : 1u);
+  const int64_t tiles_per_item = ceil_div(a.n_rows, kMmaRows), items = a.expert_ids ? a.n_tokens : 1;
+  const dim3 grid{unsigned(tiles_per_item), unsigned(items)};
   if (mma_takes_three_blocks(a.n_rows, grid.y, a.sm_count))
     pdl::launch(gemv_mma_one_kernel<2, 3>, grid, kMmaWarps * 32, 0, s, a);
   else

@@ -66,7 +66,7 @@ int64_t mma_min_tokens(gguf::GgmlType t);  // the fewest tokens matmul sends to 
 // The one-token tensor-core kernel (Q4_K): the mma's n holds a 256-block's 8 scale groups instead of
 // tokens, the weights enter as exact bf16 integers and their scales are applied per group in fp32
 // (gemv_mma.cu), so only the activations are rounded to bf16: closer to the fp32 product than the
-// kernel above, about half its instructions per weight. One token per call (or per expert pair).
+// kernel above. One token per call (or per expert pair).
 // matmul takes it for every one-token product of these types: as fast as or faster than the fp32
 // kernel on every shape measured (H200, docs/PERFORMANCE.md).
 bool mma_one_token_supported(gguf::GgmlType t);
