@@ -83,6 +83,17 @@ struct Q4KMma {
   __device__ static Raw load(const uint8_t* b, int c) {
     return {ld128(b), ld128(b + 16 + 32 * c), ld128(b + 32 + 32 * c)};
   }
+  // Thread c's groups 2c + n: scale d * sc and min dmin * m in fp32 (a weight is scale * q - min).
+  __device__ static void group_scales(const Raw& r, int c, float (&scale)[2], float (&min)[2]) {
+    const float d = half_to_f(r.hd.x & 0xFFFF), dmin = half_to_f(r.hd.x >> 16);
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      int s, m;
+      dq::k4_scale_min(r.hd.y, r.hd.z, r.hd.w, 2 * c + n, &s, &m);
+      scale[n] = __fmul_rn(d, int_to_f(s));
+      min[n] = __fmul_rn(dmin, int_to_f(m));
+    }
+  }
   // acc += W[rows g, g + 8][this block] x[token g] over this thread's 64 columns.
   __device__ static void step(const Raw (&r)[2], int c, const float* xb, bool has, float (&acc)[4]) {
     // Centred: (128 + q) - 136 = q - 8 exactly, times d*sc, plus 8 d*sc - dmin*m (rounded once to
@@ -94,14 +105,12 @@ struct Q4KMma {
     __nv_bfloat162 sc[2][2], off[2][2];  // [row][group n]
 #pragma unroll
     for (int row = 0; row < 2; ++row) {
-      const float d = half_to_f(r[row].hd.x & 0xFFFF), dmin = half_to_f(r[row].hd.x >> 16);
+      float scale[2], min[2];
+      group_scales(r[row], c, scale, min);
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
-        int s, m;
-        dq::k4_scale_min(r[row].hd.y, r[row].hd.z, r[row].hd.w, 2 * c + n, &s, &m);
-        const float scale = __fmul_rn(d, int_to_f(s));
-        sc[row][n] = __float2bfloat162_rn(scale);
-        off[row][n] = __float2bfloat162_rn(__fmaf_rn(8.0f, scale, -__fmul_rn(dmin, int_to_f(m))));
+        sc[row][n] = __float2bfloat162_rn(scale[n]);
+        off[row][n] = __float2bfloat162_rn(__fmaf_rn(8.0f, scale[n], -min[n]));
       }
     }
     const uint32_t q[2][8] = {{r[0].q0.x, r[0].q0.y, r[0].q0.z, r[0].q0.w, r[0].q1.x, r[0].q1.y, r[0].q1.z, r[0].q1.w},
@@ -269,14 +278,12 @@ __device__ __forceinline__ void one_token_block(const Q4KMma::Raw (&r)[2], const
   // acc: [row g, group 2c], [g, 2c + 1], [g + 8, 2c], [g + 8, 2c + 1]; sum likewise (rows alike).
 #pragma unroll
   for (int row = 0; row < 2; ++row) {
-    const float d = half_to_f(r[row].hd.x & 0xFFFF), dmin = half_to_f(r[row].hd.x >> 16);
+    float scale[2], min[2];
+    Q4KMma::group_scales(r[row], c, scale, min);
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
-      int sc, m;
-      dq::k4_scale_min(r[row].hd.y, r[row].hd.z, r[row].hd.w, 2 * c + n, &sc, &m);
-      const float scale = __fmul_rn(d, int_to_f(sc));
-      const float coef = __fmaf_rn(128.0f, scale, __fmul_rn(dmin, int_to_f(m)));
-      tot[row] = __fmaf_rn(scale, acc[2 * row + n], __fmaf_rn(-coef, sum[2 * row + n], tot[row]));
+      const float coef = __fmaf_rn(128.0f, scale[n], min[n]);
+      tot[row] = __fmaf_rn(scale[n], acc[2 * row + n], __fmaf_rn(-coef, sum[2 * row + n], tot[row]));
     }
   }
 }
