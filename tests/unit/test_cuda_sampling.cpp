@@ -84,8 +84,9 @@ std::vector<int32_t> gpu_sample(const std::vector<float>& logits, int64_t V, con
 
 std::vector<float> gpu_probs(const std::vector<float>& logits, int64_t V, const std::vector<RowSampling>& params) {
   const int64_t B = int64_t(params.size());
-  DeviceBuffer dl = to_device(logits), dp = to_device(params), dprobs(size_t(B * V) * 4);
-  sampling_probs(dl.as<float>(), B, V, dp.as<RowSampling>(), dprobs.as<float>(), nullptr);
+  DeviceBuffer dl = to_device(logits), dp = to_device(params), dprobs(size_t(B * V) * 4),
+      ws(std::max<size_t>(1, sampling_workspace_bytes(B, V)));
+  sampling_probs(dl.as<float>(), B, V, dp.as<RowSampling>(), ws.get(), dprobs.as<float>(), nullptr);
   return to_host<float>(dprobs, size_t(B * V));
 }
 

@@ -167,8 +167,183 @@ __device__ double uniform01(uint64_t seed, uint64_t step) {
   return double(((uint64_t(r.x) << 32) | r.y) >> 11) * 0x1.0p-53;  // 53 bits, as engine::uniform01
 }
 
+// The weight of logit li as filter_candidates computes it: (l - top) / T in fp32, its exp correctly
+// rounded to fp32, which is glibc's expf on all but ~0.06% of inputs (those by one ulp): the
+// filters see the CPU's weights.
+__device__ __forceinline__ float weight_of(float li, float top, float inv_t) {
+  return float(exp(double((li - top) * inv_t)));
+}
+
+// Which binade of the weight a logit falls in, estimated from the logit alone (fp32: an edge may
+// come out one binade off): 0 for (1/2, 1], b for (2^-(b+1), 2^-b], 63 for anything smaller (and
+// NaN, -inf).
+constexpr int kBinades = 64;
+__device__ __forceinline__ int binade_of(float li, float top, float inv_t) {
+  const float z = (top - li) * inv_t * 1.44269504f;  // -log2(weight)
+  return z < float(kBinades - 1) ? max(int(z), 0) : kBinades - 1;
+}
+
+// f(r[i], i) for i in [lo, hi) in order, float4 loads kLoadsInFlight at a time where r + lo .. is
+// 16-byte aligned (a scalar head and tail around them).
+template <class F>
+__device__ __forceinline__ void for_range(const float* r, int32_t lo, int32_t hi, F&& f) {
+  int32_t i = lo;
+  for (; i < hi && (reinterpret_cast<uintptr_t>(r + i) & 15) != 0; ++i) f(r[i], i);
+  for (; i + 4 * kLoadsInFlight <= hi; i += 4 * kLoadsInFlight) {
+    float4 v[kLoadsInFlight];
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) v[u] = reinterpret_cast<const float4*>(r + i)[u];
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      f(v[u].x, i + 4 * u);
+      f(v[u].y, i + 4 * u + 1);
+      f(v[u].z, i + 4 * u + 2);
+      f(v[u].w, i + 4 * u + 3);
+    }
+  }
+  for (; i < hi; ++i) f(r[i], i);
+}
+
+// The row's tokens per binade of their weight (estimated from the logits): hist[b] their count and
+// amount[b] the sum of amount_of(li) over them (integers: the same sums in any order). Every thread
+// gets both (shared).
+template <class Amount>
+__device__ void count_binades(const float* l, int32_t V, float top, float inv_t, int32_t (&hist)[kBinades],
+                              uint64_t (&amount)[kBinades], Amount&& amount_of) {
+  __shared__ int32_t counts[kThreads / 32][kBinades];
+  __shared__ uint64_t sums[kThreads / 32][kBinades];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  for (int b = threadIdx.x; b < n_warps * kBinades; b += blockDim.x) {
+    counts[b / kBinades][b % kBinades] = 0;
+    sums[b / kBinades][b % kBinades] = 0;
+  }
+  __syncthreads();
+  // Shared-memory adds per token; a warp whose tokens share one binade (ties) adds once.
+  for_row(l, V, [&](float li, int32_t) {
+    const uint64_t a = amount_of(li);
+    const int b = binade_of(li, top, inv_t);
+    const unsigned active = __activemask();
+    if (active == kFullWarp && __all_sync(kFullWarp, b == __shfl_sync(kFullWarp, b, 0))) {
+      const uint64_t t = warp_sum(a);
+      if (lane == 0) {
+        atomicAdd(&counts[warp][b], 32);
+        if (t) atomicAdd(reinterpret_cast<unsigned long long*>(&sums[warp][b]), (unsigned long long)t);
+      }
+    } else {
+      atomicAdd(&counts[warp][b], 1);
+      if (a) atomicAdd(reinterpret_cast<unsigned long long*>(&sums[warp][b]), (unsigned long long)a);
+    }
+  });
+  __syncthreads();
+  for (int b = threadIdx.x; b < kBinades; b += blockDim.x) {
+    int32_t c = 0;
+    uint64_t m = 0;
+    for (int k = 0; k < n_warps; ++k) {
+      c += counts[k][b];
+      m += sums[k][b];
+    }
+    hist[b] = c;
+    amount[b] = m;
+  }
+  __syncthreads();
+}
+
+// The tokens of binades 0 .. last in id order: exact weights to w[0, n), ids to id_of[0, n);
+// returns n, and *n_cand = the min-p candidates among them. Contiguous id ranges per thread, their
+// offsets by a block scan.
+__device__ int32_t copy_binades(const float* l, int32_t V, float top, float inv_t, int last, float min_p, float* w,
+                                int32_t* id_of, int32_t* n_cand) {
+  const int32_t per = (V + int32_t(blockDim.x) - 1) / int32_t(blockDim.x);
+  const int32_t lo = min(V, per * int32_t(threadIdx.x)), hi = min(V, lo + per);
+  int32_t mine = 0;
+  for_range(l, lo, hi, [&](float li, int32_t) { mine += binade_of(li, top, inv_t) <= last; });
+  int32_t all = 0;
+  int32_t at = block_exclusive_scan(mine, &all);
+  int32_t cand = 0;
+  for_range(l, lo, hi, [&](float li, int32_t i) {
+    if (binade_of(li, top, inv_t) > last) return;
+    const float v = weight_of(li, top, inv_t);
+    w[at] = v;
+    id_of[at] = i;
+    ++at;
+    cand += candidate(v, min_p);
+  });
+  *n_cand = block_sum(cand);  // (its barriers also publish w and id_of)
+  return all;
+}
+
+// A row's candidates for the filters without the whole row's weights: the tokens of the binades
+// down to one past the binade where the cut must fall (one binade of margin for the estimate's
+// edges and for weights that tie across logits), copied in id order (copy_binades). Every token a
+// filter can keep is among them. Returns n, or -1 when no binade bounds the cut or more than `cap`
+// tokens would be copied (rows of near ties): the caller filters the whole row.
+//  - top-k (k > 0): the binade where the count reaches k; top-k keeps the k largest weights, and
+//    the min-p and top-p cuts fall inside them. *n_cand counts the min-p candidates among the copy:
+//    all of the row's when a copied token fails min-p (every smaller weight fails too); when none
+//    fails, n_cand >= k and the row's count can only exceed k where the copy holds more than k, so
+//    top_k < n_cand decides as the whole row's count would.
+//  - top-p alone: the row's min-p count (*n_cand) and mass (*mass, summed as the whole-row filter
+//    sums it: the same target) are computed in the counting pass; the cut falls where the mass of
+//    the min-p candidates counted from the top (each weight truncated to 2^-32: a lower bound)
+//    reaches top_p x mass.
+constexpr double kMassUnit = 4294967296.0;  // 2^32: fixed-point weights of the top-p bound
+__device__ int32_t compact_candidates(const float* l, int32_t V, float top, float inv_t, const RowSampling& p,
+                                      int32_t cap, float* w, int32_t* id_of, int32_t* n_cand, double* mass) {
+  __shared__ int32_t hist[kBinades];
+  __shared__ uint64_t amount[kBinades];
+  __shared__ int s_last;
+  const int lane = threadIdx.x & 31;
+  const bool by_count = p.top_k > 0;
+  double m = 0.0;
+  int32_t c = 0;
+  count_binades(l, V, top, inv_t, hist, amount, [&](float li) -> uint64_t {
+    if (by_count) return 0;
+    const float v = weight_of(li, top, inv_t);
+    if (!candidate(v, p.min_p)) return 0;
+    m += v;
+    ++c;
+    return uint64_t(double(v) * kMassUnit);
+  });
+  if (!by_count) {
+    *mass = block_sum(m);
+    *n_cand = block_sum(c);
+  }
+  if (threadIdx.x < 32) {  // lane j holds binades 2j, 2j + 1; the first binade where the target is reached
+    double v[2];
+    for (int h = 0; h < 2; ++h) {
+      const int b = 2 * lane + h;
+      v[h] = by_count ? double(hist[b]) : b < kBinades - 1 ? double(amount[b]) : 0.0;
+    }
+    double incl = v[0] + v[1];
+    for (int o = 1; o < 32; o <<= 1) {
+      const double up = __shfl_up_sync(kFullWarp, incl, o);
+      if (lane >= o) incl += up;
+    }
+    const double before = incl - v[0] - v[1];
+    const double target = by_count ? double(p.top_k) : double(p.top_p) * *mass * kMassUnit;
+    const unsigned reach = __ballot_sync(kFullWarp, incl >= target);
+    int last = kBinades;  // never reached: no binade bounds the cut
+    if (reach) {
+      const int f = __ffs(reach) - 1;
+      const double bf = __shfl_sync(kFullWarp, before, f), v0 = __shfl_sync(kFullWarp, v[0], f);
+      last = (bf + v0 >= target ? 2 * f : 2 * f + 1) + 1;
+    }
+    if (lane == 0) s_last = last;
+  }
+  __syncthreads();
+  const int last = s_last;
+  if (last >= kBinades - 1) return -1;
+  int32_t n = 0;
+  for (int b = 0; b <= last; ++b) n += hist[b];
+  if (n > cap) return -1;
+  int32_t copied_cand = 0;
+  n = copy_binades(l, V, top, inv_t, last, p.min_p, w, id_of, &copied_cand);
+  if (by_count) *n_cand = copied_cand;
+  return n;
+}
+
 // w: [V] scratch for the row (the weights at the temperature). Writes ids[row], or the row's probs.
-// sampling_probs passes its output as the scratch too: no __restrict__ on work and probs.
+// work and probs are distinct (sampling_probs has its own scratch).
 __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restrict__ logits, int32_t V, const RowSampling* __restrict__ params,
                               float* work, int32_t* __restrict__ ids, float* probs) {
   const int64_t row = blockIdx.x;
@@ -190,42 +365,63 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restric
   };
   if (p.temperature <= 0.0f || p.top_k == 1) return one_hot(best.index);
 
-  // As filter_candidates: (l - top) / T in fp32, its exp correctly rounded to fp32, which is
-  // glibc's expf on all but ~0.06% of inputs (those by one ulp): the filters see the CPU's weights.
+  // The filters run on n tokens: a top-k or top-p row's candidates copied in id order
+  // (compact_candidates; index j stands for id_of[j], and j's order is the ids'), or the whole row
+  // (j is the id).
   const float inv_t = 1.0f / p.temperature, top = best.value;
+  const int32_t cap = V / 2;
+  int32_t* id_of = reinterpret_cast<int32_t*>(w + (V - cap));
   int32_t n_cand = 0;
-  for_row(l, V, [&](float li, int32_t i) {
-    const float v = float(exp(double((li - top) * inv_t)));
-    w[i] = v;
-    n_cand += candidate(v, p.min_p);
-  });
-  n_cand = block_sum(n_cand);  // (its barriers also publish w)
+  double p_mass = -1.0;  // top-p alone, copied: the whole row's mass the target is taken of
+  int32_t n = p.top_k > 0 || p.top_p < 1.0f
+                  ? compact_candidates(l, V, top, inv_t, p, cap, w, id_of, &n_cand, &p_mass)
+                  : -1;
+  if (n < 0) {
+    n = V;
+    n_cand = 0;
+    p_mass = -1.0;
+    id_of = nullptr;
+    for_row(l, V, [&](float li, int32_t i) {
+      const float v = weight_of(li, top, inv_t);
+      w[i] = v;
+      n_cand += candidate(v, p.min_p);
+    });
+    n_cand = block_sum(n_cand);  // (its barriers also publish w)
+  }
   if (n_cand == 0) return one_hot(best.index);  // only with non-finite logits, as the CPU
-
   RowFilter f{p.min_p, p.top_k > 0 && p.top_k < n_cand, p.top_p < 1.0f, Cut{}, Cut{}};
   if (f.k_on)
-    f.k_cut = radix_cut(w, V, true, double(p.top_k), [&](float v, int32_t) { return candidate(v, f.min_p); });
+    f.k_cut = radix_cut(w, n, true, double(p.top_k), [&](float v, int32_t) { return candidate(v, f.min_p); });
   if (f.p_on) {
     double mass = 0.0;
-    for_row(w, V, [&](float v, int32_t i) {
-      if (after_top_k(v, i, f)) mass += v;
-    });
-    const double target = double(p.top_p) * block_sum(mass);
-    f.p_cut = radix_cut(w, V, false, target, [&](float v, int32_t i) { return after_top_k(v, i, f); });
+    if (p_mass < 0.0)
+      for_row(w, n, [&](float v, int32_t i) {
+        if (after_top_k(v, i, f)) mass += v;
+      });
+    const double target = double(p.top_p) * (p_mass < 0.0 ? block_sum(mass) : p_mass);
+    f.p_cut = radix_cut(w, n, false, target, [&](float v, int32_t i) { return after_top_k(v, i, f); });
   }
 
-  // The kept mass per contiguous id range, scanned: the ranges tile [0, total) in id order.
-  const int32_t per = (V + int32_t(blockDim.x) - 1) / int32_t(blockDim.x);
-  const int32_t lo = min(V, per * int32_t(threadIdx.x)), hi = min(V, lo + per);
+  // The kept mass per contiguous range of j, scanned: the ranges tile [0, total) in id order.
+  const int32_t per = (n + int32_t(blockDim.x) - 1) / int32_t(blockDim.x);
+  const int32_t lo = min(n, per * int32_t(threadIdx.x)), hi = min(n, lo + per);
   double mass = 0.0;
-  for (int32_t i = lo; i < hi; ++i)
-    if (kept(w[i], i, f)) mass += w[i];
+  for_range(w, lo, hi, [&](float v, int32_t j) {
+    if (kept(v, j, f)) mass += v;
+  });
   double total = 0.0;
   const double start = block_exclusive_scan(mass, &total);
 
   if (probs) {
-    for (int32_t i = threadIdx.x; i < V; i += blockDim.x)
-      probs[row * V + i] = kept(w[i], i, f) ? float(double(w[i]) / total) : 0.0f;
+    if (!id_of) {
+      for (int32_t i = threadIdx.x; i < V; i += blockDim.x)
+        probs[row * V + i] = kept(w[i], i, f) ? float(double(w[i]) / total) : 0.0f;
+      return;
+    }
+    for (int32_t i = threadIdx.x; i < V; i += blockDim.x) probs[row * V + i] = 0.0f;
+    __syncthreads();
+    for (int32_t j = threadIdx.x; j < n; j += blockDim.x)
+      if (kept(w[j], j, f)) probs[row * V + id_of[j]] = float(double(w[j]) / total);
     return;
   }
   __shared__ double starts[kThreads + 1];
@@ -240,13 +436,13 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* __restric
   if (starts[threadIdx.x] <= u && u < starts[threadIdx.x + 1]) {  // exactly one range holds u
     double cum = start;
     int32_t id = -1;
-    for (int32_t i = lo; i < hi; ++i) {
-      if (!kept(w[i], i, f)) continue;
-      id = i;  // the last kept one, should rounding carry u past the range's own sum
-      cum += w[i];
+    for (int32_t j = lo; j < hi; ++j) {
+      if (!kept(w[j], j, f)) continue;
+      id = j;  // the last kept one, should rounding carry u past the range's own sum
+      cum += w[j];
       if (u < cum) break;
     }
-    ids[row] = id;
+    ids[row] = id_of && id >= 0 ? id_of[id] : id;
   }
 }
 
@@ -272,11 +468,12 @@ void sample(const float* logits, int64_t B, int64_t V, const RowSampling* params
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
-void sampling_probs(const float* logits, int64_t B, int64_t V, const RowSampling* params, float* probs, Stream s) {
+void sampling_probs(const float* logits, int64_t B, int64_t V, const RowSampling* params, void* workspace,
+                    float* probs, Stream s) {
   check_shape("sampling_probs", B, V);
   if (B == 0) return;
-  // The weights are computed in probs itself, then overwritten by the normalized probabilities.
-  sample_kernel<<<int(B), row_threads(V), 0, stream_of(s)>>>(logits, int32_t(V), params, probs, nullptr, probs);
+  sample_kernel<<<int(B), row_threads(V), 0, stream_of(s)>>>(logits, int32_t(V), params, static_cast<float*>(workspace),
+                                                        nullptr, probs);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 

@@ -26,7 +26,7 @@ struct RowSampling {
   uint64_t step = 0;         // the request's draw number: advance it by one per sampled token
 };
 
-// Bytes of device scratch that sample() needs for B rows of V logits.
+// Bytes of device scratch that sample() and sampling_probs() need for B rows of V logits.
 size_t sampling_workspace_bytes(int64_t B, int64_t V);
 
 // One token per row.   logits: [B, V] fp32   params: [B]   ids: [B] int32
@@ -36,6 +36,7 @@ void sample(const float* logits, int64_t B, int64_t V, const RowSampling* params
 // The distribution sample() draws from, per row: the probabilities at the temperature of the tokens
 // that survive the filters, normalized, 0 for the others; greedy rows get a one-hot on their token.
 // For tests, and for speculative decoding's acceptance test.   logits: [B, V]   probs: [B, V] fp32
-void sampling_probs(const float* logits, int64_t B, int64_t V, const RowSampling* params, float* probs, Stream s);
+void sampling_probs(const float* logits, int64_t B, int64_t V, const RowSampling* params, void* workspace,
+                    float* probs, Stream s);
 
 }  // namespace sparsemla::cuda
