@@ -10,7 +10,11 @@
 // One block per row. The filters never sort: each cut (top-k, top-p) is found by a radix select
 // over the bits of the row's weights (positive floats order as their bit patterns), 4 bits a pass,
 // walking from the most likely end until the count (top-k) or the mass (top-p) reaches its target;
-// ties at the cut keep the lower ids, as the CPU's (weight desc, id asc) order does.
+// ties at the cut keep the lower ids, as the CPU's (weight desc, id asc) order does. A top-k or
+// top-p row runs them on a copy of its candidates (compact_candidates: the tokens down to a binade
+// bound of the cut, in id order), the others on the whole row. A row is read 8 float4 loads per
+// thread at a time: a block's pass over 154,880 logits is a chain of memory round trips, ~300
+// with one scalar load at a time (docs/PERFORMANCE.md, session 8).
 
 namespace sparsemla::cuda {
 
