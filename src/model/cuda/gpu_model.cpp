@@ -1152,8 +1152,10 @@ void GpuModel::mlp(const QuantMatrix& gate, const QuantMatrix& up, const QuantMa
 //  - up to kSyncFreeTokens tokens: the pairs grouped by expert on the device (cuda::moe_group, with
 //    the list of experts that have tokens), then one launch per product over those experts
 //    (cuda::matmul_expert_groups): each expert's weights are read once for all its tokens, and
-//    nothing waits for the host. Each pair is summed as the one-token product sums it, so these
-//    two paths give the same bits.
+//    nothing waits for the host. Each pair is summed as the one-token product sums it, so in
+//    precise mode (fp32 kernels) these two paths give the same bits; the fast mode takes the
+//    tensor-core kernel for groups and, at one token, the one-token kernel for Q4_K (faster, and
+//    closer to fp32), so its bits differ between batch 1 and a batch.
 //  - larger batches (prefill): the per-expert token counts are read back to the host (one
 //    synchronization per MoE layer) and each expert with tokens runs cuda::matmul over its rows of
 //    the stacked expert tensors, on the tokens gathered for it (tensor cores past 16 tokens).
