@@ -83,6 +83,13 @@ struct Q4KMma {
   __device__ static Raw load(const uint8_t* b, int c) {
     return {ld128(b), ld128(b + 16 + 32 * c), ld128(b + 32 + 32 * c)};
   }
+  // Word j (0..7) of a row's quarter: columns 64c + 4j .. + 4 in its low nibbles, 64c + 32 + 4j ..
+  // in its high ones; half h of it (0: low, 1: high) as 4 values, one per byte.
+  __device__ static uint32_t nibbles(const Raw& r, int j, int h) {
+    const uint32_t w = j == 0 ? r.q0.x : j == 1 ? r.q0.y : j == 2 ? r.q0.z : j == 3 ? r.q0.w
+                     : j == 4 ? r.q1.x : j == 5 ? r.q1.y : j == 6 ? r.q1.z : r.q1.w;
+    return (h ? w >> 4 : w) & 0x0F0F0F0Fu;
+  }
   // Thread c's groups 2c + n: scale d * sc and min dmin * m in fp32 (a weight is scale * q - min).
   __device__ static void group_scales(const Raw& r, int c, float (&scale)[2], float (&min)[2]) {
     const float d = half_to_f(r.hd.x & 0xFFFF), dmin = half_to_f(r.hd.x >> 16);
@@ -113,8 +120,6 @@ struct Q4KMma {
         off[row][n] = __float2bfloat162_rn(__fmaf_rn(8.0f, scale[n], -min[n]));
       }
     }
-    const uint32_t q[2][8] = {{r[0].q0.x, r[0].q0.y, r[0].q0.z, r[0].q0.w, r[0].q1.x, r[0].q1.y, r[0].q1.z, r[0].q1.w},
-                              {r[1].q0.x, r[1].q0.y, r[1].q0.z, r[1].q0.w, r[1].q1.x, r[1].q1.y, r[1].q1.z, r[1].q1.w}};
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -124,7 +129,7 @@ struct Q4KMma {
         uint32_t a[4];
 #pragma unroll
         for (int row = 0; row < 2; ++row) {
-          const uint32_t v = (n ? q[row][j] >> 4 : q[row][j]) & 0x0F0F0F0Fu;
+          const uint32_t v = nibbles(r[row], j, n);
           a[row] = scale_pair(magic_pair<0x4140>(v), k136, sc[row][n], off[row][n]);
           a[2 + row] = scale_pair(magic_pair<0x4342>(v), k136, sc[row][n], off[row][n]);
         }
@@ -257,8 +262,6 @@ __device__ __forceinline__ void one_token_block(const Q4KMma::Raw (&r)[2], const
                                                 float (&tot)[2]) {
   const uint32_t ones[4] = {0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u};  // bf16 pairs (1, 1)
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const uint32_t q[2][8] = {{r[0].q0.x, r[0].q0.y, r[0].q0.z, r[0].q0.w, r[0].q1.x, r[0].q1.y, r[0].q1.z, r[0].q1.w},
-                            {r[1].q0.x, r[1].q0.y, r[1].q0.z, r[1].q0.w, r[1].q1.x, r[1].q1.y, r[1].q1.z, r[1].q1.w}};
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -268,7 +271,7 @@ __device__ __forceinline__ void one_token_block(const Q4KMma::Raw (&r)[2], const
       uint32_t aw[4];
 #pragma unroll
       for (int row = 0; row < 2; ++row) {
-        const uint32_t nib = (h ? q[row][j] >> 4 : q[row][j]) & 0x0F0F0F0Fu;
+        const uint32_t nib = Q4KMma::nibbles(r[row], j, h);
         aw[row] = __byte_perm(nib, 0x43434343u, 0x4140);
         aw[2 + row] = __byte_perm(nib, 0x43434343u, 0x4342);
       }
