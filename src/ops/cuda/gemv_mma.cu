@@ -186,6 +186,36 @@ struct Q6KMma {
   }
 };
 
+// Thread (g, c)'s two weight rows of the block's 16 (g and g + 8; rows past the end read the last).
+__device__ __forceinline__ void block_rows(const uint8_t* base, const MatArgs& a, int64_t row0, int g,
+                                           const uint8_t* (&w)[2]) {
+  w[0] = base + uint64_t(min(row0 + g, a.n_rows - 1)) * a.row_bytes;
+  w[1] = base + uint64_t(min(row0 + g + 8, a.n_rows - 1)) * a.row_bytes;
+}
+
+// This warp's 256-blocks kb = warp, warp + 8, ... of rows w[0], w[1], U at a time with all their
+// loads issued first, then the rest one at a time: step(r, kb) for each, in kb order.
+template <class M, int U, class Step>
+__device__ __forceinline__ void for_warp_blocks(const uint8_t* const (&w)[2], int n_blocks, int warp, int c,
+                                                Step&& step) {
+  int kb = warp;
+  for (; kb + (U - 1) * kMmaWarps < n_blocks; kb += U * kMmaWarps) {
+    typename M::Raw r[U][2];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int row = 0; row < 2; ++row) r[u][row] = M::load(w[row] + uint64_t(kb + u * kMmaWarps) * M::kBytes, c);
+#pragma unroll
+    for (int u = 0; u < U; ++u) step(r[u], kb + u * kMmaWarps);
+  }
+  for (; kb < n_blocks; kb += kMmaWarps) {
+    typename M::Raw r[2];
+#pragma unroll
+    for (int row = 0; row < 2; ++row) r[row] = M::load(w[row] + uint64_t(kb) * M::kBytes, c);
+    step(r, kb);
+  }
+}
+
 // Rows [16 bx, +16) for the block's tokens (BlockView), 8 tokens per pass; the block's 8 warps
 // split the row's 256-blocks round-robin, U blocks per step with all their loads issued first.
 // Measured (H200, docs/PERFORMANCE.md): 8 warps and U = 2 beat 4-16 warps per block with the next
@@ -201,28 +231,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_kernel(con
   BlockView v;
   if (!block_view(a, v)) return;
   const int n_blocks = int(a.n_cols / 256);
-  const uint8_t* w[2] = {v.w + uint64_t(min(row0 + g, a.n_rows - 1)) * a.row_bytes,
-                         v.w + uint64_t(min(row0 + g + 8, a.n_rows - 1)) * a.row_bytes};
+  const uint8_t* w[2];
+  block_rows(v.w, a, row0, g, w);
   for (int64_t t0 = 0; t0 < v.n_tokens; t0 += kMmaTokens) {
     const bool has = t0 + g < v.n_tokens;  // this thread's token g of the pass exists
     const float* x = v.token(a, min(t0 + g, v.n_tokens - 1));
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    int kb = warp;
-    for (; kb + (U - 1) * kMmaWarps < n_blocks; kb += U * kMmaWarps) {
-      typename M::Raw r[U][2];
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int row = 0; row < 2; ++row) r[u][row] = M::load(w[row] + uint64_t(kb + u * kMmaWarps) * M::kBytes, c);
-#pragma unroll
-      for (int u = 0; u < U; ++u) M::step(r[u], c, x + int64_t(kb + u * kMmaWarps) * 256, has, acc);
-    }
-    for (; kb < n_blocks; kb += kMmaWarps) {
-      typename M::Raw r[2];
-#pragma unroll
-      for (int row = 0; row < 2; ++row) r[row] = M::load(w[row] + uint64_t(kb) * M::kBytes, c);
+    for_warp_blocks<M, U>(w, n_blocks, warp, c, [&](const typename M::Raw (&r)[2], int kb) {
       M::step(r, c, x + int64_t(kb) * 256, has, acc);
-    }
+    });
     // Fragment: rows g and g + 8, tokens 2c and 2c + 1; warps added in order.
     part[warp][g][2 * c] = acc[0];
     part[warp][g][2 * c + 1] = acc[1];
@@ -272,7 +289,7 @@ __device__ __forceinline__ void one_token_block(const Q4KMma::Raw (&r)[2], const
 #pragma unroll
       for (int row = 0; row < 2; ++row) {
         const uint32_t nib = Q4KMma::nibbles(r[row], j, h);
-        aw[row] = __byte_perm(nib, 0x43434343u, 0x4140);
+        aw[row] = __byte_perm(nib, 0x43434343u, 0x4140);  // magic_pair's bits
         aw[2 + row] = __byte_perm(nib, 0x43434343u, 0x4342);
       }
       mma_bf16_16816(acc, aw, b0, b1);
@@ -322,26 +339,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel
   BlockView v;
   if (!block_view(a, v)) return;
   const int n_blocks = int(a.n_cols / 256);
-  const uint8_t* w[2] = {v.w + uint64_t(min(row0 + g, a.n_rows - 1)) * a.row_bytes,
-                         v.w + uint64_t(min(row0 + g + 8, a.n_rows - 1)) * a.row_bytes};
+  const uint8_t* w[2];
+  block_rows(v.w, a, row0, g, w);
   const float* x = v.token(a, 0) + 64 * c;
   float tot[2] = {0.0f, 0.0f};  // rows g, g + 8
-  int kb = warp;
-  for (; kb + (U - 1) * kMmaWarps < n_blocks; kb += U * kMmaWarps) {
-    Q4KMma::Raw r[U][2];
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-      for (int row = 0; row < 2; ++row) r[u][row] = Q4KMma::load(w[row] + uint64_t(kb + u * kMmaWarps) * Q4KMma::kBytes, c);
-#pragma unroll
-    for (int u = 0; u < U; ++u) one_token_block(r[u], x + int64_t(kb + u * kMmaWarps) * 256, g, c, tot);
-  }
-  for (; kb < n_blocks; kb += kMmaWarps) {
-    Q4KMma::Raw r[2];
-#pragma unroll
-    for (int row = 0; row < 2; ++row) r[row] = Q4KMma::load(w[row] + uint64_t(kb) * Q4KMma::kBytes, c);
+  for_warp_blocks<Q4KMma, U>(w, n_blocks, warp, c, [&](const Q4KMma::Raw (&r)[2], int kb) {
     one_token_block(r, x + int64_t(kb) * 256, g, c, tot);
-  }
+  });
   one_token_store(tot, part, row0, a.n_rows, v.y);
 }
 
