@@ -300,11 +300,27 @@ void expect_selection(const std::vector<int32_t>& got, const std::vector<float>&
   }
 }
 
+// A workspace that asks for one top-k path: one block per row, the span path for long rows, or the
+// team path (where the rows' blocks fit on the device at once; else the span path).
+cuda::TopKWorkspace topk_workspace(cuda::TopKPath path) {
+  cuda::TopKWorkspace ws;
+  ws.path = path;
+  return ws;
+}
+
+// Whether T rows of `stride` scores take the team path (one block per span of the row shifted to its
+// 16-byte boundary, every block resident at once) on this device.
+bool team_fits(const cuda::TopKWorkspace& ws, int64_t T, int64_t stride) {
+  return T * ((stride + 3 + kSpanTest - 1) / kSpanTest) <= ws.team_blocks;
+}
+
 void expect_same_selection(const std::vector<float>& scores, const std::vector<int32_t>& n, int64_t stride, int k,
                            const char* what) {
-  expect_selection(gpu_top_k(scores, n, stride, k, nullptr), scores, n, stride, k, std::string(what) + ", rows");
-  cuda::TopKWorkspace ws;
-  expect_selection(gpu_top_k(scores, n, stride, k, &ws), scores, n, stride, k, std::string(what) + ", spans");
+  cuda::TopKWorkspace rows = topk_workspace(cuda::TopKPath::kRows);
+  expect_selection(gpu_top_k(scores, n, stride, k, &rows), scores, n, stride, k, std::string(what) + ", rows");
+  cuda::TopKWorkspace spans = topk_workspace(cuda::TopKPath::kSpans), team = topk_workspace(cuda::TopKPath::kTeam);
+  expect_selection(gpu_top_k(scores, n, stride, k, &spans), scores, n, stride, k, std::string(what) + ", spans");
+  expect_selection(gpu_top_k(scores, n, stride, k, &team), scores, n, stride, k, std::string(what) + ", team");
 }
 
 TEST(CudaAttention, TopKEqualsTheCpuSelectionIncludingTies) {
@@ -339,6 +355,17 @@ TEST(CudaAttention, TopKEqualsTheCpuSelectionIncludingTies) {
     for (float& x : s) x = std::round(x * 4.0f);  // few levels: ties at every boundary
     expect_same_selection(s, n, stride, k, "n near k, ties");
   }
+  {  // rows that start off a 16-byte boundary (an odd stride), of lengths on both sides of k
+    const int64_t stride = 70001;
+    const std::vector<int32_t> n = {70001, 2048, 69998, 40000, 2049};
+    std::vector<float> s = random_vec(size_t(stride * n.size()), rng);
+    expect_same_selection(s, n, stride, 2048, "odd stride");
+    for (float& x : s) x = std::round(x * 8.0f);
+    expect_same_selection(s, n, stride, 2048, "odd stride, ties");
+    cuda::TopKWorkspace team = topk_workspace(cuda::TopKPath::kTeam);
+    gpu_top_k(s, n, stride, 2048, &team);
+    EXPECT_EQ(team.last_path, team_fits(team, 5, stride) ? cuda::TopKPath::kTeam : cuda::TopKPath::kSpans);
+  }
   {  // many prefill rows, causal lengths, small k as in the fixtures
     const int64_t T = 300, stride = 300;
     std::vector<int32_t> n(static_cast<size_t>(T));
@@ -350,14 +377,23 @@ TEST(CudaAttention, TopKEqualsTheCpuSelectionIncludingTies) {
   }
 }
 
-// One decode token at long context (the span path, T = 1), over score distributions that take each
+void expect_one_long_row_selections(cuda::TopKWorkspace& ws);
+
+// One decode token at long context (the span and team paths, T = 1), over score distributions that take each
 // of its ways: few keys on the boundary prefix (read back by the last block), all of them equal
 // (the mask taken as it is), many unequal ones on one 22-bit prefix, heavy ties at the boundary,
 // and rows shorter than k. One workspace serves every call: its state must be left clean.
 TEST(CudaAttention, TopKOneLongRowEqualsTheCpuSelection) {
   SPARSEMLA_REQUIRE_GPU();
+  for (cuda::TopKPath path : {cuda::TopKPath::kSpans, cuda::TopKPath::kTeam}) {
+    SCOPED_TRACE(path == cuda::TopKPath::kTeam ? "team path" : "span path");
+    cuda::TopKWorkspace ws = topk_workspace(path);
+    expect_one_long_row_selections(ws);
+  }
+}
+
+void expect_one_long_row_selections(cuda::TopKWorkspace& ws) {
   std::mt19937 rng(13);
-  cuda::TopKWorkspace ws;
   const int k = 2048;
   auto fmt_what = [](const char* what, int n) { return std::string(what) + ", n " + std::to_string(n); };
   const std::vector<int> lens = small_mode() ? std::vector<int>{20000} : std::vector<int>{131072, 200000};
@@ -398,6 +434,8 @@ TEST(CudaAttention, TopKOneLongRowEqualsTheCpuSelection) {
     std::uniform_real_distribution<float> narrow(1.0f, 1.0f + 1.0f / 8192.0f);
     for (float& x : s) x = narrow(rng);
     expect_selection(gpu_top_k(s, n, len, k, &ws), s, n, len, k, "uniform [1, 1 + 2^-13), 40000");
+    const bool team = ws.path == cuda::TopKPath::kTeam && team_fits(ws, 1, len);
+    EXPECT_EQ(ws.last_path, team ? cuda::TopKPath::kTeam : cuda::TopKPath::kSpans);
   }
   // As the model calls it: the score stride is the cache's capacity, a little over the context (4K
   // and 128K), on random scores and on all-equal ones (a model with zero weights scores every

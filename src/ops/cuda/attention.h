@@ -70,8 +70,15 @@ void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
 // Indices of the k largest of scores[t][0 .. n[t]) per row, in ascending order (so the attention
 // sums a token's positions in one order on every run); ties at the boundary go to the lower index
 // (the CPU top_k's rule). Rows with n[t] <= k list 0 .. n[t]-1. Unused entries are -1.   out: [T, k]
-// With a workspace, long rows are shared among many blocks (the row's histograms in global memory;
-// the row's last block compacts bit masks of the selection in order).
+// With a workspace, long rows are shared among many blocks, the row's histograms in global memory:
+// for few rows one launch whose blocks, all resident at once, meet at barriers (team path), else
+// three launches and the row's last block compacting bit masks of the selection (span path).
+enum class TopKPath {
+  kAuto,   // the team path where the rows' blocks fit on the device at once, else the span path
+  kSpans,  // the span path for every long row
+  kTeam,   // as kAuto, also when SPARSEMLA_TOPK_TEAM=0 is set
+  kRows,   // one block per row
+};
 struct TopKWorkspace {
   // [rows] per-row state (three histograms and a counter, zero between calls), then [rows, 2, cap]
   // bit masks over each row's positions (cap words each). One buffer: its address alone says
@@ -79,6 +86,9 @@ struct TopKWorkspace {
   DeviceBuffer candidates;
   int64_t rows = 0, cap = 0;
   int sm_count = 0;
+  int team_blocks = 0;  // blocks of the team path's kernel resident at once on the device
+  TopKPath path = TopKPath::kAuto;
+  TopKPath last_path = TopKPath::kAuto;  // the path the last call took (kSpans, kTeam or kRows)
 };
 void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, int32_t* out, Stream s,
            TopKWorkspace* ws = nullptr);

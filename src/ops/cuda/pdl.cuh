@@ -62,20 +62,35 @@ bool enabled();
 bool prefetch();
 
 // kernel<<<grid, block, smem, s>>>(args...), with the programmatic-serialization attribute when
-// enabled(). The kernel must follow the rules above.
+// enabled(), and as a cooperative launch (every block resident at once, or the launch fails) with
+// Cooperative::kYes. The kernel must follow the rules above.
+enum class Cooperative { kNo, kYes };
 template <class... Params, class... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+void launch_as(Cooperative cooperative, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+               cudaStream_t s, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cooperative == Cooperative::kYes) {
+    attr[n].id = cudaLaunchAttributeCooperative;
+    attr[n++].val.cooperative = 1;
+  }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cfg.attrs = attr;
-  cfg.numAttrs = enabled() ? 1 : 0;
+  cfg.numAttrs = n;
   SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  launch_as(Cooperative::kNo, kernel, grid, block, smem, s, std::forward<Args>(args)...);
 }
 
 }  // namespace sparsemla::cuda::pdl
