@@ -8,7 +8,7 @@
 //
 // Three paths:
 //  - rows: one block per row runs the whole selection (many rows, or short ones).
-//  - team (with a workspace, long rows, few enough that one block per span of every row fits on the
+//  - team (topk_team.cu; with a workspace, long rows, few enough that one block per span of every row fits on the
 //    device at once): one cooperative launch; each block holds its span's keys in registers, the
 //    row's blocks add each digit's histogram in global memory and meet at a barrier (an arrival
 //    count, no block waiting on another's serial work), and each finds the digit itself. After two
@@ -41,107 +41,14 @@
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/topk_common.cuh"
 
 namespace sparsemla::cuda {
 namespace {
 
-constexpr int kThreads = 1024;
-constexpr int kMaxBins = 2048;
-constexpr int kPerThread = 4;                 // scores per thread per span
-constexpr int kSpan = kThreads * kPerThread;  // scores per span (the span path's unit of work)
-constexpr int kWordsPerThread = 4;            // mask words per thread per round of the span path's compaction
+using namespace topk;
 
-// The digits of a key: pass 0 its bits 31..21, pass 1 bits 20..10, pass 2 bits 9..0.
-__host__ __device__ constexpr int digit_shift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
-__host__ __device__ constexpr int digit_bins(int pass) { return pass == 2 ? 1024 : 2048; }
-// The key bits fixed by the passes before `pass`.
-__host__ __device__ constexpr uint32_t prefix_mask(int pass) { return pass == 0 ? 0u : ~0u << digit_shift(pass - 1); }
-
-// Larger float -> larger unsigned key; -0 and +0 are the same key (the CPU compares them equal).
-__device__ __forceinline__ uint32_t order_key(float f) {
-  const uint32_t u = __float_as_uint(f + 0.0f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// hist[bin] += 1 for every lane with `live`: one shared atomic for the warp when all its live lanes
-// share a bin (a run of equal scores would otherwise put the whole warp's atomics on one address),
-// else one per lane (a shuffle and a vote; __match_any_sync costs more than the atomics it saves on
-// scattered bins). Every lane of the warp calls it.
-__device__ __forceinline__ void count_bin(uint32_t* hist, uint32_t bin, bool live) {
-  const uint32_t active = __ballot_sync(0xffffffffu, live);
-  if (active == 0) return;
-  const int leader = __ffs(active) - 1;
-  const uint32_t leader_bin = __shfl_sync(0xffffffffu, bin, leader);
-  if (__all_sync(0xffffffffu, !live || bin == leader_bin)) {
-    if (int(threadIdx.x % 32) == leader) atomicAdd(&hist[bin], uint32_t(__popc(active)));
-  } else if (live) {
-    atomicAdd(&hist[bin], 1u);
-  }
-}
-
-constexpr int kWarps = kThreads / 32;
-
-// Exclusive prefix sum of v over the block's threads, and the block's total: a shuffle scan per warp,
-// then every warp scans the warp totals itself (one barrier). As fast as cub's raking block scan on
-// an H200 (~0.4 us a boundary search at 1024 threads; cub's warp-scans variant took twice that) with
-// 256 bytes of shared memory instead of 8 KB, which the span path's compaction uses. `totals`:
-// kWarps values of shared memory, free again after the next barrier.
-template <class T>
-__device__ __forceinline__ T block_exclusive_sum(T v, T* totals, T* total) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  T x = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const T y = __shfl_up_sync(0xffffffffu, x, o);
-    if (lane >= o) x += y;
-  }
-  if (lane == 31) totals[warp] = x;
-  __syncthreads();
-  T w = lane < kWarps ? totals[lane] : T(0);
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const T y = __shfl_up_sync(0xffffffffu, w, o);
-    if (lane >= o) w += y;
-  }
-  *total = __shfl_sync(0xffffffffu, w, kWarps - 1);
-  const T before_warp = warp == 0 ? T(0) : __shfl_sync(0xffffffffu, w, warp == 0 ? 0 : warp - 1);
-  return before_warp + x - v;
-}
-
-struct SelectSmem {
-  uint64_t totals[kWarps];  // block_exclusive_sum's warp totals (a pair of counts in the compactions)
-  uint32_t hist[kMaxBins];
-  uint32_t bucket, above, count;  // find_bucket's bin, the count above it, its own count
-  uint32_t run_gt, run_eq;  // positions above / equal to thr counted by the compaction's earlier rounds
-};
-
-// Over a histogram of nb bins (1024 or 2048), the bin holding the `rank`-th largest (1-based) key:
-// sm.bucket, sm.above = the count in the bins above it, sm.count = its own. Thread j gives the counts of its bins,
-// counted from the top down: c_hi of bin hi = nb - 1 - (nb / kThreads) j and, when nb = 2048, c_lo
-// of bin hi - 1 (top_bin_of gives hi). Ends with a barrier.
-__device__ __forceinline__ int top_bin_of(int nb) { return nb - 1 - (nb / kThreads) * int(threadIdx.x); }
-__device__ void find_bucket_of(SelectSmem& sm, int nb, uint32_t c_hi, uint32_t c_lo, uint32_t rank) {
-  const int hi = top_bin_of(nb);
-  uint32_t total;
-  const uint32_t excl = block_exclusive_sum(c_hi + c_lo, reinterpret_cast<uint32_t*>(sm.totals), &total);
-  const uint32_t incl = excl + c_hi + c_lo;
-  if (excl < rank && rank <= incl) {
-    if (excl + c_hi >= rank) {
-      sm.bucket = uint32_t(hi);
-      sm.above = excl;
-      sm.count = c_hi;
-    } else {
-      sm.bucket = uint32_t(hi - 1);
-      sm.above = excl + c_hi;
-      sm.count = c_lo;
-    }
-  }
-  __syncthreads();
-}
-__device__ void find_bucket(SelectSmem& sm, const uint32_t* hist, int nb, uint32_t rank) {
-  const int hi = top_bin_of(nb);
-  find_bucket_of(sm, nb, hist[hi], nb == 2 * kThreads ? hist[hi - 1] : 0u, rank);
-}
+constexpr int kWordsPerThread = 4;  // mask words per thread per round of the span path's compaction
 
 // The `rank`-th largest (1-based) of the keys key_of(i), i < n, by one block: the key, and in
 // *need_eq how many of the keys equal to it are within the rank.
@@ -322,11 +229,6 @@ __device__ void compact_keys(SelectSmem& sm, int n, KeyOf key_of, uint32_t thr, 
   }
 }
 
-// Rows with n <= k list 0 .. n-1, then -1; `part` of `parts` blocks of the row writes its share.
-__device__ void write_short_row(int n, int k, int32_t* out, int part, int parts) {
-  for (int i = part * kThreads + threadIdx.x; i < k; i += parts * kThreads) out[i] = i < n ? i : -1;
-}
-
 __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const float* scores, int64_t stride, const int32_t* nn,
                                                              int k, int32_t* out) {
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
@@ -341,17 +243,6 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const float* scores
   const uint32_t thr = radix_select(sm, n, uint32_t(k), key_of, &need_eq);
   compact_keys(sm, n, key_of, thr, need_eq, uint32_t(k) - need_eq, o);
 }
-
-// Per row of the span path, in global memory (zero between calls).
-struct RowState {
-  uint32_t hist0[2048];  // the first digit of every key of the row
-  uint32_t hist1[2048];  // the second digit of the keys that start with thr's first digit
-  uint32_t hist2[1024];  // the last digit of the keys that start with thr's first 22 bits
-  uint32_t n_done;       // span path: blocks of the row past the last histogram; team path: arrivals
-                         // at its barriers
-  uint32_t list_n;       // team path: entries of the boundary list
-  uint32_t pad[2];       // the masks after the states stay 16-byte aligned
-};
 
 // The span path's loop over a block's share [begin, end) of a row: f(span, v) with v[j] the score at
 // span + j * kThreads + threadIdx.x (0 past end), the next span's scores in flight meanwhile.
@@ -583,210 +474,6 @@ __global__ void __launch_bounds__(kThreads) topk_span_last_kernel(const float* s
 }
 
 
-// Team path, the barriers among the row's blocks: barrier number i (1, 2, ...) of a call waits until
-// st.n_done, to which every block adds 1 at each barrier, reaches i * parts (a release add and
-// acquire loads: about one memory round trip once the last block arrives). After the last barrier
-// each block adds 1 once more when it has read the row's state for the last time (team_leave); the
-// block that brings the count to (barriers + 1) * parts sets it and the list's count back to 0 for
-// the next call. Every
-// thread of the block calls both; global writes before a barrier (the histogram atomics) are
-// visible to the row's blocks after it.
-__device__ void team_barrier(RowState& st, uint32_t target) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(&st.n_done) : "memory");
-    uint32_t v;
-    do {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(&st.n_done) : "memory");
-    } while (v < target);
-  }
-  __syncthreads();
-}
-__device__ void team_leave(RowState& st, uint32_t end) {
-  __syncthreads();
-  if (threadIdx.x == 0 && atomicAdd(&st.n_done, 1u) == end - 1) {
-    st.list_n = 0;
-    atomicExch(&st.n_done, 0u);
-  }
-}
-
-// Team path: one launch for a few rows, every block of the grid resident at once (a cooperative
-// launch). Block x of row t (blockIdx.y) holds one span of the row in registers, thread j the four
-// consecutive scores at 4 j of it (one 16-byte load: the row is taken from the 16-byte boundary at
-// or before its start, shifted by a = row start mod 4). The row's blocks meet at barriers: after
-// adding the histograms of the first and second digit (each block then finds the digit of thr
-// itself, from the row's histogram in global memory), which gives P, thr's first 22 bits. Then, when
-// the keys with prefix P (the boundary) are few (<= list_cap, as on any row but one of heavy ties),
-// each block lists its boundary keys (position and last digit) and publishes its count of keys above
-// P; after the third barrier every block finds thr's last digit from the list and its own output
-// offset from the list and the counts of the blocks before it. Otherwise a third barrier after the
-// last digit's histogram, and a fourth after the blocks' counts above and equal to thr. Each block
-// then writes its own selected positions at their ranks (its offset plus a block scan). Every step is
-// spread over the row's blocks: nothing waits on one block's serial work. Each histogram is zeroed,
-// a share per block, once every block has read it (after the next barrier).
-//   counts: [T, counts_stride] per block (above P; or above | equal to thr << 32)
-//   list: [T, list_stride] (position << 10 | last digit), list_cap of them used
-__global__ void __launch_bounds__(kThreads, 1)
-    topk_team_kernel(const float* scores, int64_t stride, const int32_t* nn, int k, RowState* state,
-                     uint64_t* counts, int64_t counts_stride, uint32_t* list, int64_t list_stride, int list_cap,
-                     int32_t* out) {
-  __shared__ SelectSmem sm;
-  __shared__ uint64_t s_base;
-  const int t = blockIdx.y, x = blockIdx.x, tid = threadIdx.x;
-  for (int b = tid; b < kMaxBins; b += kThreads) sm.hist[b] = 0;
-  pdl::wait();  // the scores come from the kernel just before (pdl.cuh)
-  pdl::launch_dependents();
-  const int n = nn[t];
-  int32_t* o = out + int64_t(t) * k;
-  if (n <= k) return write_short_row(n, k, o, x, gridDim.x);
-  const int64_t row0 = int64_t(t) * stride;
-  const int a = int(row0 & 3);
-  const float* row = scores + (row0 - a);  // shifted index i is position i - a
-  const uint32_t parts = uint32_t((n + a + kSpan - 1) / kSpan);
-  if (uint32_t(x) >= parts) return;
-  RowState& st = state[t];
-
-  const int i0 = x * kSpan + kPerThread * tid;  // shifted index of this thread's first score
-  uint32_t key[kPerThread];
-  bool live[kPerThread];
-  if (i0 >= a && i0 + kPerThread <= n + a) {
-    const float4 v = *reinterpret_cast<const float4*>(row + i0);
-    const float f[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      key[j] = order_key(f[j]);
-      live[j] = true;
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      live[j] = i0 + j >= a && i0 + j < n + a;
-      key[j] = live[j] ? order_key(row[i0 + j]) : 0u;
-    }
-  }
-  __syncthreads();  // (the local histogram's zeros)
-
-  uint32_t prefix = 0, rank = uint32_t(k);  // thr's digits found so far; its rank among their keys
-  uint32_t barriers = 0;
-  // The row's histogram of digit `pass` over the keys on the prefix, added into g; then a barrier.
-  auto count_digit = [&](int pass, uint32_t* g) {
-    const int nb = digit_bins(pass);
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j)
-      count_bin(sm.hist, (key[j] >> digit_shift(pass)) & uint32_t(nb - 1),
-                live[j] && (key[j] & prefix_mask(pass)) == prefix);
-    __syncthreads();
-    for (int b = tid; b < nb; b += kThreads) {
-      if (sm.hist[b]) atomicAdd(&g[b], sm.hist[b]);
-      sm.hist[b] = 0;
-    }
-    team_barrier(st, parts * ++barriers);
-  };
-  // Digit `pass` of thr, from the row's histogram g.
-  auto select_digit = [&](int pass, const uint32_t* g) {
-    const int nb = digit_bins(pass), hi = top_bin_of(nb);
-    find_bucket_of(sm, nb, __ldcg(g + hi), nb == 2 * kThreads ? __ldcg(g + hi - 1) : 0u, rank);
-    rank -= sm.above;
-    prefix |= sm.bucket << digit_shift(pass);
-    __syncthreads();  // sm.bucket and sm.above are written again by the next search
-  };
-  // This block's share of the zeros that g must hold for the next call (every block has read it).
-  auto zero_share = [&](uint32_t* g, int nb) {
-    for (int b = x * kThreads + tid; b < nb; b += int(parts) * kThreads) g[b] = 0;
-  };
-
-  count_digit(0, st.hist0);
-  select_digit(0, st.hist0);
-  count_digit(1, st.hist1);
-  zero_share(st.hist0, digit_bins(0));
-  select_digit(1, st.hist1);
-  const uint32_t n_on_p = sm.count;  // keys with prefix P: thr is the rank-th largest of them
-  uint64_t* row_counts = counts + int64_t(t) * counts_stride;
-  uint64_t total, before;  // this block's counts (above thr | equal to it << 32); those of its threads before
-  uint32_t thr, need_eq;
-  auto scan_counts = [&] {  // this block's keys above and equal to thr: total, and before each thread
-    uint32_t c_gt = 0, c_eq = 0;
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      c_gt += live[j] && key[j] > thr;
-      c_eq += live[j] && key[j] == thr;
-    }
-    before = block_exclusive_sum(uint64_t(c_gt) | uint64_t(c_eq) << 32, sm.totals, &total);
-  };
-  if (n_on_p <= uint32_t(list_cap)) {
-    // The boundary list: this block's keys with prefix P, at slots taken one atomic per warp.
-    uint32_t* row_list = list + int64_t(t) * list_stride;
-    uint32_t above = 0;
-    const int lane = tid % 32;
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      const uint32_t p = key[j] & prefix_mask(2);
-      above += live[j] && p > prefix;
-      const bool on = live[j] && p == prefix;
-      const uint32_t m = __ballot_sync(0xffffffffu, on);
-      const int leader = m ? __ffs(m) - 1 : 0;
-      uint32_t slot = 0;
-      if (m && lane == leader) slot = atomicAdd(&st.list_n, uint32_t(__popc(m)));
-      slot = __shfl_sync(0xffffffffu, slot, leader) + uint32_t(__popc(m & ((1u << lane) - 1u)));
-      if (on) row_list[slot] = uint32_t(i0 + j - a) << 10 | (key[j] & 1023u);
-    }
-    uint64_t n_above;
-    block_exclusive_sum(uint64_t(above), sm.totals, &n_above);
-    if (tid == 0) row_counts[x] = n_above;
-    team_barrier(st, parts * ++barriers);
-    zero_share(st.hist1, digit_bins(1));
-    // thr's last digit from the list's histogram (sm.hist is zero: count_digit leaves it so).
-    const uint32_t e = uint32_t(tid) < n_on_p ? __ldcg(row_list + tid) : 0u;
-    if (uint32_t(tid) < n_on_p) atomicAdd(&sm.hist[e & 1023u], 1u);
-    const uint64_t earlier = uint32_t(tid) < uint32_t(x) ? __ldcg(row_counts + tid) : 0u;
-    __syncthreads();
-    find_bucket(sm, sm.hist, 1024, rank);
-    thr = prefix | sm.bucket;
-    need_eq = rank - sm.above;
-    // This block's offset: the keys above thr and equal to it before its first position, from the
-    // counts above P of the blocks before it and the boundary keys before it.
-    const bool first = uint32_t(tid) < n_on_p && int(e >> 10) < x * kSpan - a;
-    const uint32_t d = e & 1023u;
-    uint64_t base;
-    block_exclusive_sum(earlier + (first && d > sm.bucket) + (uint64_t(first && d == sm.bucket) << 32), sm.totals, &base);
-    if (tid == 0) s_base = base;
-    __syncthreads();  // (the scan's storage is free again)
-    scan_counts();
-  } else {
-    count_digit(2, st.hist2);
-    zero_share(st.hist1, digit_bins(1));
-    select_digit(2, st.hist2);
-    thr = prefix;
-    need_eq = rank;
-    scan_counts();
-    if (tid == 0) row_counts[x] = total;
-    team_barrier(st, parts * ++barriers);
-    zero_share(st.hist2, digit_bins(2));
-    if (tid < 32) {  // the counts of the row's blocks before this one
-      uint64_t sum = 0;
-      for (int b = tid; b < x; b += 32) sum += __ldcg(row_counts + b);
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-      if (tid == 0) s_base = sum;
-    }
-  }
-  team_leave(st, parts * (barriers + 1));  // (its barrier also publishes s_base)
-  const uint64_t at = s_base + before;  // (the two halves never carry: each count is below 2^32)
-  uint32_t r_gt = uint32_t(at), r_eq = uint32_t(at >> 32);
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    if (!live[j]) continue;
-    const int32_t pos = i0 + j - a;
-    if (key[j] > thr) {
-      o[r_gt + min(r_eq, need_eq)] = pos;
-      ++r_gt;
-    } else if (key[j] == thr) {
-      if (r_eq < need_eq) o[r_gt + r_eq] = pos;
-      ++r_eq;
-    }
-  }
-}
-
 // The shape of the paths with a workspace for T rows of `stride` scores, and the workspace (grown on
 // demand); false when the rows take the one-block path.
 struct SpanPlan {
@@ -818,9 +505,7 @@ bool plan_spans(const float* scores, int64_t T, int64_t stride, TopKWorkspace* w
     int dev = 0;
     SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
     SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&ws->sm_count, cudaDevAttrMultiProcessorCount, dev));
-    int per_sm = 0;
-    SPARSEMLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, topk_team_kernel, kThreads, 0));
-    ws->team_blocks = per_sm * ws->sm_count;
+    ws->team_blocks = team_blocks_per_sm() * ws->sm_count;
   }
   const int64_t words = ceil_div(stride, 128) * 4;  // mask words per row, whole 16-byte groups
   if (T > ws->rows || words > ws->cap) {  // grown (both ways at once); the state rows start zero
@@ -853,17 +538,13 @@ bool plan_spans(const float* scores, int64_t T, int64_t stride, TopKWorkspace* w
 }
 
 // The span path's three launches, each one's blocks scheduled while the kernel before it drains
-// (programmatic dependent launch: each waits for the one before it before reading anything); the
-// team path's one cooperative launch.
+// (programmatic dependent launch: each waits for the one before it before reading anything), or
+// the team path's one cooperative launch.
 void launch_spans(const float* scores, int64_t stride, const int32_t* n, int k, int32_t* out, const SpanPlan& p,
                   cudaStream_t st) {
-  if (p.team) {
-    const int parts = int(p.grid.x);
-    pdl::launch_as(pdl::Cooperative::kYes, topk_team_kernel, p.grid, dim3(kThreads), 0, st, scores, stride, n, k,
-                   p.state, reinterpret_cast<uint64_t*>(p.masks), p.mask_words, p.masks + 2 * parts, 2 * p.mask_words,
-                   p.list_cap, out);
-    return;
-  }
+  if (p.team)
+    return launch_team(scores, p.grid.y, stride, n, k, p.state, p.masks, p.mask_words, int(p.grid.x), p.list_cap, out,
+                       st);
   pdl::launch(topk_span_first_kernel, p.grid, dim3(kThreads), 0, st, scores, stride, n, k, p.spans_per_block,
               p.state);
   pdl::launch(topk_span_second_kernel, p.grid, dim3(kThreads), 0, st, scores, stride, n, k, p.spans_per_block,

@@ -1,0 +1,133 @@
+// The top-k's shared pieces: the keys and their digits, a block's histogram, scan and bucket
+// search, the per-row state in global memory, and the team path's host side. topk.cu holds the
+// rows and span paths and the choice among the paths; topk_team.cu the team path (the paths are
+// described at the top of topk.cu).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace sparsemla::cuda::topk {
+
+constexpr int kThreads = 1024;
+constexpr int kMaxBins = 2048;
+constexpr int kPerThread = 4;                 // scores per thread per span
+constexpr int kSpan = kThreads * kPerThread;  // scores per span (the span path's unit of work)
+
+// The digits of a key: pass 0 its bits 31..21, pass 1 bits 20..10, pass 2 bits 9..0.
+__host__ __device__ constexpr int digit_shift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
+__host__ __device__ constexpr int digit_bins(int pass) { return pass == 2 ? 1024 : 2048; }
+// The key bits fixed by the passes before `pass`.
+__host__ __device__ constexpr uint32_t prefix_mask(int pass) { return pass == 0 ? 0u : ~0u << digit_shift(pass - 1); }
+
+// Larger float -> larger unsigned key; -0 and +0 are the same key (the CPU compares them equal).
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = __float_as_uint(f + 0.0f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// hist[bin] += 1 for every lane with `live`: one shared atomic for the warp when all its live lanes
+// share a bin (a run of equal scores would otherwise put the whole warp's atomics on one address),
+// else one per lane (a shuffle and a vote; __match_any_sync costs more than the atomics it saves on
+// scattered bins). Every lane of the warp calls it.
+__device__ __forceinline__ void count_bin(uint32_t* hist, uint32_t bin, bool live) {
+  const uint32_t active = __ballot_sync(0xffffffffu, live);
+  if (active == 0) return;
+  const int leader = __ffs(active) - 1;
+  const uint32_t leader_bin = __shfl_sync(0xffffffffu, bin, leader);
+  if (__all_sync(0xffffffffu, !live || bin == leader_bin)) {
+    if (int(threadIdx.x % 32) == leader) atomicAdd(&hist[bin], uint32_t(__popc(active)));
+  } else if (live) {
+    atomicAdd(&hist[bin], 1u);
+  }
+}
+
+constexpr int kWarps = kThreads / 32;
+
+// Exclusive prefix sum of v over the block's threads, and the block's total: a shuffle scan per warp,
+// then every warp scans the warp totals itself (one barrier). As fast as cub's raking block scan on
+// an H200 (~0.4 us a boundary search at 1024 threads; cub's warp-scans variant took twice that) with
+// 256 bytes of shared memory instead of 8 KB, which the span path's compaction uses. `totals`:
+// kWarps values of shared memory, free again after the next barrier.
+template <class T>
+__device__ __forceinline__ T block_exclusive_sum(T v, T* totals, T* total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  T x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) totals[warp] = x;
+  __syncthreads();
+  T w = lane < kWarps ? totals[lane] : T(0);
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T y = __shfl_up_sync(0xffffffffu, w, o);
+    if (lane >= o) w += y;
+  }
+  *total = __shfl_sync(0xffffffffu, w, kWarps - 1);
+  const T before_warp = warp == 0 ? T(0) : __shfl_sync(0xffffffffu, w, warp == 0 ? 0 : warp - 1);
+  return before_warp + x - v;
+}
+
+struct SelectSmem {
+  uint64_t totals[kWarps];  // block_exclusive_sum's warp totals (a pair of counts in the compactions)
+  uint32_t hist[kMaxBins];
+  uint32_t bucket, above, count;  // find_bucket's bin, the count above it, its own count
+  uint32_t run_gt, run_eq;  // positions above / equal to thr counted by the compaction's earlier rounds
+};
+
+// Over a histogram of nb bins (1024 or 2048), the bin holding the `rank`-th largest (1-based) key:
+// sm.bucket, sm.above = the count in the bins above it, sm.count = its own. Thread j gives the counts of its bins,
+// counted from the top down: c_hi of bin hi = nb - 1 - (nb / kThreads) j and, when nb = 2048, c_lo
+// of bin hi - 1 (top_bin_of gives hi). Ends with a barrier.
+__device__ __forceinline__ int top_bin_of(int nb) { return nb - 1 - (nb / kThreads) * int(threadIdx.x); }
+__device__ inline void find_bucket_of(SelectSmem& sm, int nb, uint32_t c_hi, uint32_t c_lo, uint32_t rank) {
+  const int hi = top_bin_of(nb);
+  uint32_t total;
+  const uint32_t excl = block_exclusive_sum(c_hi + c_lo, reinterpret_cast<uint32_t*>(sm.totals), &total);
+  const uint32_t incl = excl + c_hi + c_lo;
+  if (excl < rank && rank <= incl) {
+    if (excl + c_hi >= rank) {
+      sm.bucket = uint32_t(hi);
+      sm.above = excl;
+      sm.count = c_hi;
+    } else {
+      sm.bucket = uint32_t(hi - 1);
+      sm.above = excl + c_hi;
+      sm.count = c_lo;
+    }
+  }
+  __syncthreads();
+}
+__device__ inline void find_bucket(SelectSmem& sm, const uint32_t* hist, int nb, uint32_t rank) {
+  const int hi = top_bin_of(nb);
+  find_bucket_of(sm, nb, hist[hi], nb == 2 * kThreads ? hist[hi - 1] : 0u, rank);
+}
+
+// Rows with n <= k list 0 .. n-1, then -1; `part` of `parts` blocks of the row writes its share.
+__device__ inline void write_short_row(int n, int k, int32_t* out, int part, int parts) {
+  for (int i = part * kThreads + threadIdx.x; i < k; i += parts * kThreads) out[i] = i < n ? i : -1;
+}
+
+// Per row of the span and team paths, in global memory (zero between calls).
+struct RowState {
+  uint32_t hist0[2048];  // the first digit of every key of the row
+  uint32_t hist1[2048];  // the second digit of the keys that start with thr's first digit
+  uint32_t hist2[1024];  // the last digit of the keys that start with thr's first 22 bits
+  uint32_t n_done;       // span path: blocks of the row past the last histogram; team path: arrivals
+                         // at its barriers
+  uint32_t list_n;       // team path: entries of the boundary list
+  uint32_t pad[2];       // the masks after the states stay 16-byte aligned
+};
+
+// The team path (topk_team.cu). Blocks of its kernel resident at once per multiprocessor.
+int team_blocks_per_sm();
+// One cooperative launch for T rows of `stride` scores, `parts` blocks per row: per row, RowState
+// state[t] and the 2 * mask_words words at masks + 2 * mask_words * t (the blocks' counts, then a
+// boundary list of up to list_cap entries).   out: [T, k]
+void launch_team(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, RowState* state,
+                 uint32_t* masks, int64_t mask_words, int parts, int list_cap, int32_t* out, cudaStream_t st);
+
+}  // namespace sparsemla::cuda::topk
