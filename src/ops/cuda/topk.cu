@@ -8,31 +8,33 @@
 //
 // Three paths:
 //  - rows: one block per row runs the whole selection (many rows, or short ones).
-//  - team (topk_team.cu; with a workspace, long rows, few enough that one block per span of every row fits on the
-//    device at once): one cooperative launch; each block holds its span's keys in registers, the
-//    row's blocks add each digit's histogram in global memory and meet at a barrier (an arrival
-//    count, no block waiting on another's serial work), and each finds the digit itself. After two
-//    digits, the keys on thr's 22-bit prefix are usually few: the blocks list them, and after a third
-//    barrier each finds thr and its own output offset from the list; otherwise (heavy ties) the
-//    last digit and the blocks' counts take two more barriers. Each block writes its own positions.
-//    Measured on an H200: 10.8 us for a row of 131K scores (the span path: 13.8).
+//  - team (topk_team.cu; with a workspace, long rows, few enough that one block per span of every
+//    row fits on the device at once): one cooperative launch; each block holds its keys in
+//    registers, the row's blocks add each digit's histogram in global memory and meet at a barrier
+//    (an arrival count, no block waiting on another's serial work), and each finds the digit
+//    itself. After two digits, the keys on thr's 22-bit prefix are usually few: the blocks list
+//    them, and after a third barrier each finds thr and its own output offset from the list;
+//    otherwise (heavy ties) the last digit and the blocks' counts take two more barriers. Each
+//    block writes its own positions. Measured on an H200: 10.8 us for a row of 131K scores (the
+//    span path: 13.8).
 //  - spans (with a workspace, long rows the team path does not take): each row is shared among
-//    blocks, a run of spans of kSpan scores each (more rows: fewer, longer runs, about one wave of blocks in all). Three launches
-//    over the row's blocks: (1) the histogram of the key's first digit, added into the row's
-//    histogram in global memory; (2) every block finds thr's first digit from it and adds the
-//    histogram of the second digit over the keys that start with it; (3) every block finds thr's
-//    first 22 bits (P), adds the histogram of the last digit over the keys with prefix P, and writes
-//    its share of two bit masks over the row: keys whose first 22 bits are above P (selected
-//    whatever their last digit) and keys with prefix P (the boundary). The row's last block (a
-//    counter) finds thr from the last histogram, splits the boundary into keys above, equal to and
-//    below thr (without reading a score when every boundary key is thr, as in a run of ties),
-//    compacts the masks in order with the output slots spread over its threads (compact_slots),
-//    and leaves the row's histograms and counter zeroed for the next call. The three launches are
-//    chained by programmatic dependent launch (pdl.cuh): each one's blocks are scheduled while the
-//    one before drains, and the second and third load their first scores before they wait.
-//    Measured on an H200 (docs/PERFORMANCE.md): each dependent step of the last block costs
-//    0.4-1 us, so that block's serial work (~5 us) and the three launches set a long row's time.
-// Ties cost little on either path: a warp whose keys share a histogram bin adds them with one
+//    blocks, a run of spans of kSpan scores each (more rows: fewer, longer runs, about one wave of
+//    blocks in all). Three launches over the row's blocks: (1) the histogram of the key's first
+//    digit, added into the row's histogram in global memory; (2) every block finds thr's first
+//    digit from it and adds the histogram of the second digit over the keys that start with it; (3)
+//    every block finds thr's first 22 bits (P), adds the histogram of the last digit over the keys
+//    with prefix P, and writes its share of two bit masks over the row: keys whose first 22 bits
+//    are above P (selected whatever their last digit) and keys with prefix P (the boundary). The
+//    row's last block (a counter) finds thr from the last histogram, splits the boundary into keys
+//    above, equal to and below thr (without reading a score when every boundary key is thr, as in a
+//    run of ties), compacts the masks in order with the output slots spread over its threads
+//    (compact_slots), and leaves the row's histograms and counter zeroed for the next call. The
+//    three launches are chained by programmatic dependent launch (pdl.cuh): each one's blocks are
+//    scheduled while the one before drains, and the second and third load their first scores before
+//    they wait. Measured on an H200 (docs/PERFORMANCE.md): each dependent step of the last block
+//    costs 0.4-1 us, so that block's serial work (~5 us) and the three launches set a long row's
+//    time.
+// Ties cost little on every path: a warp whose keys share a histogram bin adds them with one
 // atomic, and the compaction stops once the k positions are written.
 #include <algorithm>
 #include <cstdlib>

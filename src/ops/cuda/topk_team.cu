@@ -12,9 +12,8 @@ namespace {
 // acquire loads: about one memory round trip once the last block arrives). After the last barrier
 // each block adds 1 once more when it has read the row's state for the last time (team_leave); the
 // block that brings the count to (barriers + 1) * parts sets it and the list's count back to 0 for
-// the next call. Every
-// thread of the block calls both; global writes before a barrier (the histogram atomics) are
-// visible to the row's blocks after it.
+// the next call. Every thread of the block calls both; global writes before a barrier (the
+// histogram atomics) are visible to the row's blocks after it.
 __device__ void team_barrier(RowState& st, uint32_t target) {
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -172,7 +171,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool first = uint32_t(tid) < n_on_p && int(e >> 10) < x * kSpan - a;
     const uint32_t d = e & 1023u;
     uint64_t base;
-    block_exclusive_sum(earlier + (first && d > sm.bucket) + (uint64_t(first && d == sm.bucket) << 32), sm.totals, &base);
+    const uint64_t mine = earlier + (first && d > sm.bucket) + (uint64_t(first && d == sm.bucket) << 32);
+    block_exclusive_sum(mine, sm.totals, &base);
     if (tid == 0) s_base = base;
     __syncthreads();  // (the scan's storage is free again)
     scan_counts();
