@@ -80,8 +80,9 @@ enum class TopKPath {
   kRows,   // one block per row
 };
 struct TopKWorkspace {
-  // [rows] per-row state (three histograms and a counter, zero between calls), then [rows, 2, cap]
-  // bit masks over each row's positions (cap words each). One buffer: its address alone says
+  // [rows] per-row state (three histograms and two counters, zero between calls), then [rows, 2, cap]
+  // words per row: the span path's two bit masks over the row's positions, or the team path's
+  // per-block counts and boundary list. One buffer: its address alone says
   // whether a captured CUDA graph's workspace is still in place.
   DeviceBuffer candidates;
   int64_t rows = 0, cap = 0;

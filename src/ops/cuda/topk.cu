@@ -476,9 +476,9 @@ __global__ void __launch_bounds__(kThreads) topk_span_last_kernel(const float* s
 }
 
 
-// The shape of the paths with a workspace for T rows of `stride` scores, and the workspace (grown on
-// demand); false when the rows take the one-block path.
-struct SpanPlan {
+// The shape of the long-row paths (team or span, both with a workspace) for T rows of `stride`
+// scores, and the workspace (grown on demand); false when the rows take the one-block path.
+struct LongRowPlan {
   RowState* state = nullptr;
   uint32_t* masks = nullptr;  // span path: [T, 2, mask_words]; team path: the counts, then the list, per row
   int64_t mask_words = 0;
@@ -498,8 +498,8 @@ bool team_allowed(const TopKWorkspace& ws) {
   return ws.path == TopKPath::kTeam || (ws.path == TopKPath::kAuto && !env_off);
 }
 
-bool plan_spans(const float* scores, int64_t T, int64_t stride, TopKWorkspace* ws, cudaStream_t st,
-                SpanPlan* plan) {
+bool plan_long_rows(const float* scores, int64_t T, int64_t stride, TopKWorkspace* ws, cudaStream_t st,
+                LongRowPlan* plan) {
   const int spans = ceil_div(stride, kSpan);
   // Spans pay off once a row is long enough to share among blocks.
   if (!ws || spans < 2 || T > 65535 || ws->path == TopKPath::kRows) return false;
@@ -539,10 +539,10 @@ bool plan_spans(const float* scores, int64_t T, int64_t stride, TopKWorkspace* w
   return true;
 }
 
-// The span path's three launches, each one's blocks scheduled while the kernel before it drains
-// (programmatic dependent launch: each waits for the one before it before reading anything), or
-// the team path's one cooperative launch.
-void launch_spans(const float* scores, int64_t stride, const int32_t* n, int k, int32_t* out, const SpanPlan& p,
+// The team path's one cooperative launch, or the span path's three, each one's blocks scheduled while
+// the kernel before it drains (programmatic dependent launch: each waits for the one before it
+// before reading anything).
+void launch_long_rows(const float* scores, int64_t stride, const int32_t* n, int k, int32_t* out, const LongRowPlan& p,
                   cudaStream_t st) {
   if (p.team)
     return launch_team(scores, p.grid.y, stride, n, k, p.state, p.masks, p.mask_words, int(p.grid.x), p.list_cap, out,
@@ -562,10 +562,10 @@ void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int
   if (T == 0) return;
   if (k <= 0) fail("top_k: k must be > 0, got {}", k);
   auto st = static_cast<cudaStream_t>(s);
-  SpanPlan plan;
-  const bool spans = plan_spans(scores, T, stride, ws, st, &plan);
-  if (ws) ws->last_path = !spans ? TopKPath::kRows : plan.team ? TopKPath::kTeam : TopKPath::kSpans;
-  if (spans) return launch_spans(scores, stride, n, k, out, plan, st);
+  LongRowPlan plan;
+  const bool long_rows = plan_long_rows(scores, T, stride, ws, st, &plan);
+  if (ws) ws->last_path = !long_rows ? TopKPath::kRows : plan.team ? TopKPath::kTeam : TopKPath::kSpans;
+  if (long_rows) return launch_long_rows(scores, stride, n, k, out, plan, st);
   topk_rows_kernel<<<unsigned(T), kThreads, 0, st>>>(scores, stride, n, k, out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }

@@ -79,9 +79,9 @@ struct SelectSmem {
 };
 
 // Over a histogram of nb bins (1024 or 2048), the bin holding the `rank`-th largest (1-based) key:
-// sm.bucket, sm.above = the count in the bins above it, sm.count = its own. Thread j gives the counts of its bins,
-// counted from the top down: c_hi of bin hi = nb - 1 - (nb / kThreads) j and, when nb = 2048, c_lo
-// of bin hi - 1 (top_bin_of gives hi). Ends with a barrier.
+// sm.bucket, sm.above = the count in the bins above it, sm.count = its own. Thread j gives the
+// counts of its bins, counted from the top down: c_hi of bin hi = nb - 1 - (nb / kThreads) j and,
+// when nb = 2048, c_lo of bin hi - 1 (top_bin_of gives hi). Ends with a barrier.
 __device__ __forceinline__ int top_bin_of(int nb) { return nb - 1 - (nb / kThreads) * int(threadIdx.x); }
 __device__ inline void find_bucket_of(SelectSmem& sm, int nb, uint32_t c_hi, uint32_t c_lo, uint32_t rank) {
   const int hi = top_bin_of(nb);

@@ -82,8 +82,9 @@ const Impl kImpls[] = {
     {"indexer", "cuda-mma", 3, idx_mma, "tensor cores (mma.sync bf16, fp8 keys widened to fp16), 64 keys per block"},
     {"indexer", "cuda-fma", 2, idx_fma, "one warp per key, any head count and dim"},
     {"indexer", "cpu", 1, any, "CPU reference (fp32 keys)"},
-    {"top-k", "cuda-radix", 3, need_cuda, "radix select, lowest index on ties; a few long rows: one launch whose blocks meet at barriers, more: "
-     "three launches over many blocks per row"},
+    {"top-k", "cuda-radix", 3, need_cuda,
+     "radix select, lowest index on ties; a few long rows: one launch whose blocks meet at barriers, more: three "
+     "launches over many blocks per row"},
     {"top-k", "cpu", 1, any, "CPU partial sort"},
     {"attention", "cuda-wgmma-sm90", 4, attn_wgmma,
      "Hopper wgmma (bf16, operands in shared memory), 64 heads and 64 rows per step, fp8 rows widened by a "
