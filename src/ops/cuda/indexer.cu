@@ -40,13 +40,13 @@ __host__ __device__ constexpr int heads_padded(int heads) { return (heads + 15) 
 // Cache pages a block's keys can span: tiles * 64 keys starting anywhere in a page.
 __host__ __device__ inline int pages_per_block(int tiles, int block_size) { return (tiles * kKeysPerTile + block_size - 1) / block_size + 1; }
 
-// Shared memory of the mma kernel: q [heads_pad][DIM + 8] (16-bit), key tiles [STAGES or 1][64][DIM + 8]
-// (16-bit), w [heads_pad], fp8 scales [64], the block's page-table entries [pages] (padded to 16
+// Shared memory of the mma kernel: q [heads_pad][DIM + 8] (16-bit), key tiles [STAGES][64][DIM + 8]
+// (16-bit; none for fp8 keys, widened in registers), w [heads_pad], fp8 scales [64], the block's page-table entries [pages] (padded to 16
 // bytes), fp8 rows as stored [STAGES][64][row_bytes].
 template <int DIM, bool FP8, int STAGES>
 size_t mma_smem_bytes(int heads, int64_t row_bytes, int pages) {
   const size_t str = DIM + 8, hp = size_t(heads_padded(heads));
-  return hp * str * 2 + size_t(FP8 ? 1 : STAGES) * kKeysPerTile * str * 2 + hp * 4 + kKeysPerTile * 4 +
+  return hp * str * 2 + size_t(FP8 ? 0 : STAGES) * kKeysPerTile * str * 2 + hp * 4 + kKeysPerTile * 4 +
          size_t(pages + 3) / 4 * 16 + (FP8 ? size_t(STAGES) * kKeysPerTile * size_t(row_bytes) : 0);
 }
 
@@ -62,8 +62,8 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
   const int heads_pad = heads_padded(a.heads);
   const int RB = int(a.keys.row_bytes);
   T16* sQ = reinterpret_cast<T16*>(smem);                                     // [heads_pad][STR]
-  T16* sK = sQ + heads_pad * STR;                                             // [STAGES or 1][64][STR]
-  float* sW = reinterpret_cast<float*>(sK + (FP8 ? 1 : STAGES) * kKeysPerTile * STR);  // [heads_pad]
+  T16* sK = sQ + heads_pad * STR;                                             // [STAGES][64][STR] (bf16)
+  float* sW = reinterpret_cast<float*>(sK + (FP8 ? 0 : STAGES) * kKeysPerTile * STR);  // [heads_pad]
   float* sScale = sW + heads_pad;                                             // [64]
   int32_t* sPage = reinterpret_cast<int32_t*>(sScale + kKeysPerTile);         // [pages]
   const int max_pages = pages_per_block(tiles_per_block, a.keys.block_size);
@@ -168,27 +168,32 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
     if (it + STAGES - 1 < n_tiles) issue(it + STAGES - 1, (it + STAGES - 1) % STAGES);
     cp_async_commit();
     const int st = it % STAGES;
-    const T16* tK = sK + (FP8 ? 0 : st) * kKeysPerTile * STR;
-    if constexpr (FP8) {
-      // e4m3 values are exact in fp16; the per-key scale is applied to the dot products.
-      const uint8_t* raw = sRaw + size_t(st) * kKeysPerTile * RB;
-      constexpr int WCH = DIM / 4;
-      for (int i = tid; i < kKeysPerTile * WCH; i += kThreads) {
-        const int r = i / WCH, c = i % WCH;
-        const uint32_t v = *reinterpret_cast<const uint32_t*>(raw + r * RB + c * 4);
-        const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
-        const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v >> 16), __NV_E4M3);
-        *reinterpret_cast<uint2*>(sK + r * STR + c * 4) =
-            make_uint2(uint32_t(lo.x) | (uint32_t(lo.y) << 16), uint32_t(hi.x) | (uint32_t(hi.y) << 16));
-      }
-      for (int r = tid; r < kKeysPerTile; r += kThreads) sScale[r] = *reinterpret_cast<const float*>(raw + r * RB + DIM);
-      __syncthreads();
-    }
+    const T16* tK = sK + st * kKeysPerTile * STR;  // (bf16)
+    const uint8_t* raw = sRaw + size_t(st) * kKeysPerTile * RB;  // (fp8: the rows as stored)
     const int p0 = (tile0 + it) * kKeysPerTile;
     if (p0 + r0 >= n) continue;
     uint32_t fa[KSTEPS][4];  // this warp's 16 keys (A, rows = keys)
+    if constexpr (FP8) {
+      // Straight from the stored rows into the A fragments (rows g and g + 8, columns 2 q4 and
+      // 2 q4 + 8 of each 16): e4m3 pairs widened exactly to fp16 pairs in registers.
+      const uint8_t* ra = raw + (r0 + g) * RB + 2 * q4;
+      const uint8_t* rb = ra + 8 * RB;
+      auto pair = [](const uint8_t* p) {
+        const __half2_raw h =
+            __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(*reinterpret_cast<const uint16_t*>(p)), __NV_E4M3);
+        return uint32_t(h.x) | (uint32_t(h.y) << 16);
+      };
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks) ldmatrix_x4(fa[ks], tK + (r0 + (mi % 2) * 8 + ri) * STR + ks * 16 + (mi / 2) * 8);
+      for (int ks = 0; ks < KSTEPS; ++ks) {
+        fa[ks][0] = pair(ra + ks * 16);
+        fa[ks][1] = pair(rb + ks * 16);
+        fa[ks][2] = pair(ra + ks * 16 + 8);
+        fa[ks][3] = pair(rb + ks * 16 + 8);
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < KSTEPS; ++ks) ldmatrix_x4(fa[ks], tK + (r0 + (mi % 2) * 8 + ri) * STR + ks * 16 + (mi / 2) * 8);
+    }
     float acc_lo = 0.0f, acc_hi = 0.0f;  // keys r0+g and r0+g+8, this lane's heads
     for (int nh = 0; nh < heads_pad / 16; ++nh) {
       float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
@@ -213,9 +218,9 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
     acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 2);
     if (q4 == 0) {
       const int pa = p0 + r0 + g, pb = pa + 8;
-      if (FP8) {
-        acc_lo *= sScale[r0 + g];
-        acc_hi *= sScale[r0 + g + 8];
+      if (FP8) {  // the keys' scales, as stored after their DIM values
+        acc_lo *= *reinterpret_cast<const float*>(raw + (r0 + g) * RB + DIM);
+        acc_hi *= *reinterpret_cast<const float*>(raw + (r0 + g + 8) * RB + DIM);
       }
       if (pa < n) out[pa] = acc_lo;
       if (pb < n) out[pb] = acc_hi;
