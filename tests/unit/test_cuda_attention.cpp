@@ -526,8 +526,9 @@ struct MlaCase {
   int block_size;
 };
 
+// cluster (if given): the Hopper kernel's blocks per cluster in this launch; pairs: whether it may pair them.
 void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, int splits, std::mt19937& rng,
-               int heads_per_block = 0) {
+               int heads_per_block = 0, bool pairs = true, int* cluster = nullptr) {
   const int T = int(c.ctx.size()), D = c.kv_lora + c.rope;
   std::vector<int> lens(size_t(c.n_seq), 1);
   std::vector<int32_t> seq(static_cast<size_t>(T)), n_ctx(static_cast<size_t>(T));
@@ -572,8 +573,10 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   a.dtype = dtype;
   a.out = d_out.as<float>();
   cuda::AttentionWorkspace ws;
+  ws.pairs = pairs;
   d_out.upload(std::vector<float>(size_t(T) * c.heads * c.kv_lora, NAN).data(), size_t(T) * c.heads * c.kv_lora * 4);
   cuda::sparse_mla(a, kernel, ws, nullptr, splits, heads_per_block);
+  if (cluster) *cluster = ws.last_cluster;
   const std::vector<float> got = cuda::to_host<float>(d_out, size_t(T) * c.heads * c.kv_lora);
 
   std::vector<float> qr = q;
@@ -604,10 +607,10 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
       }
     }
   }
-  std::printf("  attention %s %s heads %d latent %d+%d top-k %d splits %d heads/block %d: max error %.2e\n",
+  std::printf("  attention %s %s heads %d latent %d+%d top-k %d splits %d heads/block %d cluster %d: max error %.2e\n",
               kernel == cuda::AttentionKernel::Mma ? "mma" : kernel == cuda::AttentionKernel::Wgmma ? "wgmma" : "fma",
-              cuda::kv_dtype_name(dtype), c.heads, c.kv_lora,
-              c.rope, c.top_k, splits, heads_per_block, worst);
+              cuda::kv_dtype_name(dtype), c.heads, c.kv_lora, c.rope, c.top_k, splits, heads_per_block, ws.last_cluster,
+              worst);
 }
 
 const std::vector<MlaCase> kMlaCases = {
@@ -670,6 +673,49 @@ TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
   check_mla({128, 512, 64, {2500, 300, 2048}, 2048, 3, 16}, KvDtype::FP8, wgmma, 5, rng);
   check_mla({64, 512, 64, {4096, 4000}, 2048, 2, 64}, KvDtype::FP8, wgmma, 7, rng);
   check_mla({64, 512, 64, {20000}, 0, 1, 64}, KvDtype::BF16, wgmma, 0, rng);  // dense, many splits
+#endif
+}
+
+// The Hopper kernel's pairs (an even number of 64-head blocks, two tiles or more per block: each
+// block of a cluster gathers half of every tile for both): paired and unpaired launches of the same
+// cases, each checked against the CPU, and the cluster size asserted (96 heads: a pair whose second
+// block holds 32); an odd block count (192 heads) and one tile per split (batch 1) never pair.
+TEST(CudaAttention, SparseMlaWgmmaPairsMatchTheCpuReference) {
+  SPARSEMLA_REQUIRE_GPU();
+#if !SPARSEMLA_HAVE_SM90A
+  GTEST_SKIP() << "this build has no sm_90a machine code (90 is not in CMAKE_CUDA_ARCHITECTURES)";
+#else
+  const ops::DeviceInfo dev = ops::list_devices().at(0);
+  if (dev.cc_major != 9 || dev.cc_minor != 0)
+    GTEST_SKIP() << dev.name << " is compute capability " << dev.cc_major << "." << dev.cc_minor << ", not 9.0";
+  std::mt19937 rng(17);
+  const auto wgmma = cuda::AttentionKernel::Wgmma;
+  struct PairCase {
+    MlaCase c;
+    KvDtype dtype;
+    int splits;
+    int cluster;  // expected with pairs allowed
+  };
+  std::vector<PairCase> cases = {
+      {{128, 512, 64, {2500, 300, 2048}, 2048, 3, 16}, KvDtype::FP8, 1, 2},  // unsplit, short context, -1 padding
+      {{128, 512, 64, {2500, 300, 2048}, 2048, 3, 16}, KvDtype::BF16, 1, 2},
+      {{128, 512, 64, {2500, 300, 2048}, 2048, 3, 16}, KvDtype::FP8, 0, 1},  // 22 splits of 96 rows: unpaired
+      {{128, 512, 64, {2500, 100}, 2048, 2, 16}, KvDtype::FP8, 5, 2},         // uneven splits
+      {{96, 512, 64, {3000}, 2048, 1, 64}, KvDtype::FP8, 1, 2},               // second block of 32 heads
+      {{256, 512, 64, {2200, 2100}, 2048, 2, 64}, KvDtype::FP8, 3, 2},        // two pairs per token
+      {{256, 512, 64, {2200, 2100}, 2048, 2, 64}, KvDtype::BF16, 3, 2},
+      {{128, 512, 64, {5000, 40}, 0, 2, 64}, KvDtype::FP8, 4, 2},  // dense: one tile, and empty blocks
+      {{128, 512, 64, {5000, 100}, 0, 2, 64}, KvDtype::BF16, 4, 2},
+      {{192, 512, 64, {2500}, 2048, 1, 16}, KvDtype::FP8, 1, 1},   // three blocks: unpaired
+      {{128, 512, 64, {4096}, 2048, 1, 64}, KvDtype::FP8, 0, 1},   // batch 1: one tile per split, unpaired
+  };
+  if (small_mode()) cases.resize(2);
+  for (const PairCase& pc : cases)
+    for (bool pairs : {true, false}) {
+      int cluster = 0;
+      check_mla(pc.c, pc.dtype, wgmma, pc.splits, rng, 0, pairs, &cluster);
+      EXPECT_EQ(cluster, pairs ? pc.cluster : 1) << "heads " << pc.c.heads << " splits " << pc.splits;
+    }
 #endif
 }
 

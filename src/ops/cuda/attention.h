@@ -121,6 +121,13 @@ struct AttentionWorkspace {
   DeviceBuffer partial;
   int sm_count = 0;
   int smem_optin = 0;
+  // The Hopper kernel with 128 or more heads (an even number of blocks of 64) runs its blocks in
+  // pairs (thread-block clusters of two) where each block has two 64-row tiles or more: each block
+  // of a pair gathers half of every tile and shares it; false: every block gathers all its rows
+  // (tests, A/B). SPARSEMLA_MLA_PAIRS=0 in the environment turns pairs off as well.
+  // last_cluster: blocks per cluster of the last Hopper launch (1 or 2; 0 before one).
+  bool pairs = true;
+  int last_cluster = 0;
 };
 // The mma kernel's launch shape; 0 chooses from the device's SM count and the work.
 //   splits: blocks sharing one token's rows (split-KV, merged by a second kernel); 1: no split.

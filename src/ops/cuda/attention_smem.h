@@ -39,6 +39,6 @@ inline size_t min_bytes(int kv_lora, int rope) {
 
 // The wgmma kernel's block: q and two 64-row tiles as bf16 (3 x 72 KB), P (8 KB), per-head softmax
 // state, row flags and mbarriers. Its fixed shape (latent 512 + rope 64, 64 heads) fixes the size.
-constexpr size_t kWgmmaBytes = 230304;
+constexpr size_t kWgmmaBytes = 230960;
 
 }  // namespace sparsemla::cuda::mla_smem

@@ -11,6 +11,8 @@
 // Fma kernel: one block per token and head, any shape; the reference the selector falls back to.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_smem.h"
@@ -507,8 +509,20 @@ void dispatch_mma(const AttentionArgs& a, const Geometry& geo, float* part, cuda
 
 }  // namespace
 
-// The Hopper kernel and its launch (sparse_mla_sm90.cu): splits of rows_per_split rows each.
-void sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, Stream s);
+// The Hopper kernel and its launch (sparse_mla_sm90.cu): splits of rows_per_split rows each, blocks
+// in pairs where `pairs` and the rows and heads allow; returns the blocks per cluster launched.
+int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, Stream s);
+
+namespace {
+// Whether SPARSEMLA_MLA_PAIRS leaves the Hopper kernel's pairs on (unset or not "0"). Read once.
+bool pairs_allowed() {
+  static const bool on = [] {
+    const char* v = std::getenv("SPARSEMLA_MLA_PAIRS");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+}  // namespace
 
 void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits,
                 int heads_per_block) {
@@ -585,7 +599,8 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     if (ws.partial.bytes() < need) ws.partial = DeviceBuffer(need);
     part = ws.partial.as<float>();
   }
-  if (k == AttentionKernel::Wgmma) sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, st);
+  if (k == AttentionKernel::Wgmma)
+    ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, ws.pairs && pairs_allowed(), st);
   else if (fp8) dispatch_mma<true>(a, geo, part, st);
   else dispatch_mma<false>(a, geo, part, st);
   if (geo.splits > 1) {

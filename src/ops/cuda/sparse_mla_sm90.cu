@@ -11,6 +11,15 @@
 //   consumer 1 (warpgroup 1): O[:, 256:512] += P V with P from shared memory.
 // V is the first 512 columns of the same rows: one tile serves both products.
 //
+// Pairs (128 or more heads: DeepSeek-V3.2): the two blocks of 64 heads of a token and split form a
+// thread-block cluster and gather the same rows, so each producer gathers (and for fp8 widens) only
+// half of every tile (rows 32 r .. 32 r + 31 for cluster rank r) and writes them into both blocks'
+// buffers, into the other block's with st.async, which counts its bytes on that block's `remote`
+// mbarrier. Paired bf16 rows go through registers (cp.async cannot write the other block's shared
+// memory). A buffer is free once the consumers of both blocks are done with it (every consumer
+// thread arrives on its block's `empty`, each consumer warp once on the other block's). The gather
+// is the producer's cost, so pairs halve it.
+//
 // Shared-memory operands are unswizzled ("interleaved") core matrices of 8 rows x 16 bytes: a
 // [rows][dims] bf16 matrix is stored as [dims / 8][rows][8]. A thread's 8 converted dims are one
 // 16-byte store and 8 consecutive rows one 128-byte line; the K tile is the K-major B operand of
@@ -22,6 +31,8 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_smem.h"
@@ -45,12 +56,14 @@ constexpr int kMatBytes = kChunks * 64 * 16;             // one [64][576] bf16 m
 constexpr int kOffQ = 0;                                  // q, [72][64 heads][8]
 constexpr int kOffK = kOffQ + kMatBytes;                  // two tiles, [2][72][64 rows][8]
 constexpr int kOffP = kOffK + 2 * kMatBytes;              // P, [8][64 heads][8 rows] bf16
-constexpr int kOffAlpha = kOffP + (kTile / 8) * 64 * 16;  // [64] per-head rescale of this tile
-constexpr int kOffL = kOffAlpha + 64 * 4;                 // [64] softmax denominators (epilogue)
+constexpr int kOffAlpha = kOffP + (kTile / 8) * 64 * 16;  // [2][64] per-head rescale of tile j (j % 2)
+constexpr int kOffL = kOffAlpha + 2 * 64 * 4;                // [64] softmax denominators (epilogue)
 constexpr int kOffM = kOffL + 64 * 4;                     // [64] running maxima (epilogue)
-constexpr int kOffValid = kOffM + 64 * 4;                 // [2][64] uint8: the tile's row is used
-constexpr int kOffBar = kOffValid + 2 * kTile;            // mbarriers full[2], empty[2]
-constexpr int kSmemBytes = kOffBar + 4 * 8;               // 230,304 of the 232,448 a block may have
+constexpr int kOffValid = kOffM + 64 * 4;                 // [2][64] uint32: the tile's row is used
+constexpr int kOffBar = kOffValid + 2 * kTile * 4;        // mbarriers full[2], empty[2], remote[2]
+constexpr int kSmemBytes = kOffBar + 6 * 8;               // 230,960 of the 232,448 a block may have
+// Bytes a block of a pair receives from the other block per tile: 32 rows and their flags.
+constexpr uint32_t kPeerBytes = 32 * (kChunks * 16 + 4);
 static_assert(kSmemBytes == mla_smem::kWgmmaBytes, "the selector checks devices against mla_smem::kWgmmaBytes");
 
 // Registers per thread of the three roles: they add up to 3 x 168, what the block starts with
@@ -171,6 +184,51 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
 // Orders this thread's ordinary shared-memory writes before later reads by the tensor cores.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// Thread-block clusters of two blocks (pairs, see the top of the file).
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// The other block's shared::cluster address of this block's shared address `addr`.
+__device__ __forceinline__ uint32_t peer_u32addr(uint32_t addr, uint32_t peer) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(peer));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_peer(uint32_t peer_bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(peer_bar) : "memory");
+}
+// Arrives on this block's barrier and adds `bytes` to the transfers its phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32addr(bar)), "r"(bytes) : "memory");
+}
+// 16 (4) bytes into the other block's shared memory, counted on its barrier `peer_bar`.
+__device__ __forceinline__ void st_async16(uint32_t peer_dst, uint4 v, uint32_t peer_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(peer_dst),
+               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(peer_bar)
+               : "memory");
+}
+__device__ __forceinline__ void st_async4(uint32_t peer_dst, uint32_t v, uint32_t peer_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(peer_dst), "r"(v),
+               "r"(peer_bar)
+               : "memory");
+}
+
+// Where a producer's writes go: this block's tile, and in a pair also the other block's.
+struct Dest {
+  unsigned char* local;  // this block's buffer (the row's first 16 bytes)
+  uint32_t peer;         // the same place in the other block (shared::cluster), if paired
+  uint32_t peer_bar;     // the other block's remote[b]
+  __device__ void put16(int off, uint4 v, bool paired) const {
+    *reinterpret_cast<uint4*>(local + off) = v;
+    if (paired) st_async16(peer + off, v, peer_bar);
+  }
+};
+
 // q of the block's 64 heads as bf16, by the 256 consumer threads (18 pieces of 8 values each, in two
 // rounds of loads in flight); missing heads are zero.
 __device__ __forceinline__ void load_q(const AttentionArgs& a, int t, int h0, unsigned char* sQ, int ctid) {
@@ -222,10 +280,10 @@ __device__ __forceinline__ void load_fp8_piece(Fp8Piece& x, const uint8_t* base,
   x.scale = used ? *reinterpret_cast<const float4*>(src + kLora) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
-// Widens a piece to bf16 into its row of a tile (dst = the row's first 16 bytes) and copies the
-// row's rope pieces part and part + 4.
+// Widens a piece to bf16 into its row of a tile (and of the other block's, if paired) and copies
+// the row's rope pieces part and part + 4.
 __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t* base, int slot, int64_t row_bytes,
-                                                unsigned char* dst, int part) {
+                                                const Dest& dst, int part, bool paired) {
   uint4 rope[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -235,25 +293,30 @@ __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int p = part + 4 * i;
-    *reinterpret_cast<uint4*>(dst + (2 * p) * 1024) = widen_fp8x8(make_uint2(x.v[i].x, x.v[i].y), scales[i / 2]);
-    *reinterpret_cast<uint4*>(dst + (2 * p + 1) * 1024) = widen_fp8x8(make_uint2(x.v[i].z, x.v[i].w), scales[i / 2]);
+    dst.put16((2 * p) * 1024, widen_fp8x8(make_uint2(x.v[i].x, x.v[i].y), scales[i / 2]), paired);
+    dst.put16((2 * p + 1) * 1024, widen_fp8x8(make_uint2(x.v[i].z, x.v[i].w), scales[i / 2]), paired);
   }
 #pragma unroll
-  for (int i = 0; i < 2; ++i) *reinterpret_cast<uint4*>(dst + (kLora / 8 + part + 4 * i) * 1024) = rope[i];
+  for (int i = 0; i < 2; ++i) dst.put16((kLora / 8 + part + 4 * i) * 1024, rope[i], paired);
 }
 
 // Warpgroup 2. Thread (warp w, lane) takes rows w * 8 + lane % 8 and that + 32 (rounds 0 and 1) of
-// every tile, and of each row the 16-byte pieces lane / 8 + 4 i: four lanes read 64 contiguous
-// bytes of a row, eight lanes write one 128-byte line of shared memory.
+// every tile (in a pair only the first, + 32 r for cluster rank r), and of each row the 16-byte
+// pieces lane / 8 + 4 i: four lanes read 64 contiguous bytes of a row, eight lanes write one
+// 128-byte line of shared memory.
 // No load's result is waited for soon after it is issued: a row's slot is found in three steps one
 // tile apart (position for tile j + 3, block-table entry for tile j + 2, slot for tile j + 1, whose
 // rows are then prefetched into L2), and fp8 rows are loaded into registers before the buffer they
 // go to is free. Slots are int32 here (a layer's cache has fewer than 2^31 rows).
-template <bool FP8>
+template <bool FP8, bool PAIR>
 __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, unsigned char* smem, int ptid) {
+  constexpr int kRounds = PAIR ? 1 : 2;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
   uint64_t* empty = full + 2;
-  const int part = (ptid % 32) / 8, row_a = (ptid / 32) * 8 + ptid % 8;
+  uint64_t* remote = full + 4;
+  uint32_t* valid = reinterpret_cast<uint32_t*>(smem + kOffValid);
+  const uint32_t rank = PAIR ? cluster_rank() : 0u, peer = rank ^ 1u;
+  const int part = (ptid % 32) / 8, row_a = (ptid / 32) * 8 + ptid % 8 + 32 * int(rank);
   const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
   const int64_t row_bytes = a.latent.row_bytes;
   const int32_t* table = a.latent.block_tables + int64_t(a.seq[w.t]) * a.latent.max_blocks;
@@ -268,9 +331,9 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
   };
   auto block_of = [&](int pos) { return pos >= 0 ? table[pos / bs] : 0; };
   auto slot_at = [&](int pos, int blk) { return pos >= 0 ? blk * bs + pos % bs : -1; };
-  int pos1[2], blk1[2], pos2[2], slot0[2], slot1[2];
+  int pos1[kRounds], blk1[kRounds], pos2[kRounds], slot0[kRounds], slot1[kRounds];
 #pragma unroll
-  for (int round = 0; round < 2; ++round) {
+  for (int round = 0; round < kRounds; ++round) {
     const int p0 = position(0, round);
     slot0[round] = slot_at(p0, block_of(p0));
     pos1[round] = position(1, round);
@@ -279,9 +342,9 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
   }
   for (int j = 0; j < w.n_tiles; ++j) {
     const int b = j & 1;
-    int pos3[2], blk2[2];
+    int pos3[kRounds], blk2[kRounds];
 #pragma unroll
-    for (int round = 0; round < 2; ++round) {
+    for (int round = 0; round < kRounds; ++round) {
       pos3[round] = position(j + 3, round);
       blk2[round] = block_of(pos2[round]);
       slot1[round] = slot_at(pos1[round], blk1[round]);
@@ -291,17 +354,35 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
                      : "memory");
     }
     unsigned char* tile = smem + kOffK + b * kMatBytes;
-    if constexpr (FP8) {  // both rows into registers before the buffer is free
-      Fp8Piece x0, x1;
-      load_fp8_piece(x0, base, slot0[0], row_bytes, part);
-      load_fp8_piece(x1, base, slot0[1], row_bytes, part);
+    const uint32_t peer_bar = PAIR ? peer_u32addr(smem_u32addr(&remote[b]), peer) : 0u;
+    auto dest = [&](int round) {
+      unsigned char* row = tile + (row_a + 32 * round) * 16;
+      return Dest{row, PAIR ? peer_u32addr(smem_u32addr(row), peer) : 0u, peer_bar};
+    };
+    if constexpr (FP8) {  // the rows into registers before the buffer is free
+      Fp8Piece x[kRounds];
+#pragma unroll
+      for (int round = 0; round < kRounds; ++round) load_fp8_piece(x[round], base, slot0[round], row_bytes, part);
       mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
-      store_fp8_piece(x0, base, slot0[0], row_bytes, tile + row_a * 16, part);
-      store_fp8_piece(x1, base, slot0[1], row_bytes, tile + (row_a + 32) * 16, part);
+      if (PAIR && ptid == 0) mbar_arrive_expect(&remote[b], kPeerBytes);  // what the other block sends
+#pragma unroll
+      for (int round = 0; round < kRounds; ++round)
+        store_fp8_piece(x[round], base, slot0[round], row_bytes, dest(round), part, PAIR);
+    } else if constexpr (PAIR) {  // bf16 rows through registers, into both blocks
+      uint4 x[kChunks / 4];
+      const uint8_t* src = base + int64_t(slot0[0]) * row_bytes;
+#pragma unroll
+      for (int i = 0; i < kChunks / 4; ++i)
+        x[i] = slot0[0] >= 0 ? *reinterpret_cast<const uint4*>(src + (part + 4 * i) * 16) : make_uint4(0, 0, 0, 0);
+      mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
+      if (ptid == 0) mbar_arrive_expect(&remote[b], kPeerBytes);
+      const Dest d = dest(0);
+#pragma unroll
+      for (int i = 0; i < kChunks / 4; ++i) d.put16((part + 4 * i) * 1024, x[i], true);
     } else {
       mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
 #pragma unroll
-      for (int round = 0; round < 2; ++round) {
+      for (int round = 0; round < kRounds; ++round) {
         unsigned char* dst = tile + (row_a + 32 * round) * 16;
         const uint8_t* src = base + int64_t(slot0[round]) * row_bytes;
 #pragma unroll
@@ -314,19 +395,43 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
       cp_async_wait_all();
     }
     if (part == 0) {
-      smem[kOffValid + b * kTile + row_a] = slot0[0] >= 0;
-      smem[kOffValid + b * kTile + row_a + 32] = slot0[1] >= 0;
+#pragma unroll
+      for (int round = 0; round < kRounds; ++round) {
+        uint32_t* flag = valid + b * kTile + row_a + 32 * round;
+        *flag = slot0[round] >= 0;
+        if (PAIR) st_async4(peer_u32addr(smem_u32addr(flag), peer), slot0[round] >= 0, peer_bar);
+      }
     }
     fence_async_smem();
     mbar_arrive(&full[b]);
 #pragma unroll
-    for (int round = 0; round < 2; ++round) {
+    for (int round = 0; round < kRounds; ++round) {
       slot0[round] = slot1[round];
       pos1[round] = pos2[round];
       blk1[round] = blk2[round];
       pos2[round] = pos3[round];
     }
   }
+}
+
+// A consumer thread is done with buffer b: one arrival per thread on this block's empty[b], and in
+// a pair one per warp on the other block's (after the whole warp's arrivals: its reads are done).
+template <bool PAIR>
+__device__ __forceinline__ void release_tile(uint64_t* empty_b) {
+  mbar_arrive(empty_b);
+  if constexpr (PAIR) {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbar_arrive_peer(peer_u32addr(smem_u32addr(empty_b), cluster_rank() ^ 1u));
+  }
+}
+
+// Waits until tile j is in buffer b: full[b] (this block's producer), and in a pair remote[b] (the
+// other block's half; the barriers are full[2], empty[2], remote[2] from kOffBar).
+template <bool PAIR>
+__device__ __forceinline__ void wait_tile(uint64_t* full, int j) {
+  const int b = j & 1;
+  mbar_wait(&full[b], (j >> 1) & 1);
+  if constexpr (PAIR) mbar_wait(&full[4 + b], (j >> 1) & 1);
 }
 
 // Consumer fragments (m64nN accumulators): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8
@@ -380,6 +485,7 @@ __device__ __forceinline__ void store_output(const AttentionArgs& a, const Work&
 }
 
 // Warpgroup 0: S = Q K^T, the online softmax, P to consumer 1, O[:, 0:256] += P V.
+template <bool PAIR>
 __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w, unsigned char* smem, float* part) {
   const Lane ln(threadIdx.x);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
@@ -398,7 +504,7 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
   for (int j = 0; j < w.n_tiles; ++j) {
     const int b = j & 1;
     const uint32_t tile = sbase + kOffK + b * kMatBytes;
-    mbar_wait(&full[b], (j >> 1) & 1);
+    wait_tile<PAIR>(full, j);
 
     // S = Q K^T over 36 k-steps of 16 dims (2048 bytes apart in both operands).
     float s[32];
@@ -413,7 +519,7 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
     reg_fence(s);
 
     // Online softmax on rows row0 (e = 0, 1) and row0 + 8 (e = 2, 3); unused rows are -inf.
-    const uint8_t* valid = smem + kOffValid + b * kTile;
+    const uint32_t* valid = reinterpret_cast<const uint32_t*>(smem + kOffValid) + b * kTile;
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn)
 #pragma unroll
@@ -459,8 +565,8 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
       for (int rr = 0; rr < 2; ++rr)
         *reinterpret_cast<uint32_t*>(smem + kOffP + jn * 1024 + (ln.row0 + 8 * rr) * 16 + ln.q4 * 4) = p[2 * jn + rr];
     if (ln.q4 == 0) {
-      sAlpha[ln.row0] = alpha[0];
-      sAlpha[ln.row0 + 8] = alpha[1];
+      sAlpha[b * 64 + ln.row0] = alpha[0];
+      sAlpha[b * 64 + ln.row0 + 8] = alpha[1];
     }
     fence_async_smem();
     named_arrive(kBarPReady, 256);
@@ -477,7 +583,7 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
     wgmma_wait<0>();
     reg_fence(o);
     reg_fence(p);
-    mbar_arrive(&empty[b]);
+    release_tile<PAIR>(&empty[b]);
   }
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -497,6 +603,7 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
 }
 
 // Warpgroup 1: O[:, 256:512] += P V with P and the rescale from consumer 0.
+template <bool PAIR>
 __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w, unsigned char* smem, float* part) {
   const Lane ln(threadIdx.x);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
@@ -513,9 +620,9 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
   for (int j = 0; j < w.n_tiles; ++j) {
     const int b = j & 1;
     const uint32_t tile = sbase + kOffK + b * kMatBytes;
-    mbar_wait(&full[b], (j >> 1) & 1);
+    wait_tile<PAIR>(full, j);
     named_sync(kBarPReady, 256);
-    rescale(o, sAlpha[ln.row0], sAlpha[ln.row0 + 8]);
+    rescale(o, sAlpha[b * 64 + ln.row0], sAlpha[b * 64 + ln.row0 + 8]);
     // P k-steps are 2048 bytes apart; V's dims 256.. start 32 chunks of 8 dims into the tile.
     const uint64_t dp = wgmma_desc(sbase + kOffP, 1024, 128), dv = wgmma_desc(tile + 32 * 1024, 128, 1024);
     wgmma_fence();
@@ -524,14 +631,14 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(o);
-    mbar_arrive(&empty[b]);
+    release_tile<PAIR>(&empty[b]);
     if (j + 1 < w.n_tiles) named_sync(kBarPFree, 256);  // nothing to do before the next P anyway
   }
   named_sync(kBarEpi, 256);
   store_output(a, w, ln, 1, o, smem, part);
 }
 
-template <bool FP8>
+template <bool FP8, bool PAIR>
 __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part) {
   extern __shared__ __align__(128) unsigned char smem[];
   Work w;
@@ -547,38 +654,76 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kOffBar);
     mbar_init(&bars[0], 128);  // full: the producer's threads
     mbar_init(&bars[1], 128);
-    mbar_init(&bars[2], 256);  // empty: both consumers' threads
-    mbar_init(&bars[3], 256);
+    mbar_init(&bars[2], PAIR ? 256 + 8 : 256);  // empty: both consumers' threads (+ the other block's warps)
+    mbar_init(&bars[3], PAIR ? 256 + 8 : 256);
+    mbar_init(&bars[4], 1);  // remote: this block's producer thread 0, with the bytes the other block sends
+    mbar_init(&bars[5], 1);
+    if (PAIR) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  __syncthreads();
+  if (PAIR) cluster_sync();  // the other block's barriers exist before anything reaches them
+  else __syncthreads();
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegsQk));
-    consume_qk(a, w, smem, part);
+    consume_qk<PAIR>(a, w, smem, part);
   } else if (wg == 1) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsPv));
-    consume_pv(a, w, smem, part);
+    consume_pv<PAIR>(a, w, smem, part);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsProducer));
-    produce<FP8>(a, w, smem, threadIdx.x - 256);
+    produce<FP8, PAIR>(a, w, smem, threadIdx.x - 256);
   }
+  if (PAIR) cluster_sync();  // neither block leaves while the other may still reach its shared memory
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <bool FP8>
+template <bool FP8, bool PAIR>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const __grid_constant__ AttentionArgs a,
                                                                 int rows_per_split, float* part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  mla_wgmma_body<FP8>(a, rows_per_split, part);
+  mla_wgmma_body<FP8, PAIR>(a, rows_per_split, part);
 #else
   __trap();  // no sm_90a code in this pass: the host side never launches it here
 #endif
 }
 
+using Kernel = void (*)(AttentionArgs, int, float*);
+
+cudaLaunchConfig_t pair_config(dim3 grid, cudaStream_t s, cudaLaunchAttribute& attr) {
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 2;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.stream = s;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// Whether the device can run pairs of these blocks at all (two SMs of one cluster, each holding
+// a whole block). Asked once per device.
+bool pairs_fit(Kernel kernel) {
+  static std::map<int, bool> known;
+  static std::mutex mu;
+  int dev = 0;
+  SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = known.find(dev); it != known.end()) return it->second;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = pair_config(dim3(2), nullptr, attr);
+  int clusters = 0;
+  SPARSEMLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+  return known[dev] = clusters > 0;
+}
+
 }  // namespace
 
-void sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, Stream s) {
+int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, Stream s) {
 #if !defined(SPARSEMLA_HAVE_SM90A)
   fail("sparse_mla: this build has no sm_90a machine code for the wgmma kernel (90 is not in CMAKE_CUDA_ARCHITECTURES)");
 #endif
@@ -595,11 +740,26 @@ void sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, fl
   if (a.latent.row_bytes != latent_row_bytes(a.dtype, kLora, kRope))
     fail("sparse_mla: latent rows of {} bytes, the wgmma kernel expects {}", a.latent.row_bytes,
          latent_row_bytes(a.dtype, kLora, kRope));
-  auto kernel = a.dtype == KvDtype::FP8 ? mla_wgmma_kernel<true> : mla_wgmma_kernel<false>;
-  allow_smem(kernel, kSmemBytes);
   const dim3 grid(unsigned(ceil_div(a.heads, kHeads)), unsigned(a.T), unsigned(splits));
-  kernel<<<grid, kThreads, kSmemBytes, static_cast<cudaStream_t>(s)>>>(a, rows_per_split, part);
+  const auto st = static_cast<cudaStream_t>(s);
+  // Pairs where there are two blocks of heads per token and each block has two tiles or more (with
+  // one, the cluster's launch and barriers cost more than the halved gather saves: H200, DeepSeek-V3.2
+  // fp8 batch 1, 23.0 us paired against 21.4).
+  if (pairs && grid.x % 2 == 0 && rows_per_split >= 2 * kTile) {
+    const Kernel kernel = a.dtype == KvDtype::FP8 ? mla_wgmma_kernel<true, true> : mla_wgmma_kernel<false, true>;
+    allow_smem(kernel, kSmemBytes);
+    if (pairs_fit(kernel)) {
+      cudaLaunchAttribute attr;
+      const cudaLaunchConfig_t cfg = pair_config(grid, st, attr);
+      SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, rows_per_split, part));
+      return 2;
+    }
+  }
+  const Kernel kernel = a.dtype == KvDtype::FP8 ? mla_wgmma_kernel<true, false> : mla_wgmma_kernel<false, false>;
+  allow_smem(kernel, kSmemBytes);
+  kernel<<<grid, kThreads, kSmemBytes, st>>>(a, rows_per_split, part);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
+  return 1;
 }
 
 }  // namespace sparsemla::cuda
