@@ -17,6 +17,7 @@
 #include "ops/cuda/buffer.h"
 #include "ops/cuda/ceilings.h"
 #include "ops/device.h"
+#include "ops/select/select.h"
 #endif
 
 namespace sparsemla::app {
@@ -27,7 +28,7 @@ struct BenchAttentionArgs {
   std::vector<int> batches = {1, 8, 64, 128};
   std::vector<int> contexts = {4096, 32768, 131072};
   std::vector<std::string> dtypes = {"bf16", "fp8"};
-  std::string kernel = "mma";
+  std::string kernel = "auto";
   bool dense = false;
   int splits = 0;           // attention split-KV; 0: the kernel's own choice
   int heads_per_block = 0;  // attention heads per block (16, 32, 64); 0: the kernel's own choice
@@ -66,11 +67,23 @@ int run_bench_attention(const BenchAttentionArgs& a) {
               devs[0].cc_minor, devs[0].sm_count);
   std::printf("ceilings: device-to-device copy %.0f GB/s (read + write), bf16 GEMM 8192^3 %.0f TFLOP/s\n",
               copy_bps / 1e9, gemm_flops / 1e12);
-  const cuda::AttentionKernel ak = a.kernel == "fma"     ? cuda::AttentionKernel::Fma
-                                   : a.kernel == "wgmma" ? cuda::AttentionKernel::Wgmma
-                                                         : cuda::AttentionKernel::Mma;
+  // The attention kernel asked for, or (auto) the one the model would take for the shape on this
+  // device: the backend selector's choice, as the GPU model makes it.
+  auto attention_kernel = [&](const Shape& sh, bool fp8) {
+    std::string name = a.kernel;
+    if (name == "auto") {
+      const ops::AttentionProblem p = ops::attention_problem(&devs[0], sh.heads, sh.kv_lora, sh.rope, sh.idx_heads,
+                                                             sh.idx_dim, !a.dense, fp8);
+      const std::string chosen = ops::select_backends(p).get("attention").chosen;
+      name = chosen == "cuda-wgmma-sm90" ? "wgmma" : chosen == "cuda-fma" ? "fma" : "mma";
+    }
+    return name == "fma" ? cuda::AttentionKernel::Fma
+                         : name == "wgmma" ? cuda::AttentionKernel::Wgmma : cuda::AttentionKernel::Mma;
+  };
   const cuda::IndexerKernel ik = a.kernel == "fma" ? cuda::IndexerKernel::Fma : cuda::IndexerKernel::Mma;
-  std::printf("kernels: attention %s, indexer %s\n", a.kernel.c_str(), a.kernel == "fma" ? "fma" : "mma");
+  std::printf("kernels: attention %s, indexer %s\n",
+              a.kernel == "auto" ? "as the model takes it on this device (last column)" : a.kernel.c_str(),
+              a.kernel == "fma" ? "fma" : "mma");
   // Consecutive timed calls read different sequences (sets of `batch` each), so that a small batch
   // does not find the previous call's keys and rows in the L2 cache (50 MB on an H200).
   auto sets_of = [&](int B) { return a.rotate > 0 ? a.rotate : std::max(1, 8 / B); };
@@ -81,13 +94,14 @@ int run_bench_attention(const BenchAttentionArgs& a) {
   const int blocks_per_seq = (max_ctx + bs - 1) / bs;
   const int64_t n_slots = int64_t(n_seq) * blocks_per_seq * bs;
 
-  std::printf("%-6s %-4s %5s %7s | %9s %7s %5s | %8s %8s | %9s | %9s %7s %5s %7s %5s | %9s %5s\n", "shape", "kv",
+  std::printf("%-6s %-4s %5s %7s | %9s %7s %5s | %8s %8s | %9s | %9s %7s %5s %7s %5s | %9s %5s | %s\n", "shape", "kv",
               "batch", "context", "indexer", "GB/s", "%bw", "top-k", "tied", "idx+top-k", "attention", "GB/s", "%bw",
-              "TFLOP/s", "%mma", "step", "%bw");
+              "TFLOP/s", "%mma", "step", "%bw", "attention kernel");
   for (const std::string& dname : a.dtypes) {
     const cuda::KvDtype dt = dname == "fp8" ? cuda::KvDtype::FP8 : cuda::KvDtype::BF16;
     for (const Shape& sh : kShapes) {
       if (std::find(a.shapes.begin(), a.shapes.end(), sh.name) == a.shapes.end()) continue;
+      const cuda::AttentionKernel ak = attention_kernel(sh, dt == cuda::KvDtype::FP8);
       const int64_t lrow = cuda::latent_row_bytes(dt, sh.kv_lora, sh.rope);
       const int64_t krow = cuda::index_key_row_bytes(dt, sh.idx_dim);
       cuda::DeviceBuffer latent(size_t(n_slots * lrow)), keys(size_t(n_slots * krow));
@@ -192,13 +206,17 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           const double att_bytes = double(B) * rows * lrow;
           const double att_flops = double(B) * sh.heads * rows * (sh.kv_lora + sh.rope + sh.kv_lora) * 2.0;
           const double step = t_pair + t_att;
+          // What ran: the mma kernel takes bf16 batches under 8 tokens from the Hopper one (sparse_mla).
+          const char* ran = ws.last_cluster == 2   ? "wgmma, pairs"
+                            : ws.last_cluster == 1 ? "wgmma"
+                            : ak == cuda::AttentionKernel::Fma ? "fma" : "mma";
           std::printf("%-6s %-4s %5d %7d | %7.1fus %7.0f %4.0f%% | %6.1fus %6.1fus | %7.1fus | %7.1fus %7.0f %4.0f%% %7.1f "
-                      "%4.0f%% | %7.1fus %4.0f%%\n",
+                      "%4.0f%% | %7.1fus %4.0f%% | %s\n",
                       sh.name, dname.c_str(), B, ctx, t_idx, idx_bytes / t_idx * 1e-3,
                       100.0 * idx_bytes / (t_idx * 1e-6) / copy_bps, t_topk, t_topk_tied, t_pair, t_att, att_bytes / t_att * 1e-3,
                       100.0 * att_bytes / (t_att * 1e-6) / copy_bps, att_flops / t_att * 1e-6,
                       100.0 * att_flops / (t_att * 1e-6) / gemm_flops, step,
-                      100.0 * (idx_bytes + att_bytes) / (step * 1e-6) / copy_bps);
+                      100.0 * (idx_bytes + att_bytes) / (step * 1e-6) / copy_bps, ran);
           std::fflush(stdout);
         }
     }
@@ -229,9 +247,10 @@ Runner add_bench_attention(CLI::App& bench) {
   cmd->add_option("--context", a->contexts, "context lengths");
   cmd->add_option("--kv", a->dtypes, "cache dtypes: bf16, fp8");
   cmd->add_option("--kernel", a->kernel,
-                  "mma (tensor cores, any GPU), wgmma (the Hopper attention kernel; its indexer is mma) or fma (the "
+                  "auto (the attention kernel the model takes on this device: the backend selector's choice), mma "
+                  "(tensor cores, any GPU), wgmma (the Hopper attention kernel; its indexer is mma) or fma (the "
                   "fallback)")
-      ->check(CLI::IsMember({"mma", "wgmma", "fma"}));
+      ->check(CLI::IsMember({"auto", "mma", "wgmma", "fma"}));
   cmd->add_flag("--dense", a->dense, "attend to every position instead of the top-k");
   cmd->add_option("--splits", a->splits, "attention split-KV blocks per token (0: chosen by the kernel)");
   cmd->add_option("--heads-per-block", a->heads_per_block, "attention heads per block: 16, 32, 64 (0: chosen by the kernel)")

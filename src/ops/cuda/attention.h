@@ -125,7 +125,8 @@ struct AttentionWorkspace {
   // pairs (thread-block clusters of two) where each block has two 64-row tiles or more: each block
   // of a pair gathers half of every tile and shares it; false: every block gathers all its rows
   // (tests, A/B). SPARSEMLA_MLA_PAIRS=0 in the environment turns pairs off as well.
-  // last_cluster: blocks per cluster of the last Hopper launch (1 or 2; 0 before one).
+  // last_cluster: blocks per cluster of the last call's Hopper launch (1 or 2; 0: the last call
+  // launched another kernel, or nothing).
   bool pairs = true;
   int last_cluster = 0;
 };

@@ -40,14 +40,14 @@ __host__ __device__ constexpr int heads_padded(int heads) { return (heads + 15) 
 // Cache pages a block's keys can span: tiles * 64 keys starting anywhere in a page.
 __host__ __device__ inline int pages_per_block(int tiles, int block_size) { return (tiles * kKeysPerTile + block_size - 1) / block_size + 1; }
 
-// Shared memory of the mma kernel: q [heads_pad][DIM + 8] (16-bit), key tiles [STAGES][64][DIM + 8]
-// (16-bit; none for fp8 keys, widened in registers), w [heads_pad], fp8 scales [64], the block's page-table entries [pages] (padded to 16
-// bytes), fp8 rows as stored [STAGES][64][row_bytes].
+// Shared memory of the mma kernel: q [heads_pad][DIM + 8] (16-bit), bf16 key tiles [STAGES][64][DIM + 8]
+// (none for fp8 keys: those are widened in registers), w [heads_pad], the block's page-table entries
+// [pages] (padded to 16 bytes), fp8 rows as stored [STAGES][64][row_bytes].
 template <int DIM, bool FP8, int STAGES>
 size_t mma_smem_bytes(int heads, int64_t row_bytes, int pages) {
   const size_t str = DIM + 8, hp = size_t(heads_padded(heads));
-  return hp * str * 2 + size_t(FP8 ? 0 : STAGES) * kKeysPerTile * str * 2 + hp * 4 + kKeysPerTile * 4 +
-         size_t(pages + 3) / 4 * 16 + (FP8 ? size_t(STAGES) * kKeysPerTile * size_t(row_bytes) : 0);
+  return hp * str * 2 + size_t(FP8 ? 0 : STAGES) * kKeysPerTile * str * 2 + hp * 4 + size_t(pages + 3) / 4 * 16 +
+         (FP8 ? size_t(STAGES) * kKeysPerTile * size_t(row_bytes) : 0);
 }
 
 // `runs` (fp8): rows are copied as runs of `run` consecutive slots (a page, or 64 keys of one),
@@ -64,8 +64,7 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
   T16* sQ = reinterpret_cast<T16*>(smem);                                     // [heads_pad][STR]
   T16* sK = sQ + heads_pad * STR;                                             // [STAGES][64][STR] (bf16)
   float* sW = reinterpret_cast<float*>(sK + (FP8 ? 0 : STAGES) * kKeysPerTile * STR);  // [heads_pad]
-  float* sScale = sW + heads_pad;                                             // [64]
-  int32_t* sPage = reinterpret_cast<int32_t*>(sScale + kKeysPerTile);         // [pages]
+  int32_t* sPage = reinterpret_cast<int32_t*>(sW + heads_pad);               // [pages]
   const int max_pages = pages_per_block(tiles_per_block, a.keys.block_size);
   uint8_t* sRaw = reinterpret_cast<uint8_t*>(sPage + (max_pages + 3) / 4 * 4);  // fp8: [STAGES][64 * RB]
 

@@ -526,6 +526,7 @@ bool pairs_allowed() {
 
 void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits,
                 int heads_per_block) {
+  ws.last_cluster = 0;
   if (a.T == 0) return;
   auto st = static_cast<cudaStream_t>(s);
   const bool fp8 = a.dtype == KvDtype::FP8;

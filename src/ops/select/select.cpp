@@ -96,8 +96,8 @@ const Impl kImpls[] = {
 
 }  // namespace
 
-AttentionProblem attention_problem(const model::HParams& hp, const DeviceInfo* dev, bool sparse, bool fp8_cache,
-                                   int tensor_parallel) {
+AttentionProblem attention_problem(const DeviceInfo* dev, int heads, int kv_lora, int rope, int idx_heads, int idx_dim,
+                                   bool sparse, bool fp8_cache) {
   AttentionProblem p;
   if (dev) {
     p.cuda = true;
@@ -106,17 +106,24 @@ AttentionProblem attention_problem(const model::HParams& hp, const DeviceInfo* d
     p.cc_minor = dev->cc_minor;
     p.smem_optin = dev->smem_per_block_optin;
   }
-  p.heads = int(hp.n_head) / std::max(1, tensor_parallel);
-  p.kv_lora = int(hp.kv_lora_rank);
-  p.rope = int(hp.qk_rope);
-  p.idx_heads = hp.has_indexer() ? int(hp.idx_heads) : 0;
-  p.idx_dim = hp.has_indexer() ? int(hp.idx_dim) : 0;
-  p.sparse = sparse && hp.has_indexer();
+  p.heads = heads;
+  p.kv_lora = kv_lora;
+  p.rope = rope;
+  p.idx_heads = idx_heads;
+  p.idx_dim = idx_heads > 0 ? idx_dim : 0;
+  p.sparse = sparse && idx_heads > 0;
   p.fp8_cache = fp8_cache;
 #if SPARSEMLA_HAVE_SM90A
   p.sm90a_code = true;
 #endif
   return p;
+}
+
+AttentionProblem attention_problem(const model::HParams& hp, const DeviceInfo* dev, bool sparse, bool fp8_cache,
+                                   int tensor_parallel) {
+  const bool idx = hp.has_indexer();
+  return attention_problem(dev, int(hp.n_head) / std::max(1, tensor_parallel), int(hp.kv_lora_rank), int(hp.qk_rope),
+                           idx ? int(hp.idx_heads) : 0, idx ? int(hp.idx_dim) : 0, sparse, fp8_cache);
 }
 
 const Selection& BackendPlan::get(const std::string& op) const {

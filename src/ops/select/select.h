@@ -33,6 +33,10 @@ struct AttentionProblem {
 
 AttentionProblem attention_problem(const model::HParams& hp, const DeviceInfo* dev, bool sparse, bool fp8_cache,
                                    int tensor_parallel = 1);
+// The same from the attention's own dimensions (idx_heads 0: no indexer), for kernels benchmarked
+// without a model.
+AttentionProblem attention_problem(const DeviceInfo* dev, int heads, int kv_lora, int rope, int idx_heads, int idx_dim,
+                                   bool sparse, bool fp8_cache);
 
 struct Candidate {
   std::string name;
