@@ -643,18 +643,28 @@ TEST(CudaAttention, SparseMlaMatchesTheCpuReference) {
   check_mla({3, 20, 4, {30}, 12, 1, 16}, KvDtype::BF16, cuda::AttentionKernel::Fma, 1, rng);
 }
 
+// Skips a test of the Hopper kernel unless the device is compute capability 9.0 and the build has
+// its sm_90a machine code.
+#if SPARSEMLA_HAVE_SM90A
+#define SPARSEMLA_REQUIRE_SM90A()                                                                              \
+  do {                                                                                                         \
+    SPARSEMLA_REQUIRE_GPU();                                                                                   \
+    const ops::DeviceInfo sm90_dev = ops::list_devices().at(0);                                                \
+    if (sm90_dev.cc_major != 9 || sm90_dev.cc_minor != 0)                                                      \
+      GTEST_SKIP() << sm90_dev.name << " is compute capability " << sm90_dev.cc_major << "." << sm90_dev.cc_minor \
+                   << ", not 9.0";                                                                             \
+  } while (0)
+#else
+#define SPARSEMLA_REQUIRE_SM90A() \
+  GTEST_SKIP() << "this build has no sm_90a machine code (90 is not in CMAKE_CUDA_ARCHITECTURES)"
+#endif
+
 // The Hopper kernel, where the device is compute capability 9.0 and the build has its sm_90a code:
 // the latent 512 + rope 64 cases of kMlaCases (GLM-5 and DeepSeek-V3.2 heads, context shorter than
 // top-k, -1 padded selections, GLM-5 at tensor parallel 8 with its 8 heads padded to a block of 64,
 // dense) unsplit and split, plus several tokens of 128 heads over 16-row blocks and forced splits.
 TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
-  SPARSEMLA_REQUIRE_GPU();
-#if !SPARSEMLA_HAVE_SM90A
-  GTEST_SKIP() << "this build has no sm_90a machine code (90 is not in CMAKE_CUDA_ARCHITECTURES)";
-#else
-  const ops::DeviceInfo dev = ops::list_devices().at(0);
-  if (dev.cc_major != 9 || dev.cc_minor != 0)
-    GTEST_SKIP() << dev.name << " is compute capability " << dev.cc_major << "." << dev.cc_minor << ", not 9.0";
+  SPARSEMLA_REQUIRE_SM90A();
   std::mt19937 rng(7);
   const auto wgmma = cuda::AttentionKernel::Wgmma;
   if (small_mode()) {  // under compute-sanitizer: one of each path
@@ -673,7 +683,6 @@ TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
   check_mla({128, 512, 64, {2500, 300, 2048}, 2048, 3, 16}, KvDtype::FP8, wgmma, 5, rng);
   check_mla({64, 512, 64, {4096, 4000}, 2048, 2, 64}, KvDtype::FP8, wgmma, 7, rng);
   check_mla({64, 512, 64, {20000}, 0, 1, 64}, KvDtype::BF16, wgmma, 0, rng);  // dense, many splits
-#endif
 }
 
 // The Hopper kernel's pairs (an even number of 64-head blocks, two tiles or more per block: each
@@ -681,13 +690,7 @@ TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
 // cases, each checked against the CPU, and the cluster size asserted (96 heads: a pair whose second
 // block holds 32); an odd block count (192 heads) and one tile per split (batch 1) never pair.
 TEST(CudaAttention, SparseMlaWgmmaPairsMatchTheCpuReference) {
-  SPARSEMLA_REQUIRE_GPU();
-#if !SPARSEMLA_HAVE_SM90A
-  GTEST_SKIP() << "this build has no sm_90a machine code (90 is not in CMAKE_CUDA_ARCHITECTURES)";
-#else
-  const ops::DeviceInfo dev = ops::list_devices().at(0);
-  if (dev.cc_major != 9 || dev.cc_minor != 0)
-    GTEST_SKIP() << dev.name << " is compute capability " << dev.cc_major << "." << dev.cc_minor << ", not 9.0";
+  SPARSEMLA_REQUIRE_SM90A();
   std::mt19937 rng(17);
   const auto wgmma = cuda::AttentionKernel::Wgmma;
   struct PairCase {
@@ -716,7 +719,6 @@ TEST(CudaAttention, SparseMlaWgmmaPairsMatchTheCpuReference) {
       check_mla(pc.c, pc.dtype, wgmma, pc.splits, rng, 0, pairs, &cluster);
       EXPECT_EQ(cluster, pairs ? pc.cluster : 1) << "heads " << pc.c.heads << " splits " << pc.splits;
     }
-#endif
 }
 
 // One decode token (batch 1): the mma kernel's blocks of 16, 32 and 64 heads, split as finely as
