@@ -113,7 +113,8 @@ TEST(BackendSelect, FixtureShapesAndOddShapesFallBackWithReasons) {
 }
 
 TEST(BackendSelect, SharedMemoryLimitIsRespected) {
-  // A device allowing only 48 KB per block cannot run the 82 KB mma attention block: fma, with the numbers.
+  // A device allowing only 48 KB per block cannot run the mma attention kernel's smallest block (67 KB):
+  // fma, with the numbers.
   const BackendPlan plan = select_backends(gpu(8, 6, 49152, 64, 512, 64, 32, 128));
   EXPECT_EQ(plan.get("attention").chosen, "cuda-fma");
   const std::string why = candidate(plan.get("attention"), "cuda-mma").reason;

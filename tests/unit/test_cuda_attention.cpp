@@ -527,8 +527,10 @@ struct MlaCase {
 };
 
 // cluster (if given): the Hopper kernel's blocks per cluster in this launch; pairs: whether it may pair them.
+// smem_limit: shared memory per block the launch may assume (0: the device's), to run the shapes a
+// device with less chooses.
 void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, int splits, std::mt19937& rng,
-               int heads_per_block = 0, bool pairs = true, int* cluster = nullptr) {
+               int heads_per_block = 0, bool pairs = true, int* cluster = nullptr, int smem_limit = 0) {
   const int T = int(c.ctx.size()), D = c.kv_lora + c.rope;
   std::vector<int> lens(size_t(c.n_seq), 1);
   std::vector<int32_t> seq(static_cast<size_t>(T)), n_ctx(static_cast<size_t>(T));
@@ -574,6 +576,10 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   a.out = d_out.as<float>();
   cuda::AttentionWorkspace ws;
   ws.pairs = pairs;
+  if (smem_limit > 0) {
+    ws.sm_count = ops::list_devices().at(0).sm_count;
+    ws.smem_optin = smem_limit;
+  }
   d_out.upload(std::vector<float>(size_t(T) * c.heads * c.kv_lora, NAN).data(), size_t(T) * c.heads * c.kv_lora * 4);
   cuda::sparse_mla(a, kernel, ws, nullptr, splits, heads_per_block);
   if (cluster) *cluster = ws.last_cluster;
@@ -737,6 +743,25 @@ TEST(CudaAttention, SparseMlaBatchOneManySplits) {
   }
   check_mla({64, 512, 64, {small_mode() ? 3000 : 9000}, 0, 1, 64}, KvDtype::BF16, cuda::AttentionKernel::Mma, 0, rng, 16);
   check_mla({8, 512, 64, {2100}, 2048, 1, 16}, KvDtype::BF16, cuda::AttentionKernel::Mma, 0, rng);
+}
+
+// Devices with 99 KB of shared memory per block (SM86, SM89, SM120, SM121: the RTX 30/40/50 and RTX
+// PRO cards, DGX Spark), emulated by the launch's limit: at small batches the mma kernel takes 16
+// heads per block with one tile in flight (two do not fit with 576-wide rows); every batch and head
+// count must run there and match the CPU.
+TEST(CudaAttention, SparseMlaFitsDevicesOf99KbPerBlock) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(21);
+  constexpr int k99Kb = 101376;
+  const auto mma = cuda::AttentionKernel::Mma;
+  for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+    check_mla({64, 512, 64, {4096}, 2048, 1, 64}, d, mma, 0, rng, 0, true, nullptr, k99Kb);   // GLM-5, batch 1
+    check_mla({128, 512, 64, {3000}, 2048, 1, 16}, d, mma, 0, rng, 0, true, nullptr, k99Kb);  // DeepSeek-V3.2
+    check_mla({64, 512, 64, {2500, 700, 2048, 100}, 2048, 4, 64}, d, mma, 0, rng, 0, true, nullptr, k99Kb);
+    for (int hpb : {16, 32, 64})  // asked for, then fitted into the limit
+      check_mla({64, 512, 64, {2100}, 2048, 1, 64}, d, mma, 3, rng, hpb, true, nullptr, k99Kb);
+    check_mla({32, 512, 64, {small_mode() ? 3000 : 9000}, 0, 1, 64}, d, mma, 0, rng, 0, true, nullptr, k99Kb);  // dense
+  }
 }
 
 TEST(CudaAttention, AbsorptionProductsMatchTheCpu) {

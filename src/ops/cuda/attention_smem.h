@@ -32,9 +32,9 @@ inline size_t bytes(int hg, int stages, bool fp8, int row_stride, int64_t row_by
          size_t(kChunk) * 8;
 }
 
-// The smallest variant (32 heads, one tile, bf16 rows): what every device must hold.
+// The smallest variant (16 heads, one tile; the same for bf16 and fp8 rows): what a device must hold.
 inline size_t min_bytes(int kv_lora, int rope) {
-  return bytes(2, 1, false, stride(kv_lora, rope), 2 * int64_t(kv_lora + rope));
+  return bytes(1, 1, false, stride(kv_lora, rope), 2 * int64_t(kv_lora + rope));
 }
 
 // The wgmma kernel's block: q and two 64-row tiles as bf16 (3 x 72 KB), P (8 KB), per-head softmax

@@ -492,7 +492,10 @@ void launch_variant(const AttentionArgs& a, const Geometry& geo, float* part, cu
     if (geo.stages == 2) return launch_mma<NV, FP8, 2, 2>(a, geo, part, st);
     return launch_mma<NV, FP8, 2, 1>(a, geo, part, st);
   }
-  return launch_mma<NV, FP8, 1, 2>(a, geo, part, st);  // 16 heads: two stages always fit
+  // 16 heads: two stages, or one where shared memory is 99 KB per block (SM86, SM89, SM12x) and
+  // rows are 576 wide.
+  if (geo.stages == 2) return launch_mma<NV, FP8, 1, 2>(a, geo, part, st);
+  return launch_mma<NV, FP8, 1, 1>(a, geo, part, st);
 }
 
 template <bool FP8>
@@ -581,10 +584,10 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
   }
   geo.stages = 2;
   while (mla_smem::bytes(geo.hg, geo.stages, fp8, geo.stride, a.latent.row_bytes) > size_t(ws.smem_optin)) {
-    if (geo.stages == 2 && geo.hg > 1) geo.stages = 1;
+    if (geo.stages == 2) geo.stages = 1;
     else if (geo.hg > 1) geo.hg /= 2, geo.stages = 2;
     else fail("sparse_mla: the mma kernel needs {} bytes of shared memory, the device allows {}",
-              mla_smem::bytes(1, 2, fp8, geo.stride, a.latent.row_bytes), ws.smem_optin);
+              mla_smem::bytes(1, 1, fp8, geo.stride, a.latent.row_bytes), ws.smem_optin);
   }
   if (splits <= 0) {
     const int64_t blocks = int64_t(ceil_div(a.heads, geo.hg * 16)) * a.T;
