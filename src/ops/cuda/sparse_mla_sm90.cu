@@ -33,6 +33,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_smem.h"
@@ -706,19 +707,19 @@ cudaLaunchConfig_t pair_config(dim3 grid, cudaStream_t s, cudaLaunchAttribute& a
 }
 
 // Whether the device can run pairs of these blocks at all (two SMs of one cluster, each holding
-// a whole block). Asked once per device.
+// a whole block). Asked once per kernel and device.
 bool pairs_fit(Kernel kernel) {
-  static std::map<int, bool> known;
+  static std::map<std::pair<Kernel, int>, bool> known;
   static std::mutex mu;
   int dev = 0;
   SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
-  if (auto it = known.find(dev); it != known.end()) return it->second;
+  if (auto it = known.find({kernel, dev}); it != known.end()) return it->second;
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = pair_config(dim3(2), nullptr, attr);
   int clusters = 0;
   SPARSEMLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-  return known[dev] = clusters > 0;
+  return known[{kernel, dev}] = clusters > 0;
 }
 
 }  // namespace
