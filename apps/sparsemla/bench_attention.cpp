@@ -33,6 +33,7 @@ struct BenchAttentionArgs {
   int splits = 0;           // attention split-KV; 0: the kernel's own choice
   int heads_per_block = 0;  // attention heads per block (16, 32, 64); 0: the kernel's own choice
   int rotate = 0;           // sets of sequences the timed calls cycle through; 0: 8 / batch (at least 1)
+  int smem_limit = 0;       // attention: shared memory per block to fit into (0: the device's)
   int reps = 5;
 };
 
@@ -72,7 +73,9 @@ int run_bench_attention(const BenchAttentionArgs& a) {
   auto attention_kernel = [&](const Shape& sh, bool fp8) {
     std::string name = a.kernel;
     if (name == "auto") {
-      const ops::AttentionProblem p = ops::attention_problem(&devs[0], sh.heads, sh.kv_lora, sh.rope, sh.idx_heads,
+      ops::DeviceInfo dev = devs[0];
+      if (a.smem_limit > 0) dev.smem_per_block_optin = uint64_t(a.smem_limit);  // as such a device would choose
+      const ops::AttentionProblem p = ops::attention_problem(&dev, sh.heads, sh.kv_lora, sh.rope, sh.idx_heads,
                                                              sh.idx_dim, !a.dense, fp8);
       const std::string chosen = ops::select_backends(p).get("attention").chosen;
       name = chosen == "cuda-wgmma-sm90" ? "wgmma" : chosen == "cuda-fma" ? "fma" : "mma";
@@ -127,6 +130,10 @@ int run_bench_attention(const BenchAttentionArgs& a) {
       const cuda::PagedRows latent_rows{latent.get(), lrow, d_table.as<int32_t>(), blocks_per_seq, bs};
       const cuda::PagedRows key_rows{keys.get(), krow, d_table.as<int32_t>(), blocks_per_seq, bs};
       cuda::AttentionWorkspace ws;
+      if (a.smem_limit > 0) {  // the mma kernel's shapes on a device with this much (launches are checked against it)
+        ws.sm_count = devs[0].sm_count;
+        ws.smem_optin = a.smem_limit;
+      }
       cuda::TopKWorkspace topk_ws;
       for (int B : a.batches)
         for (int ctx : a.contexts) {
@@ -255,6 +262,10 @@ Runner add_bench_attention(CLI::App& bench) {
   cmd->add_option("--splits", a->splits, "attention split-KV blocks per token (0: chosen by the kernel)");
   cmd->add_option("--heads-per-block", a->heads_per_block, "attention heads per block: 16, 32, 64 (0: chosen by the kernel)")
       ->check(CLI::IsMember({0, 16, 32, 64}));
+  cmd->add_option("--smem-limit", a->smem_limit,
+                  "shared memory per block the attention kernel fits its shape into, in bytes (0: the device's); "
+                  "101376 gives the shapes of SM86/SM89/SM12x devices (99 KB), timed with this device's SMs")
+      ->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--rotate", a->rotate, "sets of sequences the timed calls cycle through (0: 8 / batch, at least 1)");
   cmd->add_option("--reps", a->reps, "timed repetitions (best is reported)");
   return [a] { return run_bench_attention(*a); };
