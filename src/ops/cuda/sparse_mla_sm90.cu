@@ -40,6 +40,7 @@
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/sm90.cuh"
 
 namespace sparsemla::cuda {
 namespace {
@@ -74,6 +75,8 @@ static_assert(kRegsQk + kRegsPv + kRegsProducer == 3 * 168, "the block's registe
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
+using namespace sm90;  // the instructions (ops/cuda/sm90.cuh)
+
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Named barriers between the two consumer warpgroups (0 is __syncthreads).
@@ -83,141 +86,6 @@ constexpr int kBarPFree = 3;   // consumer 1 is done reading them (both warpgrou
 constexpr int kBarEpi = 4;     // denominators and maxima are in shared memory
 
 __device__ constexpr int ceil_tiles(int rows) { return (rows + kTile - 1) / kTile; }
-
-__device__ __forceinline__ uint32_t smem_u32addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-// Descriptor of an unswizzled operand at shared address `addr`.
-__device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return uint64_t((addr & 0x3ffff) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// Keeps registers that an in-flight wgmma reads or writes from being touched before its wait.
-template <int N>
-__device__ __forceinline__ void reg_fence(float (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-template <int N>
-__device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
-}
-
-#define SPARSEMLA_F8(d, i)                                                                          \
-  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-      "+f"(d[i + 6]), "+f"(d[i + 7])
-#define SPARSEMLA_F32(d, i) SPARSEMLA_F8(d, i), SPARSEMLA_F8(d, i + 8), SPARSEMLA_F8(d, i + 16), SPARSEMLA_F8(d, i + 24)
-
-// d[64 x 64] (+)= A[64 x 16] B[16 x 64], both K-major in shared memory.
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : SPARSEMLA_F32(d, 0)
-      : "l"(da), "l"(db), "r"(accumulate));
-}
-
-#define SPARSEMLA_D128                                                                       \
-  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                                   \
-  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                         \
-  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                         \
-  "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"                         \
-  "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"                         \
-  "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"                         \
-  "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"             \
-  "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-
-// d[64 x 256] += A[64 x 16] B[16 x 256]: A from registers (the m16n8k16 A fragment of this warp's
-// 16 rows), B MN-major in shared memory.
-__device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" SPARSEMLA_D128
-      "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
-      : SPARSEMLA_F32(d, 0), SPARSEMLA_F32(d, 32), SPARSEMLA_F32(d, 64), SPARSEMLA_F32(d, 96)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(1));
-}
-
-// d[64 x 256] += A[64 x 16] B[16 x 256]: A K-major, B MN-major, both in shared memory.
-__device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t da, uint64_t db) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" SPARSEMLA_D128
-      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
-      : SPARSEMLA_F32(d, 0), SPARSEMLA_F32(d, 32), SPARSEMLA_F32(d, 64), SPARSEMLA_F32(d, 96)
-      : "l"(da), "l"(db), "n"(1));
-}
-
-#undef SPARSEMLA_D128
-#undef SPARSEMLA_F32
-#undef SPARSEMLA_F8
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32addr(bar)) : "memory");
-}
-// Waits for the completion of the barrier's phase of this parity.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(smem_u32addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-// Orders this thread's ordinary shared-memory writes before later reads by the tensor cores.
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-// Thread-block clusters of two blocks (pairs, see the top of the file).
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
-}
-// The other block's shared::cluster address of this block's shared address `addr`.
-__device__ __forceinline__ uint32_t peer_u32addr(uint32_t addr, uint32_t peer) {
-  uint32_t r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(peer));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive_peer(uint32_t peer_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(peer_bar) : "memory");
-}
-// Arrives on this block's barrier and adds `bytes` to the transfers its phase waits for.
-__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32addr(bar)), "r"(bytes) : "memory");
-}
-// 16 (4) bytes into the other block's shared memory, counted on its barrier `peer_bar`.
-__device__ __forceinline__ void st_async16(uint32_t peer_dst, uint4 v, uint32_t peer_bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(peer_dst),
-               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(peer_bar)
-               : "memory");
-}
-__device__ __forceinline__ void st_async4(uint32_t peer_dst, uint32_t v, uint32_t peer_bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(peer_dst), "r"(v),
-               "r"(peer_bar)
-               : "memory");
-}
 
 // Where a producer's writes go: this block's tile, and in a pair also the other block's.
 struct Dest {
