@@ -64,8 +64,6 @@ constexpr int kOffM = kOffL + 64 * 4;                     // [64] running maxima
 constexpr int kOffValid = kOffM + 64 * 4;                 // [2][64] uint32: the tile's row is used
 constexpr int kOffBar = kOffValid + 2 * kTile * 4;        // mbarriers full[2], empty[2], remote[2]
 constexpr int kSmemBytes = kOffBar + 6 * 8;               // 230,960 of the 232,448 a block may have
-// Bytes a block of a pair receives from the other block per tile: 32 rows and their flags.
-constexpr uint32_t kPeerBytes = 32 * (kChunks * 16 + 4);
 static_assert(kSmemBytes == mla_smem::kWgmmaBytes, "the selector checks devices against mla_smem::kWgmmaBytes");
 
 // Registers per thread of the three roles: they add up to 3 x 168, what the block starts with
@@ -78,6 +76,8 @@ static_assert(kRegsQk + kRegsPv + kRegsProducer == 3 * 168, "the block's registe
 using namespace sm90;  // the instructions (ops/cuda/sm90.cuh)
 
 constexpr float kLog2e = 1.4426950408889634f;
+// Bytes a block of a pair receives from the other block per tile: 32 rows and their flags.
+constexpr uint32_t kPeerBytes = 32 * (kChunks * 16 + 4);
 
 // Named barriers between the two consumer warpgroups (0 is __syncthreads).
 constexpr int kBarQ = 1;       // q is in shared memory
