@@ -71,17 +71,19 @@ int run_bench_attention(const BenchAttentionArgs& a) {
   // The attention kernel asked for, or (auto) the one the model would take for the shape on this
   // device: the backend selector's choice, as the GPU model makes it.
   auto attention_kernel = [&](const Shape& sh, bool fp8) {
-    std::string name = a.kernel;
-    if (name == "auto") {
+    std::string backend = "cuda-" + a.kernel;
+    if (a.kernel == "wgmma") backend = "cuda-wgmma-sm90";
+    if (a.kernel == "auto") {
       ops::DeviceInfo dev = devs[0];
       if (a.smem_limit > 0) dev.smem_per_block_optin = uint64_t(a.smem_limit);  // as such a device would choose
-      const ops::AttentionProblem p = ops::attention_problem(&dev, sh.heads, sh.kv_lora, sh.rope, sh.idx_heads,
-                                                             sh.idx_dim, !a.dense, fp8);
-      const std::string chosen = ops::select_backends(p).get("attention").chosen;
-      name = chosen == "cuda-wgmma-sm90" ? "wgmma" : chosen == "cuda-fma" ? "fma" : "mma";
+      backend = ops::select_backends(ops::attention_problem(&dev, sh.heads, sh.kv_lora, sh.rope, sh.idx_heads,
+                                                            sh.idx_dim, !a.dense, fp8))
+                    .get("attention")
+                    .chosen;
     }
-    return name == "fma" ? cuda::AttentionKernel::Fma
-                         : name == "wgmma" ? cuda::AttentionKernel::Wgmma : cuda::AttentionKernel::Mma;
+    cuda::AttentionKernel k = cuda::AttentionKernel::Mma;
+    if (!cuda::attention_kernel_named(backend, &k)) fail("bench attention: no GPU attention kernel ({})", backend);
+    return k;
   };
   const cuda::IndexerKernel ik = a.kernel == "fma" ? cuda::IndexerKernel::Fma : cuda::IndexerKernel::Mma;
   std::printf("kernels: attention %s, indexer %s\n",

@@ -526,11 +526,10 @@ struct MlaCase {
   int block_size;
 };
 
-// cluster (if given): the Hopper kernel's blocks per cluster in this launch; pairs: whether it may pair them.
-// smem_limit: shared memory per block the launch may assume (0: the device's), to run the shapes a
-// device with less chooses.
+// ws (if given): the workspace to launch with (its pairs switch, a preset device limit), which keeps
+// what the launch did (last_cluster); else a fresh one.
 void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, int splits, std::mt19937& rng,
-               int heads_per_block = 0, bool pairs = true, int* cluster = nullptr, int smem_limit = 0) {
+               int heads_per_block = 0, cuda::AttentionWorkspace* ws_in = nullptr) {
   const int T = int(c.ctx.size()), D = c.kv_lora + c.rope;
   std::vector<int> lens(size_t(c.n_seq), 1);
   std::vector<int32_t> seq(static_cast<size_t>(T)), n_ctx(static_cast<size_t>(T));
@@ -574,15 +573,10 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   a.latent = pg.rows(cache.data, cache.row_bytes);
   a.dtype = dtype;
   a.out = d_out.as<float>();
-  cuda::AttentionWorkspace ws;
-  ws.pairs = pairs;
-  if (smem_limit > 0) {
-    ws.sm_count = ops::list_devices().at(0).sm_count;
-    ws.smem_optin = smem_limit;
-  }
+  cuda::AttentionWorkspace fresh;
+  cuda::AttentionWorkspace& ws = ws_in ? *ws_in : fresh;
   d_out.upload(std::vector<float>(size_t(T) * c.heads * c.kv_lora, NAN).data(), size_t(T) * c.heads * c.kv_lora * 4);
   cuda::sparse_mla(a, kernel, ws, nullptr, splits, heads_per_block);
-  if (cluster) *cluster = ws.last_cluster;
   const std::vector<float> got = cuda::to_host<float>(d_out, size_t(T) * c.heads * c.kv_lora);
 
   std::vector<float> qr = q;
@@ -721,9 +715,10 @@ TEST(CudaAttention, SparseMlaWgmmaPairsMatchTheCpuReference) {
   if (small_mode()) cases.resize(2);
   for (const PairCase& pc : cases)
     for (bool pairs : {true, false}) {
-      int cluster = 0;
-      check_mla(pc.c, pc.dtype, wgmma, pc.splits, rng, 0, pairs, &cluster);
-      EXPECT_EQ(cluster, pairs ? pc.cluster : 1) << "heads " << pc.c.heads << " splits " << pc.splits;
+      cuda::AttentionWorkspace ws;
+      ws.pairs = pairs;
+      check_mla(pc.c, pc.dtype, wgmma, pc.splits, rng, 0, &ws);
+      EXPECT_EQ(ws.last_cluster, pairs ? pc.cluster : 1) << "heads " << pc.c.heads << " splits " << pc.splits;
     }
 }
 
@@ -752,15 +747,17 @@ TEST(CudaAttention, SparseMlaBatchOneManySplits) {
 TEST(CudaAttention, SparseMlaFitsDevicesOf99KbPerBlock) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(21);
-  constexpr int k99Kb = 101376;
+  cuda::AttentionWorkspace ws;  // a device of this one's SMs and 99 KB per block
+  ws.sm_count = ops::list_devices().at(0).sm_count;
+  ws.smem_optin = 101376;
   const auto mma = cuda::AttentionKernel::Mma;
   for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
-    check_mla({64, 512, 64, {4096}, 2048, 1, 64}, d, mma, 0, rng, 0, true, nullptr, k99Kb);   // GLM-5, batch 1
-    check_mla({128, 512, 64, {3000}, 2048, 1, 16}, d, mma, 0, rng, 0, true, nullptr, k99Kb);  // DeepSeek-V3.2
-    check_mla({64, 512, 64, {2500, 700, 2048, 100}, 2048, 4, 64}, d, mma, 0, rng, 0, true, nullptr, k99Kb);
+    check_mla({64, 512, 64, {4096}, 2048, 1, 64}, d, mma, 0, rng, 0, &ws);   // GLM-5, batch 1
+    check_mla({128, 512, 64, {3000}, 2048, 1, 16}, d, mma, 0, rng, 0, &ws);  // DeepSeek-V3.2
+    check_mla({64, 512, 64, {2500, 700, 2048, 100}, 2048, 4, 64}, d, mma, 0, rng, 0, &ws);
     for (int hpb : {16, 32, 64})  // asked for, then fitted into the limit
-      check_mla({64, 512, 64, {2100}, 2048, 1, 64}, d, mma, 3, rng, hpb, true, nullptr, k99Kb);
-    check_mla({32, 512, 64, {small_mode() ? 3000 : 9000}, 0, 1, 64}, d, mma, 0, rng, 0, true, nullptr, k99Kb);  // dense
+      check_mla({64, 512, 64, {2100}, 2048, 1, 64}, d, mma, 3, rng, hpb, &ws);
+    check_mla({32, 512, 64, {small_mode() ? 3000 : 9000}, 0, 1, 64}, d, mma, 0, rng, 0, &ws);  // dense
   }
 }
 

@@ -21,6 +21,7 @@
 #include "ops/cuda/small_ops.h"
 #include "ops/device.h"
 #include "util/error.h"
+#include "util/env.h"
 #include "util/half.h"
 
 namespace sparsemla::model {
@@ -569,7 +570,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   g->attention_ = cpu.attention();
   g->opts_ = opts;
   // SPARSEMLA_CUDA_GRAPHS=0 turns the decode graphs off without a rebuild (comparisons, debugging).
-  if (const char* e = std::getenv("SPARSEMLA_CUDA_GRAPHS"); e && std::string(e) == "0") g->opts_.cuda_graphs = false;
+  if (env_off("SPARSEMLA_CUDA_GRAPHS")) g->opts_.cuda_graphs = false;
 
   // SPARSEMLA_STEP_PROFILE=1: events between the operations of every decode step (graphs off), and the
   // device time by operation printed to stderr when the model goes away. Each step waits behind a
@@ -595,11 +596,8 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   for (int f = 0; f < kFormats; ++f) {
     const ops::AttentionProblem p = problem(f);
     g->plans_[f] = ops::select_backends(p);
-    const std::string attn = g->plans_[f].get("attention").chosen;
-    if (attn == "cuda-wgmma-sm90") attn_kernel[f] = cuda::AttentionKernel::Wgmma;
-    else if (attn == "cuda-mma") attn_kernel[f] = cuda::AttentionKernel::Mma;
-    else if (attn == "cuda-fma") attn_kernel[f] = cuda::AttentionKernel::Fma;
-    else unusable[f] = "no GPU attention kernel";
+    if (!cuda::attention_kernel_named(g->plans_[f].get("attention").chosen, &attn_kernel[f]))
+      unusable[f] = "no GPU attention kernel";
     if (sparse) {
       const std::string idx = g->plans_[f].get("indexer").chosen;
       if (idx == "cuda-mma") idx_kernel[f] = cuda::IndexerKernel::Mma;

@@ -48,6 +48,16 @@ void write_index_keys(const float* keys, const int64_t* slots, int64_t T, KvDtyp
 enum class IndexerKernel { Mma, Fma };
 enum class AttentionKernel { Mma, Fma, Wgmma };  // Wgmma: Hopper only (sparse_mla_sm90.cu)
 
+// The kernel a backend selector's attention choice names (ops/select: "cuda-wgmma-sm90", "cuda-mma",
+// "cuda-fma"); false for a name without a GPU kernel (the CPU).
+inline bool attention_kernel_named(const std::string& backend, AttentionKernel* k) {
+  if (backend == "cuda-wgmma-sm90") *k = AttentionKernel::Wgmma;
+  else if (backend == "cuda-mma") *k = AttentionKernel::Mma;
+  else if (backend == "cuda-fma") *k = AttentionKernel::Fma;
+  else return false;
+  return true;
+}
+
 // Lightning-indexer scores of T query tokens: score[t][p] = sum_h w[t][h] * relu(q[t][h] . k[p]) for
 // p < n_ctx[t] over the keys of sequence seq[t]; entries p >= n_ctx[t] are left unwritten.
 //   q: [T, heads, dim] fp32   w: [T, heads] fp32 (scales folded in)   scores: [T, score_stride]

@@ -2,19 +2,12 @@
 #include "ops/cuda/pdl.cuh"
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
+
+#include "util/env.h"
 
 namespace sparsemla::cuda::pdl {
 
 namespace {
-
-// -1 unset, else 0/1 for "0" / anything else.
-int env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return -1;
-  return std::strcmp(v, "0") == 0 ? 0 : 1;
-}
 
 constexpr int kMaxDevices = 64;
 
@@ -27,7 +20,7 @@ int current_device() {
 }  // namespace
 
 bool enabled() {
-  static const int env = env_flag("SPARSEMLA_PDL");
+  static const int env = env_switch("SPARSEMLA_PDL");
   if (env == 0) return false;
   static std::atomic<int8_t> state[kMaxDevices];  // 0 unknown, 1 off, 2 on
   const int d = current_device();
@@ -43,7 +36,7 @@ bool enabled() {
 }
 
 bool prefetch() {
-  static const int env = env_flag("SPARSEMLA_GEMV_PREFETCH");
+  static const int env = env_switch("SPARSEMLA_GEMV_PREFETCH");
   return env == -1 ? enabled() : env == 1;
 }
 

@@ -11,14 +11,13 @@
 // Fma kernel: one block per token and head, any shape; the reference the selector falls back to.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <string>
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_smem.h"
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
+#include "util/env.h"
 
 namespace sparsemla::cuda {
 namespace {
@@ -516,17 +515,6 @@ void dispatch_mma(const AttentionArgs& a, const Geometry& geo, float* part, cuda
 // in pairs where `pairs` and the rows and heads allow; returns the blocks per cluster launched.
 int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, Stream s);
 
-namespace {
-// Whether SPARSEMLA_MLA_PAIRS leaves the Hopper kernel's pairs on (unset or not "0"). Read once.
-bool pairs_allowed() {
-  static const bool on = [] {
-    const char* v = std::getenv("SPARSEMLA_MLA_PAIRS");
-    return !(v && std::string(v) == "0");
-  }();
-  return on;
-}
-}  // namespace
-
 void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits,
                 int heads_per_block) {
   ws.last_cluster = 0;
@@ -603,8 +591,9 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     if (ws.partial.bytes() < need) ws.partial = DeviceBuffer(need);
     part = ws.partial.as<float>();
   }
+  static const bool pairs_off = env_off("SPARSEMLA_MLA_PAIRS");
   if (k == AttentionKernel::Wgmma)
-    ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, ws.pairs && pairs_allowed(), st);
+    ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, ws.pairs && !pairs_off, st);
   else if (fp8) dispatch_mma<true>(a, geo, part, st);
   else dispatch_mma<false>(a, geo, part, st);
   if (geo.splits > 1) {

@@ -37,13 +37,12 @@
 // Ties cost little on every path: a warp whose keys share a histogram bin adds them with one
 // atomic, and the compaction stops once the k positions are written.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/topk_common.cuh"
+#include "util/env.h"
 
 namespace sparsemla::cuda {
 namespace {
@@ -491,11 +490,8 @@ struct LongRowPlan {
 // Whether the team path may be taken: TopKWorkspace::path, where kAuto also asks the environment
 // (SPARSEMLA_TOPK_TEAM=0 turns it off, to compare the paths in a benchmark).
 bool team_allowed(const TopKWorkspace& ws) {
-  static const bool env_off = [] {
-    const char* v = std::getenv("SPARSEMLA_TOPK_TEAM");
-    return v && std::strcmp(v, "0") == 0;
-  }();
-  return ws.path == TopKPath::kTeam || (ws.path == TopKPath::kAuto && !env_off);
+  static const bool off = env_off("SPARSEMLA_TOPK_TEAM");
+  return ws.path == TopKPath::kTeam || (ws.path == TopKPath::kAuto && !off);
 }
 
 bool plan_long_rows(const float* scores, int64_t T, int64_t stride, TopKWorkspace* ws, cudaStream_t st,
