@@ -34,6 +34,7 @@ struct BenchAttentionArgs {
   int heads_per_block = 0;  // attention heads per block (16, 32, 64); 0: the kernel's own choice
   int rotate = 0;           // sets of sequences the timed calls cycle through; 0: 8 / batch (at least 1)
   int smem_limit = 0;       // attention: shared memory per block to fit into (0: the device's)
+  int smem_per_sm = 0;      // attention: shared memory per SM to emulate (blocks per SM; 0: the device's)
   int reps = 5;
 };
 
@@ -136,6 +137,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
         ws.sm_count = devs[0].sm_count;
         ws.smem_optin = a.smem_limit;
       }
+      ws.smem_per_sm = a.smem_per_sm;
       cuda::TopKWorkspace topk_ws;
       for (int B : a.batches)
         for (int ctx : a.contexts) {
@@ -267,6 +269,11 @@ Runner add_bench_attention(CLI::App& bench) {
   cmd->add_option("--smem-limit", a->smem_limit,
                   "shared memory per block the attention kernel fits its shape into, in bytes (0: the device's); "
                   "101376 gives the shapes of SM86/SM89/SM12x devices (99 KB), timed with this device's SMs")
+      ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--smem-per-sm", a->smem_per_sm,
+                  "shared memory per SM to emulate, in bytes (0: the device's): the mma attention kernel asks for "
+                  "more than it uses so that as few of its blocks share an SM as on such a device (102400: SM12x, "
+                  "one 99 KB block per SM; 167936: A100)")
       ->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--rotate", a->rotate, "sets of sequences the timed calls cycle through (0: 8 / batch, at least 1)");
   cmd->add_option("--reps", a->reps, "timed repetitions (best is reported)");

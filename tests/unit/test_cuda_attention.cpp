@@ -14,6 +14,8 @@
 #include <tuple>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "gpu_test_util.h"
 #include "util/half.h"
 
@@ -56,6 +58,7 @@ TEST(Fp8E4m3, EveryCodeRoundTripsAndRoundingIsNearestEven) {
 #include "ops/cpu/attention.h"
 #include "ops/cpu/basic.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_smem.h"
 #include "ops/cuda/buffer.h"
 
 namespace sparsemla {
@@ -747,17 +750,26 @@ TEST(CudaAttention, SparseMlaBatchOneManySplits) {
 TEST(CudaAttention, SparseMlaFitsDevicesOf99KbPerBlock) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(21);
-  cuda::AttentionWorkspace ws;  // a device of this one's SMs and 99 KB per block
-  ws.sm_count = ops::list_devices().at(0).sm_count;
-  ws.smem_optin = 101376;
   const auto mma = cuda::AttentionKernel::Mma;
-  for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
-    check_mla({64, 512, 64, {4096}, 2048, 1, 64}, d, mma, 0, rng, 0, &ws);   // GLM-5, batch 1
-    check_mla({128, 512, 64, {3000}, 2048, 1, 16}, d, mma, 0, rng, 0, &ws);  // DeepSeek-V3.2
-    check_mla({64, 512, 64, {2500, 700, 2048, 100}, 2048, 4, 64}, d, mma, 0, rng, 0, &ws);
-    for (int hpb : {16, 32, 64})  // asked for, then fitted into the limit
-      check_mla({64, 512, 64, {2100}, 2048, 1, 64}, d, mma, 3, rng, hpb, &ws);
-    check_mla({32, 512, 64, {small_mode() ? 3000 : 9000}, 0, 1, 64}, d, mma, 0, rng, 0, &ws);  // dense
+  // A device of this one's SMs and 99 KB per block (SM86, SM89, SM12x), then one with only the
+  // smallest variant's bytes (16 heads, one tile), then 99 KB with one block per SM as on SM12x (the
+  // launch asks for more shared memory than it uses).
+  const int smallest = int(cuda::mla_smem::min_bytes(512, 64));
+  for (auto [limit, per_sm] : {std::pair{101376, 0}, std::pair{smallest, 0}, std::pair{101376, 102400}}) {
+    SCOPED_TRACE(fmt::format("{} bytes per block, {} per SM", limit, per_sm));
+    cuda::AttentionWorkspace ws;
+    ws.sm_count = ops::list_devices().at(0).sm_count;
+    ws.smem_optin = limit;
+    ws.smem_per_sm = per_sm;
+    for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+      check_mla({64, 512, 64, {4096}, 2048, 1, 64}, d, mma, 0, rng, 0, &ws);   // GLM-5, batch 1
+      check_mla({128, 512, 64, {3000}, 2048, 1, 16}, d, mma, 0, rng, 0, &ws);  // DeepSeek-V3.2
+      check_mla({64, 512, 64, {2500, 700, 2048, 100}, 2048, 4, 64}, d, mma, 0, rng, 0, &ws);
+      if (per_sm) continue;
+      for (int hpb : {16, 32, 64})  // asked for, then fitted into the limit
+        check_mla({64, 512, 64, {2100}, 2048, 1, 64}, d, mma, 3, rng, hpb, &ws);
+      check_mla({32, 512, 64, {small_mode() ? 3000 : 9000}, 0, 1, 64}, d, mma, 0, rng, 0, &ws);  // dense
+    }
   }
 }
 

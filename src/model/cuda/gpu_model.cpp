@@ -183,6 +183,8 @@ GpuCache::GpuCache(const kv::CacheShape& shape, int32_t kv_lora, cuda::KvDtype d
   if (!layer_keys.empty() && layer_keys.size() != size_t(shape.n_layers))
     fail("GPU KV cache: {} layer flags for {} layers", layer_keys.size(), shape.n_layers);
   latent_row_ = cuda::latent_row_bytes(dtype, kv_lora, shape.latent_dim - kv_lora);
+  if (uint64_t(n_slots()) >= 0xffffffffull)  // the attention kernels keep slot numbers in 32 bits
+    fail("GPU KV cache: {} slots per layer, more than the attention kernels address (2^32 - 1)", n_slots());
   int32_t n_keys = 0;
   key_index_.assign(size_t(shape.n_layers), -1);
   for (int32_t l = 0; l < shape.n_layers; ++l)

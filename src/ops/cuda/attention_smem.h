@@ -9,8 +9,9 @@
 namespace sparsemla::cuda::mla_smem {
 
 constexpr int kRows = 32;     // latent rows per tile
-constexpr int kChunk = 1024;  // slots of a chunk of rows, looked up before its tiles
+constexpr int kChunk = 512;   // slots of a chunk of rows (32-bit each), looked up before its tiles
 constexpr int kSStride = 33;  // row stride of the score exchange, in floats
+constexpr uint32_t kNoSlot = 0xffffffffu;  // a chunk entry without a row
 
 // Output tiles of 8 dims per warp half: the smallest power of 2 (>= 2) whose 16 * n covers kv_lora.
 inline int nv_tiles(int kv_lora) {
@@ -25,11 +26,22 @@ inline int stride(int kv_lora, int rope) {
   return std::max(d_pad, nv_tiles(kv_lora) * 16) + 8;
 }
 
-// Bytes of one block: q (hg * 16 heads), the bf16 tile(s), the fp8 staging tiles, scores, slots.
+// The score exchange of hg head groups: [hg pairs of warps][2 halves][16 heads][kSStride].
+inline size_t score_bytes(int hg) { return size_t(hg) * 2 * 16 * kSStride * 4; }
+
+// One stage of fp8 rows as stored (two stages): a tile's stage is free once it has been widened, so
+// the tile's score exchange lives there too; 16-byte multiple.
+inline size_t fp8_stage_bytes(int hg, int64_t row_bytes) {
+  return (std::max(size_t(kRows) * size_t(row_bytes), score_bytes(hg)) + 15) / 16 * 16;
+}
+
+// Bytes of one block: q (hg * 16 heads), the bf16 tile(s), the fp8 staging tiles (which hold the
+// scores too), else the scores, slots. 16 heads with two stages fit 99 KB for bf16 (99,712 bytes)
+// and fp8 (100,096) rows of 576.
 inline size_t bytes(int hg, int stages, bool fp8, int row_stride, int64_t row_bytes) {
-  return size_t(hg) * 16 * row_stride * 2 + size_t(fp8 ? 1 : stages) * kRows * row_stride * 2 +
-         (fp8 && stages == 2 ? size_t(2) * kRows * size_t(row_bytes) : 0) + size_t(hg) * 2 * 16 * kSStride * 4 +
-         size_t(kChunk) * 8;
+  const size_t staged = fp8 && stages == 2 ? 2 * fp8_stage_bytes(hg, row_bytes) : score_bytes(hg);
+  return size_t(hg) * 16 * row_stride * 2 + size_t(fp8 ? 1 : stages) * kRows * row_stride * 2 + staged +
+         size_t(kChunk) * 4;
 }
 
 // The smallest variant (16 heads, one tile; the same for bf16 and fp8 rows): what a device must hold.

@@ -1,13 +1,13 @@
 // Sparse MLA attention over latent rows gathered from the paged cache (FlashAttention-style online
 // softmax, output in latent space). The same kernels run dense attention when no selection is given.
 //
-// Mma kernel: a block takes one token and 32 heads; warps 2g and 2g+1 share heads 16g..16g+15.
-// Each tile of 32 rows is gathered into shared memory (cp.async for bf16; fp8 rows are widened to
-// bf16 with their group scales); the two warps of a pair each compute half of q . row over the
-// 576 dims, add the halves through shared memory, and then each accumulates half of the 512 output
-// dims (P in bf16 on the tensor cores, fp32 accumulators). Long selections are split over blocks
-// (split-KV) and merged by a second kernel. Shared memory: 2 * 32 * (D + 8) * 2 + 8.4 KB = 82 KB for
-// D = 576, inside SM12x's 99 KB.
+// Mma kernel: a block takes one token and 16, 32 or 64 heads; warps 2g and 2g+1 share heads
+// 16g..16g+15. Each tile of 32 rows is gathered into shared memory (cp.async; fp8 rows land as
+// stored and are widened to bf16 with their group scales); the two warps of a pair each compute half
+// of q . row over the 576 dims, add the halves through shared memory, and then each accumulates half
+// of the 512 output dims (P in bf16 on the tensor cores, fp32 accumulators). Long selections are
+// split over blocks (split-KV) and merged by a second kernel. Two tiles in flight where shared
+// memory allows (attention_smem.h: at 16 heads also within the 99 KB of SM86, SM89 and SM12x).
 // Fma kernel: one block per token and head, any shape; the reference the selector falls back to.
 #include <algorithm>
 #include <cmath>
@@ -23,6 +23,7 @@ namespace sparsemla::cuda {
 namespace {
 
 using mla_smem::kChunk;
+using mla_smem::kNoSlot;
 using mla_smem::kRows;
 using mla_smem::kSStride;
 using mla_smem::nv_tiles;
@@ -34,8 +35,11 @@ struct Geometry {
   int stride;    // smem row stride in bf16 values
   int splits;
   int tiles_per_split;
-  int hg;      // head groups of 16 per block (2 or 4)
+  int hg;      // head groups of 16 per block (1, 2 or 4)
   int stages;  // tiles in flight (1 or 2)
+  int raw_stage;  // bytes of a stage of fp8 rows as stored (mla_smem::fp8_stage_bytes)
+  int score_bytes;  // bytes of the score exchange (mla_smem::score_bytes)
+  size_t launch_smem = 0;  // > the block's bytes: asked for to emulate a smaller device (smem_per_sm)
 };
 
 __host__ __device__ inline int latent_groups(int kv_lora) { return (kv_lora + kFp8Group - 1) / kFp8Group; }
@@ -59,11 +63,13 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
   sp += size_t(HG) * 16 * stride * 2;
   __nv_bfloat16* sKbuf = reinterpret_cast<__nv_bfloat16*>(sp);  // [STAGES or 1][32][stride]
   sp += size_t(FP8 ? 1 : STAGES) * kRows * stride * 2;
-  uint8_t* sRaw = sp;  // fp8 rows as stored, double-buffered: [2][32][row_bytes]
-  if (FP8 && STAGES == 2) sp += size_t(2) * kRows * row_bytes;
-  float* sS = reinterpret_cast<float*>(sp);  // [HG pairs][2 halves][16][33]
-  sp += size_t(HG) * 2 * 16 * kSStride * 4;
-  int64_t* sSlot = reinterpret_cast<int64_t*>(sp);  // [kChunk]
+  // fp8 rows as stored, double-buffered ([2][32][row_bytes], each stage padded to fp8_stage_bytes);
+  // the scores [HG pairs][2 halves][16][33] go in the stage of the tile being computed (widened by
+  // then), or after the tiles without fp8 stages.
+  uint8_t* sRaw = sp;
+  const int raw_stage = geo.raw_stage;
+  sp += FP8 && STAGES == 2 ? 2 * raw_stage : geo.score_bytes;
+  uint32_t* sSlot = reinterpret_cast<uint32_t*>(sp);  // [kChunk] cache slots (32 bits: GpuCache checks)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q4 = lane % 4;
   const int pair = warp / 2, half = warp % 2;
@@ -116,48 +122,51 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
   for (int c0 = r_begin; c0 < r_end; c0 += kChunk) {
     const int chunk_rows = min(r_end - c0, kChunk);
     __syncthreads();  // the previous chunk's slots and tiles are no longer read
-    for (int j = tid; j < chunk_rows; j += THREADS) sSlot[j] = row_slot(a, t, seq, c0 + j, n_rows);
+    for (int j = tid; j < chunk_rows; j += THREADS) {
+      const int64_t slot = row_slot(a, t, seq, c0 + j, n_rows);
+      sSlot[j] = slot < 0 ? kNoSlot : uint32_t(slot);
+    }
     __syncthreads();
     const int n_tiles = (chunk_rows + kRows - 1) / kRows;
 
     // Starts copying tile j of the chunk into its buffer (bf16 rows, or raw fp8 rows), or for fp8
     // without a second stage converts it straight from global memory.
     auto issue = [&](int j) {
-      const int64_t* slots = sSlot + j * kRows;
+      const uint32_t* slots = sSlot + j * kRows;
       const int valid = min(kRows, chunk_rows - j * kRows);
       if constexpr (!FP8) {
         __nv_bfloat16* dstK = sKbuf + (STAGES == 2 ? (j & 1) : 0) * kRows * stride;
         constexpr int PER_ROW = THREADS / kRows;  // threads per row
         const int r = tid / PER_ROW, ch = D / 8;
-        const int64_t slot = r < valid ? slots[r] : -1;
-        const uint8_t* src = base + slot * row_bytes;
+        const uint32_t slot = r < valid ? slots[r] : kNoSlot;
+        const uint8_t* src = base + int64_t(slot) * row_bytes;
         __nv_bfloat16* dst = dstK + r * stride;
         for (int c = tid % PER_ROW; c < ch; c += PER_ROW) {
-          if (slot >= 0) cp_async16(dst + c * 8, src + c * 16);
+          if (slot != kNoSlot) cp_async16(dst + c * 8, src + c * 16);
           else *reinterpret_cast<uint4*>(dst + c * 8) = make_uint4(0, 0, 0, 0);
         }
       } else if constexpr (STAGES == 2) {
-        uint8_t* dstR = sRaw + (j & 1) * kRows * row_bytes;
+        uint8_t* dstR = sRaw + (j & 1) * raw_stage;
         constexpr int PER_ROW = THREADS / kRows;
         const int r = tid / PER_ROW, ch = int(row_bytes / 16);
-        const int64_t slot = r < valid ? slots[r] : -1;
-        const uint8_t* src = base + slot * row_bytes;
+        const uint32_t slot = r < valid ? slots[r] : kNoSlot;
+        const uint8_t* src = base + int64_t(slot) * row_bytes;
         uint8_t* dst = dstR + r * row_bytes;
         for (int c = tid % PER_ROW; c < ch; c += PER_ROW) {
-          if (slot >= 0) cp_async16(dst + c * 16, src + c * 16);
+          if (slot != kNoSlot) cp_async16(dst + c * 16, src + c * 16);
           else *reinterpret_cast<uint4*>(dst + c * 16) = make_uint4(0, 0, 0, 0);
         }
       } else {
         const int ch = a.kv_lora / 8;
         for (int i = tid; i < kRows * ch; i += THREADS) {
           const int r = i / ch, c = i % ch;
-          const int64_t slot = r < valid ? slots[r] : -1;
+          const uint32_t slot = r < valid ? slots[r] : kNoSlot;
           __nv_bfloat16* dst = sKbuf + r * stride + c * 8;
-          if (slot < 0) {
+          if (slot == kNoSlot) {
             *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
             continue;
           }
-          const uint8_t* row = base + slot * row_bytes;
+          const uint8_t* row = base + int64_t(slot) * row_bytes;
           const uint2 v = *reinterpret_cast<const uint2*>(row + c * 8);
           const float sc = reinterpret_cast<const float*>(row + a.kv_lora)[c * 8 / kFp8Group];
           *reinterpret_cast<uint4*>(dst) = widen_fp8x8(v, sc);
@@ -165,9 +174,10 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
         const int rope_words = a.rope / 2;
         for (int i = tid; i < kRows * rope_words; i += THREADS) {
           const int r = i / rope_words, c = i % rope_words;
-          const int64_t slot = r < valid ? slots[r] : -1;
+          const uint32_t slot = r < valid ? slots[r] : kNoSlot;
           uint32_t v = 0;
-          if (slot >= 0) v = reinterpret_cast<const uint32_t*>(base + slot * row_bytes + a.kv_lora + 4 * groups)[c];
+          if (slot != kNoSlot)
+            v = reinterpret_cast<const uint32_t*>(base + int64_t(slot) * row_bytes + a.kv_lora + 4 * groups)[c];
           *reinterpret_cast<uint32_t*>(sKbuf + r * stride + a.kv_lora + 2 * c) = v;
         }
       }
@@ -190,7 +200,7 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
       __syncthreads();
       const __nv_bfloat16* sK = sKbuf + (STAGES == 2 && !FP8 ? (it & 1) : 0) * kRows * stride;
       if constexpr (FP8 && STAGES == 2) {  // widen the landed fp8 tile into the bf16 buffer
-        const uint8_t* raw = sRaw + (it & 1) * kRows * row_bytes;
+        const uint8_t* raw = sRaw + (it & 1) * raw_stage;
         const int ch = a.kv_lora / 8;
         for (int i = tid; i < kRows * ch; i += THREADS) {
           const int r = i / ch, c = i % ch;
@@ -207,8 +217,9 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
         }
         __syncthreads();
       }
-      const int64_t* slots = sSlot + it * kRows;
+      const uint32_t* slots = sSlot + it * kRows;
       const int valid = min(kRows, chunk_rows - it * kRows);
+      float* sS = reinterpret_cast<float*>(sRaw + (FP8 && STAGES == 2 ? (it & 1) * raw_stage : 0));
 
       // S = Q K^T over this warp's half of the dims: [16 heads][32 rows]
       float s[4][4];
@@ -250,7 +261,7 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int c = nt * 8 + q4 * 2 + e;
-          live[nt * 2 + e] = c < valid && slots[c] >= 0;
+          live[nt * 2 + e] = c < valid && slots[c] != kNoSlot;
         }
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -471,7 +482,7 @@ __global__ void __launch_bounds__(kFmaThreads) mla_fma_kernel(AttentionArgs a) {
 
 template <int NV, bool FP8, int HG, int STAGES>
 void launch_mma(const AttentionArgs& a, const Geometry& geo, float* part, cudaStream_t st) {
-  const size_t smem = mla_smem::bytes(HG, STAGES, FP8, geo.stride, a.latent.row_bytes);
+  const size_t smem = std::max(mla_smem::bytes(HG, STAGES, FP8, geo.stride, a.latent.row_bytes), geo.launch_smem);
   // GLM-5 / DeepSeek rows (512 + 64) get the k-loop unrolled: 18 k-steps of 16 per half of 288.
   auto kernel = NV == 32 && geo.d_pad == 576 ? mla_mma_kernel<NV, FP8, HG, STAGES, (NV == 32 ? 18 : 0)>
                                              : mla_mma_kernel<NV, FP8, HG, STAGES, 0>;
@@ -507,6 +518,18 @@ void dispatch_mma(const AttentionArgs& a, const Geometry& geo, float* part, cuda
     case 32: return launch_variant<32, FP8>(a, geo, part, st);
     default: fail("sparse_mla: the mma kernel takes kv_lora <= 512, got {}", a.kv_lora);
   }
+}
+
+// The shared memory to ask for so that this device holds as many blocks of `bytes` per SM as one
+// with `per_sm` bytes per SM would (both reserve 1 KB per block).
+size_t emulated_smem(int per_sm, size_t bytes) {
+  int dev = 0, here = 0, optin = 0, reserved = 0;
+  SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
+  SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&here, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+  const size_t blocks = std::max<size_t>(1, size_t(per_sm) / (bytes + size_t(reserved)));
+  return std::min(size_t(here) / blocks - size_t(reserved), size_t(optin));
 }
 
 }  // namespace
@@ -577,6 +600,9 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     else fail("sparse_mla: the mma kernel needs {} bytes of shared memory, the device allows {}",
               mla_smem::bytes(1, 1, fp8, geo.stride, a.latent.row_bytes), ws.smem_optin);
   }
+  geo.raw_stage = int(mla_smem::fp8_stage_bytes(geo.hg, a.latent.row_bytes));
+  geo.score_bytes = int(mla_smem::score_bytes(geo.hg));
+  if (ws.smem_per_sm > 0) geo.launch_smem = emulated_smem(ws.smem_per_sm, mla_smem::bytes(geo.hg, geo.stages, fp8, geo.stride, a.latent.row_bytes));
   if (splits <= 0) {
     const int64_t blocks = int64_t(ceil_div(a.heads, geo.hg * 16)) * a.T;
     splits = blocks >= ws.sm_count ? 1 : int(std::min<int64_t>((2 * ws.sm_count + blocks - 1) / blocks, max_splits));
