@@ -752,10 +752,13 @@ TEST(CudaAttention, SparseMlaFitsDevicesOf99KbPerBlock) {
   std::mt19937 rng(21);
   const auto mma = cuda::AttentionKernel::Mma;
   // A device of this one's SMs and 99 KB per block (SM86, SM89, SM12x), then one with only the
-  // smallest variant's bytes (16 heads, one tile), then 99 KB with one block per SM as on SM12x (the
-  // launch asks for more shared memory than it uses).
+  // smallest variant's bytes (16 heads, one tile: fp8 rows go to the bf16-tile kernel), then limits
+  // at which the fp8-row kernel takes 64 and 16 heads with two stages, then 99 KB with one block per
+  // SM as on SM12x (the launch asks for more shared memory than it uses).
   const int smallest = int(cuda::mla_smem::min_bytes(512, 64));
-  for (auto [limit, per_sm] : {std::pair{101376, 0}, std::pair{smallest, 0}, std::pair{101376, 102400}}) {
+  const int fp8_64x2 = int(cuda::mla_smem::fp8_rows_bytes(4, 2)), fp8_16x2 = int(cuda::mla_smem::fp8_rows_bytes(1, 2));
+  for (auto [limit, per_sm] : {std::pair{101376, 0}, std::pair{smallest, 0}, std::pair{fp8_64x2, 0},
+                               std::pair{fp8_16x2, 0}, std::pair{101376, 102400}}) {
     SCOPED_TRACE(fmt::format("{} bytes per block, {} per SM", limit, per_sm));
     cuda::AttentionWorkspace ws;
     ws.sm_count = ops::list_devices().at(0).sm_count;

@@ -135,6 +135,7 @@ struct AttentionWorkspace {
   // --smem-per-sm): the mma kernel's launch asks for more shared memory than it uses, so that this
   // device holds as many of its blocks per SM as that one would (SM12x: 102400, one 99 KB block).
   int smem_per_sm = 0;
+  int device_smem_per_sm = 0;  // this device's (queried on first use)
   // The Hopper kernel with 128 or more heads (an even number of blocks of 64) runs its blocks in
   // pairs (thread-block clusters of two) where each block has two 64-row tiles or more: each block
   // of a pair gathers half of every tile and shares it; false: every block gathers all its rows

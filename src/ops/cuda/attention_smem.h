@@ -44,6 +44,15 @@ inline size_t bytes(int hg, int stages, bool fp8, int row_stride, int64_t row_by
          size_t(kChunk) * 4;
 }
 
+// The fp8-row kernel (sparse_mla_fp8.cu; latent 512 + rope 64): q as fp16 (latent, 520 per head)
+// and bf16 (rope, 72), `stages` tiles of 32 rows as stored (656 bytes in a 704-byte stride), scores,
+// slots. 32 heads with two stages: 93,440 bytes (99 KB devices); 64 heads with three: 162,304.
+constexpr int kFp8RowStride = 704;
+inline size_t fp8_rows_bytes(int hg, int stages) {
+  return size_t(hg) * 16 * (520 + 72) * 2 + size_t(stages) * kRows * kFp8RowStride + score_bytes(hg) +
+         size_t(kChunk) * 4;
+}
+
 // The smallest variant (16 heads, one tile; the same for bf16 and fp8 rows): what a device must hold.
 inline size_t min_bytes(int kv_lora, int rope) {
   return bytes(1, 1, false, stride(kv_lora, rope), 2 * int64_t(kv_lora + rope));

@@ -17,6 +17,7 @@
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
+#include "ops/cuda/sparse_mla_tile.cuh"
 #include "util/env.h"
 
 namespace sparsemla::cuda {
@@ -25,32 +26,8 @@ namespace {
 using mla_smem::kChunk;
 using mla_smem::kNoSlot;
 using mla_smem::kRows;
-using mla_smem::kSStride;
 using mla_smem::nv_tiles;
-constexpr float kLog2e = 1.4426950408889634f;
-
-struct Geometry {
-  int d;         // kv_lora + rope
-  int d_pad;     // d rounded up to 32 (two halves of whole k-steps)
-  int stride;    // smem row stride in bf16 values
-  int splits;
-  int tiles_per_split;
-  int hg;      // head groups of 16 per block (1, 2 or 4)
-  int stages;  // tiles in flight (1 or 2)
-  int raw_stage;  // bytes of a stage of fp8 rows as stored (mla_smem::fp8_stage_bytes)
-  int score_bytes;  // bytes of the score exchange (mla_smem::score_bytes)
-  size_t launch_smem = 0;  // > the block's bytes: asked for to emulate a smaller device (smem_per_sm)
-};
-
-__host__ __device__ inline int latent_groups(int kv_lora) { return (kv_lora + kFp8Group - 1) / kFp8Group; }
-
-// Position index -> slot, or -1 for an unused entry.
-__device__ __forceinline__ int64_t row_slot(const AttentionArgs& a, int t, int seq, int idx, int n_rows) {
-  if (idx >= n_rows) return -1;
-  const int pos = a.selected ? a.selected[int64_t(t) * a.top_k + idx] : idx;
-  if (pos < 0) return -1;
-  return slot_of(a.latent.block_tables, a.latent.max_blocks, a.latent.block_size, seq, pos);
-}
+using Geometry = MlaGeometry;
 
 template <int NV, bool FP8, int HG, int STAGES, int KS>
 __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geometry geo, float* part) {
@@ -122,10 +99,7 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
   for (int c0 = r_begin; c0 < r_end; c0 += kChunk) {
     const int chunk_rows = min(r_end - c0, kChunk);
     __syncthreads();  // the previous chunk's slots and tiles are no longer read
-    for (int j = tid; j < chunk_rows; j += THREADS) {
-      const int64_t slot = row_slot(a, t, seq, c0 + j, n_rows);
-      sSlot[j] = slot < 0 ? kNoSlot : uint32_t(slot);
-    }
+    load_slots(sSlot, a, t, seq, c0, chunk_rows, n_rows, tid, THREADS);
     __syncthreads();
     const int n_tiles = (chunk_rows + kRows - 1) / kRows;
 
@@ -243,61 +217,14 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
           mma_16816(s[3], fa, fb1 + 2, __nv_bfloat16());
         }
       }
-      float* mine = sS + (pair * 2 + half) * 16 * kSStride;
+      float alpha[2];
+      pair_softmax(s, sS, pair, half, lane, slots, valid, sl2, m, l, alpha);
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const int c = nt * 8 + q4 * 2;
-        mine[g * kSStride + c] = s[nt][0];
-        mine[g * kSStride + c + 1] = s[nt][1];
-        mine[(g + 8) * kSStride + c] = s[nt][2];
-        mine[(g + 8) * kSStride + c + 1] = s[nt][3];
-      }
-      __syncthreads();
-      const float* s0 = sS + (pair * 2) * 16 * kSStride;
-      const float* s1 = s0 + 16 * kSStride;
-      bool live[8];  // this thread's 8 columns
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int c = nt * 8 + q4 * 2 + e;
-          live[nt * 2 + e] = c < valid && slots[c] != kNoSlot;
-        }
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = g + (e >= 2 ? 8 : 0), c = nt * 8 + q4 * 2 + (e & 1);
-          s[nt][e] = live[nt * 2 + (e & 1)] ? (s0[r * kSStride + c] + s1[r * kSStride + c]) * sl2 : -INFINITY;
-        }
-
-      // online softmax on rows g (e = 0, 1) and g + 8 (e = 2, 3)
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[rr], mx);
-        const bool empty = m_new == -INFINITY;
-        const float alpha = empty ? 1.0f : exp2f(m[rr] - m_new);
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
-            const float p = empty ? 0.0f : exp2f(s[nt][e] - m_new);
-            s[nt][e] = p;
-            sum += p;
-          }
-        l[rr] = l[rr] * alpha + sum;
-        m[rr] = m_new;
-#pragma unroll
-        for (int j = 0; j < NV; ++j) {
-          o[j][2 * rr] *= alpha;
-          o[j][2 * rr + 1] *= alpha;
-        }
+      for (int j = 0; j < NV; ++j) {
+        o[j][0] *= alpha[0];
+        o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1];
+        o[j][3] *= alpha[1];
       }
 
       // O += P V over this warp's half of the output dims
@@ -326,11 +253,7 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
     }
   }
 
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
-    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
-  }
+  pair_denominators(l);
   // Output: normalized when unsplit, else the split's unnormalized sum with its max and denominator.
   // Pairs of dims as one 8-byte store (kv_lora is even): a warp's store fills whole 32-byte sectors.
 #pragma unroll
@@ -537,6 +460,10 @@ size_t emulated_smem(int per_sm, size_t bytes) {
 // The Hopper kernel and its launch (sparse_mla_sm90.cu): splits of rows_per_split rows each, blocks
 // in pairs where `pairs` and the rows and heads allow; returns the blocks per cluster launched.
 int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, Stream s);
+// The fp8-row kernel (sparse_mla_fp8.cu): whether it takes these rows (fp8, latent 512 + rope 64),
+// and its launch (geo.hg 1, 2 or 4; geo.stages 2 or 3).
+bool mla_fp8_rows_take(const AttentionArgs& a);
+void mla_fp8_rows(const AttentionArgs& a, const MlaGeometry& geo, float* part, cudaStream_t st);
 
 void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits,
                 int heads_per_block) {
@@ -571,6 +498,12 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&ws.sm_count, cudaDevAttrMultiProcessorCount, dev));
     SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&ws.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   }
+  if (ws.device_smem_per_sm == 0) {
+    int dev = 0;
+    SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
+    SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&ws.device_smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  }
+  const int per_sm = ws.smem_per_sm > 0 ? ws.smem_per_sm : ws.device_smem_per_sm;
   // Heads per block: 64 where there are that many (each gathered row serves more heads), fewer when
   // the blocks of a small batch, even split as finely as the rows allow, would leave SMs idle.
   // Two stages (the next tile loads while this one is computed) where shared memory allows.
@@ -593,16 +526,40 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     // Fewer heads per block until the blocks come near one per SM (most of a wave is as good as all).
     while (geo.hg > 1 && int64_t(ceil_div(a.heads, geo.hg * 16)) * a.T * max_splits < ws.sm_count * 3 / 4) geo.hg /= 2;
   }
-  geo.stages = 2;
-  while (mla_smem::bytes(geo.hg, geo.stages, fp8, geo.stride, a.latent.row_bytes) > size_t(ws.smem_optin)) {
-    if (geo.stages == 2) geo.stages = 1;
-    else if (geo.hg > 1) geo.hg /= 2, geo.stages = 2;
-    else fail("sparse_mla: the mma kernel needs {} bytes of shared memory, the device allows {}",
-              mla_smem::bytes(1, 1, fp8, geo.stride, a.latent.row_bytes), ws.smem_optin);
+  // fp8 rows of 512 + 64 go to the kernel that reads them as stored (sparse_mla_fp8.cu), unless
+  // SPARSEMLA_MLA_FP8_ROWS=0 (A/B), or for fewer than 8 tokens where the bf16-tile kernel keeps two
+  // stages at these heads (H200, batch 1: 20.1 vs 20.9 us GLM-5, 22.8 vs 28.7 DeepSeek-V3.2; where it
+  // cannot, as on 99 KB devices, the fp8-row kernel wins at every batch). Forced shapes (tests) keep it.
+  // Where an SM holds two of its blocks of 32 heads and two stages (H200, B200: 8 warps per SM), it
+  // takes that shape (H200, batch 128: GLM-5 297 us vs 404 with 64 heads and three stages, one block
+  // per SM); else the most heads and stages that fit (A100: 64 heads, three stages).
+  static const bool fp8_rows_off = env_off("SPARSEMLA_MLA_FP8_ROWS");
+  const bool forced = splits > 0 || heads_per_block > 0;
+  bool fp8_rows = k == AttentionKernel::Mma && mla_fp8_rows_take(a) && !fp8_rows_off &&
+                  mla_smem::fp8_rows_bytes(1, 2) <= size_t(ws.smem_optin);
+  if (fp8_rows && a.T < 8 && !forced &&
+      mla_smem::bytes(geo.hg, 2, true, geo.stride, a.latent.row_bytes) <= size_t(ws.smem_optin))
+    fp8_rows = false;
+  auto block_bytes = [&] {
+    return fp8_rows ? mla_smem::fp8_rows_bytes(geo.hg, geo.stages)
+                    : mla_smem::bytes(geo.hg, geo.stages, fp8, geo.stride, a.latent.row_bytes);
+  };
+  int max_stages = fp8_rows ? 3 : 2;
+  const int min_stages = fp8_rows ? 2 : 1;
+  if (fp8_rows && heads_per_block == 0 && size_t(per_sm) >= 2 * (mla_smem::fp8_rows_bytes(2, 2) + 1024)) {
+    geo.hg = std::min(geo.hg, 2);
+    max_stages = 2;
+  }
+  geo.stages = max_stages;
+  while (block_bytes() > size_t(ws.smem_optin)) {
+    if (geo.stages > min_stages) --geo.stages;
+    else if (geo.hg > 1) geo.hg /= 2, geo.stages = max_stages;
+    else fail("sparse_mla: the mma kernel needs {} bytes of shared memory, the device allows {}", block_bytes(),
+              ws.smem_optin);
   }
   geo.raw_stage = int(mla_smem::fp8_stage_bytes(geo.hg, a.latent.row_bytes));
   geo.score_bytes = int(mla_smem::score_bytes(geo.hg));
-  if (ws.smem_per_sm > 0) geo.launch_smem = emulated_smem(ws.smem_per_sm, mla_smem::bytes(geo.hg, geo.stages, fp8, geo.stride, a.latent.row_bytes));
+  if (ws.smem_per_sm > 0) geo.launch_smem = emulated_smem(ws.smem_per_sm, block_bytes());
   if (splits <= 0) {
     const int64_t blocks = int64_t(ceil_div(a.heads, geo.hg * 16)) * a.T;
     splits = blocks >= ws.sm_count ? 1 : int(std::min<int64_t>((2 * ws.sm_count + blocks - 1) / blocks, max_splits));
@@ -620,6 +577,7 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
   static const bool pairs_off = env_off("SPARSEMLA_MLA_PAIRS");
   if (k == AttentionKernel::Wgmma)
     ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, ws.pairs && !pairs_off, st);
+  else if (fp8_rows) mla_fp8_rows(a, geo, part, st);
   else if (fp8) dispatch_mma<true>(a, geo, part, st);
   else dispatch_mma<false>(a, geo, part, st);
   if (geo.splits > 1) {

@@ -1,0 +1,337 @@
+// Sparse MLA attention over fp8 latent rows (latent 512 + rope 64: GLM-5, DeepSeek-V3.2) on the
+// mma.sync tensor cores of every GPU from SM80: the rows are used as stored, never widened into a
+// bf16 tile. The bf16-tile kernel (sparse_mla.cu) spends a pass and a barrier per tile widening,
+// and its bf16 tile (37 KB) keeps a 99 KB device (SM86, SM89, SM12x) to one tile in flight; here a
+// tile is 32 rows of 656 bytes, so 32 heads keep two tiles in flight within 99 KB.
+//
+// A block takes one token and 16, 32 or 64 heads; warps 2p and 2p+1 share heads 16p..16p+15, and
+// each takes half of the work: latent groups 2 * half and 2 * half + 1 (dims 256 * half ..) and
+// half of the rope for the scores, the same two groups of the output.
+//   Scores: e4m3 bytes go straight from shared memory into B fragments, widened exactly to fp16
+//     (4 bytes per row per k-step and lane: q's latent columns are stored permuted to match, and as
+//     fp16). Each group's 8 k-steps sum apart and are scaled by their rows' group scales.
+//   Output: P . V takes V's group scales into P: P' = P * scale[row][group] / K[group], K the
+//     largest scale seen so far (running, like the softmax maximum: the output is rescaled when it
+//     grows), so P' <= 1 keeps fp16's precision. Output dims are permuted within 32 (a lane holds
+//     dims 4g + j of four n-tiles j), so one 4-byte load per row serves four n-tiles; the bytes of
+//     two rows are paired with a byte permute and widened.
+//   Shared memory rows are 704 bytes with 16-byte chunks XOR-swizzled by row, so that the score
+//     loads (16 bytes: rows g, two per quarter warp) and the output loads (4 bytes: rows 2 q4, 8
+//     lanes per row) are free of bank conflicts; the rope chunks too, for ldmatrix.
+#include <algorithm>
+
+#include "ops/cuda/attention.h"
+#include "ops/cuda/attention_smem.h"
+#include "ops/cuda/check.cuh"
+#include "ops/cuda/launch_cache.cuh"
+#include "ops/cuda/mma.cuh"
+#include "ops/cuda/sparse_mla_tile.cuh"
+
+namespace sparsemla::cuda {
+namespace {
+
+using mla_smem::kChunk;
+using mla_smem::kNoSlot;
+using mla_smem::kRows;
+
+constexpr int kLora = 512, kRope = 64;
+constexpr int kRowBytes = kLora + 16 + 2 * kRope;            // 656: 512 e4m3, 4 fp32 scales, 64 bf16
+constexpr int kRowChunks = kRowBytes / 16;                   // 41
+constexpr int kStride = mla_smem::kFp8RowStride;             // 704 bytes per row in shared memory
+constexpr int kTileBytes = kRows * kStride;
+constexpr int kQStride = kLora + 8, kRStride = kRope + 8;    // q rows in fp16 / bf16 values
+constexpr int kScaleChunk = kLora / 16, kRopeChunk = kScaleChunk + 1;
+
+// The shared-memory chunk of chunk c of tile row r.
+__device__ __forceinline__ int swizzle(int r, int c) {
+  const int x = (r >> 1) & 3;
+  return c < kScaleChunk ? c ^ (2 * x) : c == kScaleChunk ? c : kRopeChunk + ((c - kRopeChunk) ^ x);
+}
+
+// Two e4m3 values (the low 16 bits) as two fp16 values, exactly.
+__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <int HG, int STAGES>
+__global__ void __launch_bounds__(HG * 64) mla_fp8_kernel(AttentionArgs a, MlaGeometry geo, float* part) {
+  constexpr int THREADS = HG * 64;
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* sp = smem;
+  __half* sQh = reinterpret_cast<__half*>(sp);  // [HG * 16][kQStride]: latent columns, permuted
+  sp += HG * 16 * kQStride * 2;
+  __nv_bfloat16* sQr = reinterpret_cast<__nv_bfloat16*>(sp);  // [HG * 16][kRStride]: rope
+  sp += HG * 16 * kRStride * 2;
+  uint8_t* sRaw = sp;  // [STAGES][32][kStride]
+  sp += STAGES * kTileBytes;
+  float* sS = reinterpret_cast<float*>(sp);  // [HG pairs][2 halves][16][33]
+  sp += geo.score_bytes;
+  uint32_t* sSlot = reinterpret_cast<uint32_t*>(sp);  // [kChunk]
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q4 = lane % 4;
+  const int mi = lane / 8, ri = lane % 8;
+  const int pair = warp / 2, half = warp % 2;
+  const int t = blockIdx.y, h0 = blockIdx.x * HG * 16, split = blockIdx.z;
+  const int seq = a.seq[t];
+  const int n_rows = a.selected ? a.top_k : a.n_ctx[t];
+  const int r_begin = split * geo.tiles_per_split * kRows;
+  const int r_end = min(n_rows, r_begin + geo.tiles_per_split * kRows);
+  const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
+
+  // q: latent dim p = 64 kg + 16 q + 4 sub + 2 hi + i goes to column 16 (4 kg + sub) + 8 hi + 2 q + i,
+  // where the A fragment of k-step 4 kg + sub meets the bytes lane q loads (below); rope as is.
+  auto load_q = [&]() {
+    constexpr int kPerHead = (kLora + kRope) / 4, kInFlight = 8;
+    const float* q = a.q + int64_t(t) * a.heads * (kLora + kRope);
+    const int total = HG * 16 * kPerHead;
+    for (int i0 = 0; i0 < total; i0 += kInFlight * THREADS) {
+      float4 v[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int i = i0 + u * THREADS + tid, r = i / kPerHead, c = i % kPerHead, h = h0 + r;
+        v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (i < total && h < a.heads) v[u] = *reinterpret_cast<const float4*>(q + int64_t(h) * (kLora + kRope) + 4 * c);
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int i = i0 + u * THREADS + tid, r = i / kPerHead, c = i % kPerHead;
+        if (i >= total) continue;
+        if (c < kLora / 4) {
+          const int p = 4 * c, col = 16 * (4 * (p / 64) + (p % 16) / 4) + 2 * ((p % 64) / 16);
+          *reinterpret_cast<uint32_t*>(sQh + r * kQStride + col) = pack_f16(v[u].x, v[u].y);
+          *reinterpret_cast<uint32_t*>(sQh + r * kQStride + col + 8) = pack_f16(v[u].z, v[u].w);
+        } else {
+          *reinterpret_cast<uint2*>(sQr + r * kRStride + 4 * (c - kLora / 4)) =
+              make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+        }
+      }
+    }
+  };
+  bool q_loaded = false;
+
+  float o[32][4];  // n-tile j: dims 256 half + 32 (j / 4) + 4 n + j % 4 of column n
+#pragma unroll
+  for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float K[2] = {0.0f, 0.0f};  // the largest scale of groups 2 half + gi so far: o is in units of K
+  const float sl2 = a.scale * kLog2e;
+  const int swz_s = 2 * ((g >> 1) & 3);  // the score loads' rows nt * 8 + g
+  const __half* qa = sQh + (pair * 16 + (mi % 2) * 8 + ri) * kQStride + (mi / 2) * 8;
+  const __nv_bfloat16* qr = sQr + (pair * 16 + (mi % 2) * 8 + ri) * kRStride + (mi / 2) * 8;
+
+  for (int c0 = r_begin; c0 < r_end; c0 += kChunk) {
+    const int chunk_rows = min(r_end - c0, kChunk);
+    __syncthreads();  // the previous chunk's slots and tiles are no longer read
+    load_slots(sSlot, a, t, seq, c0, chunk_rows, n_rows, tid, THREADS);
+    __syncthreads();
+    const int n_tiles = (chunk_rows + kRows - 1) / kRows;
+
+    // Starts copying tile j's rows as stored into stage st; rows without a slot are zero.
+    auto issue = [&](int j, int st) {
+      const uint32_t* slots = sSlot + j * kRows;
+      const int valid = min(kRows, chunk_rows - j * kRows);
+      uint8_t* dst = sRaw + st * kTileBytes;
+      for (int i = tid; i < kRows * kRowChunks; i += THREADS) {
+        const int r = i / kRowChunks, c = i % kRowChunks;
+        const uint32_t slot = r < valid ? slots[r] : kNoSlot;
+        uint8_t* d = dst + r * kStride + swizzle(r, c) * 16;
+        if (slot != kNoSlot) cp_async16(d, base + int64_t(slot) * kRowBytes + c * 16);
+        else *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+      }
+    };
+#pragma unroll
+    for (int j = 0; j < STAGES - 1; ++j) {
+      if (j < n_tiles) issue(j, j);
+      cp_async_commit();
+    }
+    if (!q_loaded) {
+      load_q();  // visible to all warps after the barrier at the top of the tile loop
+      q_loaded = true;
+    }
+    for (int it = 0; it < n_tiles; ++it) {
+      cp_async_wait_group<STAGES - 2>();
+      __syncthreads();  // tile `it` landed for every thread; the stage refilled below is no longer read
+      if (it + STAGES - 1 < n_tiles) issue(it + STAGES - 1, (it + STAGES - 1) % STAGES);
+      cp_async_commit();
+      const uint8_t* raw = sRaw + (it % STAGES) * kTileBytes;
+      const uint32_t* slots = sSlot + it * kRows;
+      const int valid = min(kRows, chunk_rows - it * kRows);
+
+      // Group scales of this lane's 8 rows (the score columns nt * 8 + 2 q4 + e), and the tile's largest.
+      float sc[8][2], tmax[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float2 v = *reinterpret_cast<const float2*>(raw + ((i / 2) * 8 + 2 * q4 + i % 2) * kStride +
+                                                          kScaleChunk * 16 + 8 * half);
+        sc[i][0] = v.x;
+        sc[i][1] = v.y;
+        tmax[0] = fmaxf(tmax[0], v.x);
+        tmax[1] = fmaxf(tmax[1], v.y);
+      }
+#pragma unroll
+      for (int gi = 0; gi < 2; ++gi) {
+        tmax[gi] = fmaxf(tmax[gi], __shfl_xor_sync(0xffffffffu, tmax[gi], 1));
+        tmax[gi] = fmaxf(tmax[gi], __shfl_xor_sync(0xffffffffu, tmax[gi], 2));
+      }
+
+      // S = Q K^T over this warp's half: [16 heads][32 rows]
+      float s[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+      for (int gi = 0; gi < 2; ++gi) {
+        float st[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) st[nt][0] = st[nt][1] = st[nt][2] = st[nt][3] = 0.0f;
+#pragma unroll
+        for (int kgl = 0; kgl < 2; ++kgl) {
+          const int kg = (2 * half + gi) * 2 + kgl;  // 64 dims
+          uint4 w[4];
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt)
+            w[nt] = *reinterpret_cast<const uint4*>(raw + (nt * 8 + g) * kStride + ((kg * 4 + q4) ^ swz_s) * 16);
+#pragma unroll
+          for (int sub = 0; sub < 4; ++sub) {
+            uint32_t fa[4];
+            ldmatrix_x4(fa, qa + (kg * 4 + sub) * 16);
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+              const uint32_t word = sub == 0 ? w[nt].x : sub == 1 ? w[nt].y : sub == 2 ? w[nt].z : w[nt].w;
+              const uint32_t fb[2] = {fp8x2_to_f16x2(word), fp8x2_to_f16x2(word >> 16)};
+              mma_16816(st[nt], fa, fb, __half());
+            }
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[nt][e] += st[nt][e] * sc[nt * 2 + (e & 1)][gi];
+      }
+#pragma unroll
+      for (int rkl = 0; rkl < 2; ++rkl) {  // rope k-steps of this half, bf16
+        const int rk = half * 2 + rkl, row = (mi / 2) * 8 + ri;
+        const int chunk = kRopeChunk + ((rk * 2 + mi % 2) ^ ((row >> 1) & 3));
+        uint32_t fa[4], fb0[4], fb1[4];
+        ldmatrix_x4(fa, qr + rk * 16);
+        ldmatrix_x4(fb0, raw + row * kStride + chunk * 16);
+        ldmatrix_x4(fb1, raw + (row + 16) * kStride + chunk * 16);
+        mma_16816(s[0], fa, fb0, __nv_bfloat16());
+        mma_16816(s[1], fa, fb0 + 2, __nv_bfloat16());
+        mma_16816(s[2], fa, fb1, __nv_bfloat16());
+        mma_16816(s[3], fa, fb1 + 2, __nv_bfloat16());
+      }
+
+      float alpha[2];
+      pair_softmax(s, sS, pair, half, lane, slots, valid, sl2, m, l, alpha);
+      float inv_k[2], ratio[2];
+#pragma unroll
+      for (int gi = 0; gi < 2; ++gi) {
+        const float k_new = fmaxf(K[gi], tmax[gi]);
+        ratio[gi] = k_new > 0.0f ? K[gi] / k_new : 1.0f;
+        inv_k[gi] = k_new > 0.0f ? 1.0f / k_new : 0.0f;
+        K[gi] = k_new;
+      }
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const float f0 = alpha[0] * ratio[j / 16], f1 = alpha[1] * ratio[j / 16];
+        o[j][0] *= f0;
+        o[j][1] *= f0;
+        o[j][2] *= f1;
+        o[j][3] *= f1;
+      }
+
+      // O += P' V over this warp's half of the output dims; P' of both k-steps first (s and the
+      // scales are then dead: fewer live registers in the loop)
+      uint32_t pa[2][2][4];  // [kk][group][A fragment]
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk)
+#pragma unroll
+        for (int gi = 0; gi < 2; ++gi) {  // rows 16 kk + 2 q4 + {0, 1} and + {8, 9}: sc[4 kk .. 4 kk + 3]
+          const float x0 = sc[4 * kk][gi] * inv_k[gi], x1 = sc[4 * kk + 1][gi] * inv_k[gi];
+          const float x8 = sc[4 * kk + 2][gi] * inv_k[gi], x9 = sc[4 * kk + 3][gi] * inv_k[gi];
+          pa[kk][gi][0] = pack_f16(s[2 * kk][0] * x0, s[2 * kk][1] * x1);
+          pa[kk][gi][1] = pack_f16(s[2 * kk][2] * x0, s[2 * kk][3] * x1);
+          pa[kk][gi][2] = pack_f16(s[2 * kk + 1][0] * x8, s[2 * kk + 1][1] * x9);
+          pa[kk][gi][3] = pack_f16(s[2 * kk + 1][2] * x8, s[2 * kk + 1][3] * x9);
+        }
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) {
+        const uint32_t(*fa)[4] = pa[kk];
+        const uint8_t* r0 = raw + (16 * kk + 2 * q4) * kStride;  // rows R, R + 1, R + 8, R + 9
+#pragma unroll
+        for (int jb = 0; jb < 8; ++jb) {
+          const int off = (((half * 16 + 2 * jb + (g >> 2)) ^ (2 * q4)) * 16) + 4 * (g & 3);
+          const uint32_t w0 = smem_u32(r0 + off), w1 = smem_u32(r0 + kStride + off);
+          const uint32_t w8 = smem_u32(r0 + 8 * kStride + off), w9 = smem_u32(r0 + 9 * kStride + off);
+          const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
+          const uint32_t lo89 = __byte_perm(w8, w9, 0x5140), hi89 = __byte_perm(w8, w9, 0x7362);
+          const uint32_t b0[2] = {fp8x2_to_f16x2(lo01), fp8x2_to_f16x2(lo89)};
+          const uint32_t b1[2] = {fp8x2_to_f16x2(lo01 >> 16), fp8x2_to_f16x2(lo89 >> 16)};
+          const uint32_t b2[2] = {fp8x2_to_f16x2(hi01), fp8x2_to_f16x2(hi89)};
+          const uint32_t b3[2] = {fp8x2_to_f16x2(hi01 >> 16), fp8x2_to_f16x2(hi89 >> 16)};
+          mma_16816(o[jb * 4 + 0], fa[jb / 4], b0, __half());
+          mma_16816(o[jb * 4 + 1], fa[jb / 4], b1, __half());
+          mma_16816(o[jb * 4 + 2], fa[jb / 4], b2, __half());
+          mma_16816(o[jb * 4 + 3], fa[jb / 4], b3, __half());
+        }
+      }
+    }
+  }
+
+  pair_denominators(l);
+  // Output: normalized when unsplit, else the split's unnormalized sum with its max and denominator.
+  // A lane holds 8 consecutive dims 256 half + 32 jb + 8 q4 .. of each of its rows.
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    const int h = h0 + pair * 16 + g + rr * 8;
+    if (h >= a.heads) continue;
+    const float inv = geo.splits == 1 ? (l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f) : 1.0f;
+    float* dst = geo.splits == 1 ? a.out + (int64_t(t) * a.heads + h) * kLora
+                                 : part + ((int64_t(t) * geo.splits + split) * a.heads + h) * (kLora + 2);
+#pragma unroll
+    for (int jb = 0; jb < 8; ++jb) {
+      const float f = K[jb / 4] * inv;
+      float* d = dst + half * 256 + jb * 32 + 8 * q4;
+#pragma unroll
+      for (int e1 = 0; e1 < 2; ++e1)
+#pragma unroll
+        for (int jj = 0; jj < 4; jj += 2)
+          *reinterpret_cast<float2*>(d + 4 * e1 + jj) =
+              make_float2(o[jb * 4 + jj][2 * rr + e1] * f, o[jb * 4 + jj + 1][2 * rr + e1] * f);
+    }
+    if (geo.splits > 1 && half == 0 && q4 == 0) {
+      dst[kLora] = m[rr];
+      dst[kLora + 1] = l[rr];
+    }
+  }
+}
+
+template <int HG, int STAGES>
+void launch(const AttentionArgs& a, const MlaGeometry& geo, float* part, cudaStream_t st) {
+  const size_t smem = std::max(mla_smem::fp8_rows_bytes(HG, STAGES), geo.launch_smem);
+  auto kernel = mla_fp8_kernel<HG, STAGES>;
+  allow_smem(kernel, smem);
+  const dim3 grid(unsigned(ceil_div(a.heads, HG * 16)), unsigned(a.T), unsigned(geo.splits));
+  kernel<<<grid, HG * 64, smem, st>>>(a, geo, part);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+bool mla_fp8_rows_take(const AttentionArgs& a) {
+  return a.dtype == KvDtype::FP8 && a.kv_lora == kLora && a.rope == kRope && a.latent.row_bytes == kRowBytes;
+}
+
+void mla_fp8_rows(const AttentionArgs& a, const MlaGeometry& geo, float* part, cudaStream_t st) {
+  if (geo.hg == 4) return geo.stages == 3 ? launch<4, 3>(a, geo, part, st) : launch<4, 2>(a, geo, part, st);
+  if (geo.hg == 2) return geo.stages == 3 ? launch<2, 3>(a, geo, part, st) : launch<2, 2>(a, geo, part, st);
+  return geo.stages == 3 ? launch<1, 3>(a, geo, part, st) : launch<1, 2>(a, geo, part, st);
+}
+
+}  // namespace sparsemla::cuda

@@ -1,0 +1,119 @@
+// What the two mma.sync attention kernels share (sparse_mla.cu: latent rows widened to bf16 tiles in
+// shared memory; sparse_mla_fp8.cu: fp8 rows read as stored): the launch geometry, a selection
+// entry -> cache slot, and one tile's score exchange and online-softmax step.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "ops/cuda/attention.h"
+#include "ops/cuda/attention_smem.h"
+#include "ops/cuda/mma.cuh"
+
+namespace sparsemla::cuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct MlaGeometry {
+  int d;                   // kv_lora + rope
+  int d_pad;               // d rounded up to 32 (two halves of whole k-steps)
+  int stride;              // smem row stride in bf16 values (the bf16-tile kernel)
+  int splits;
+  int tiles_per_split;
+  int hg;                  // head groups of 16 per block (1, 2 or 4)
+  int stages;              // tiles in flight
+  int raw_stage;           // bytes of a stage of fp8 rows as stored (mla_smem::fp8_stage_bytes)
+  int score_bytes;         // bytes of the score exchange (mla_smem::score_bytes)
+  size_t launch_smem = 0;  // > the block's bytes: asked for to emulate a smaller device (smem_per_sm)
+};
+
+__host__ __device__ inline int latent_groups(int kv_lora) { return (kv_lora + kFp8Group - 1) / kFp8Group; }
+
+// Position index -> slot, or -1 for an unused entry.
+__device__ __forceinline__ int64_t row_slot(const AttentionArgs& a, int t, int seq, int idx, int n_rows) {
+  if (idx >= n_rows) return -1;
+  const int pos = a.selected ? a.selected[int64_t(t) * a.top_k + idx] : idx;
+  if (pos < 0) return -1;
+  return slot_of(a.latent.block_tables, a.latent.max_blocks, a.latent.block_size, seq, pos);
+}
+
+// The slots of a chunk's rows c0 .. c0 + rows, 32 bits each (mla_smem::kNoSlot: no row).
+__device__ __forceinline__ void load_slots(uint32_t* sSlot, const AttentionArgs& a, int t, int seq, int c0, int rows,
+                                           int n_rows, int tid, int threads) {
+  for (int j = tid; j < rows; j += threads) {
+    const int64_t slot = row_slot(a, t, seq, c0 + j, n_rows);
+    sSlot[j] = slot < 0 ? mla_smem::kNoSlot : uint32_t(slot);
+  }
+}
+
+// The warps of a pair (half 0 and 1) each hold s = their half of q . row for 16 heads x 32 rows (C
+// fragments of four n-tiles of 8 rows). Adds the halves through shared memory (one barrier: every
+// thread of the block calls this), masks rows past `valid` or without a slot, and takes the online
+// softmax step on rows g and g + 8: s becomes P (unnormalized), m and l advance, and alpha is the
+// factor of the running output. sS: [pairs][2 halves][16][kSStride].
+__device__ __forceinline__ void pair_softmax(float s[4][4], float* sS, int pair, int half, int lane,
+                                             const uint32_t* slots, int valid, float sl2, float m[2], float l[2],
+                                             float alpha[2]) {
+  using mla_smem::kSStride;
+  const int g = lane / 4, q4 = lane % 4;
+  float* mine = sS + (pair * 2 + half) * 16 * kSStride;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    const int c = nt * 8 + q4 * 2;
+    mine[g * kSStride + c] = s[nt][0];
+    mine[g * kSStride + c + 1] = s[nt][1];
+    mine[(g + 8) * kSStride + c] = s[nt][2];
+    mine[(g + 8) * kSStride + c + 1] = s[nt][3];
+  }
+  __syncthreads();
+  const float* s0 = sS + (pair * 2) * 16 * kSStride;
+  const float* s1 = s0 + 16 * kSStride;
+  bool live[8];  // this thread's 8 columns
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int c = nt * 8 + q4 * 2 + e;
+      live[nt * 2 + e] = c < valid && slots[c] != mla_smem::kNoSlot;
+    }
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = g + (e >= 2 ? 8 : 0), c = nt * 8 + q4 * 2 + (e & 1);
+      s[nt][e] = live[nt * 2 + (e & 1)] ? (s0[r * kSStride + c] + s1[r * kSStride + c]) * sl2 : -INFINITY;
+    }
+  // online softmax on rows g (e = 0, 1) and g + 8 (e = 2, 3)
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[rr], mx);
+    const bool empty = m_new == -INFINITY;
+    alpha[rr] = empty ? 1.0f : exp2f(m[rr] - m_new);
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
+        const float p = empty ? 0.0f : exp2f(s[nt][e] - m_new);
+        s[nt][e] = p;
+        sum += p;
+      }
+    l[rr] = l[rr] * alpha[rr] + sum;
+    m[rr] = m_new;
+  }
+}
+
+// Completes the denominators over the four lanes of a row (after the last tile).
+__device__ __forceinline__ void pair_denominators(float l[2]) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+  }
+}
+
+}  // namespace sparsemla::cuda
