@@ -527,17 +527,20 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     while (geo.hg > 1 && int64_t(ceil_div(a.heads, geo.hg * 16)) * a.T * max_splits < ws.sm_count * 3 / 4) geo.hg /= 2;
   }
   // fp8 rows of 512 + 64 go to the kernel that reads them as stored (sparse_mla_fp8.cu), unless
-  // SPARSEMLA_MLA_FP8_ROWS=0 (A/B), or for fewer than 8 tokens where the bf16-tile kernel keeps two
-  // stages at these heads (H200, batch 1: 20.1 vs 20.9 us GLM-5, 22.8 vs 28.7 DeepSeek-V3.2; where it
-  // cannot, as on 99 KB devices, the fp8-row kernel wins at every batch). Forced shapes (tests) keep it.
-  // Where an SM holds two of its blocks of 32 heads and two stages (H200, B200: 8 warps per SM), it
-  // takes that shape (H200, batch 128: GLM-5 297 us vs 404 with 64 heads and three stages, one block
-  // per SM); else the most heads and stages that fit (A100: 64 heads, three stages).
+  // SPARSEMLA_MLA_FP8_ROWS=0 (A/B), or for small batches where the bf16-tile kernel keeps two stages
+  // at these heads. Where an SM holds two of its blocks of 32 heads and two stages (H200, B200: 8
+  // warps per SM) it takes that shape (H200, batch 8 / 128: GLM-5 51 / 297 us vs 60 / 419 for the
+  // bf16-tile kernel; 86 / 404 with 64 heads and three stages, one block per SM), from 8 tokens
+  // (batch 1: DeepSeek-V3.2 28.7 vs 22.8). Else the most heads and stages that fit, from 64 tokens
+  // where the bf16-tile kernel has two stages (A100: batch 8 87 vs 62 us, 64 even, 128 413 vs 423,
+  // DeepSeek-V3.2 597 vs 688), at every batch where it has not (99 KB devices: GLM-5 batch 128 427
+  // vs 1918 us with one block per SM). Forced shapes (tests) keep it.
   static const bool fp8_rows_off = env_off("SPARSEMLA_MLA_FP8_ROWS");
   const bool forced = splits > 0 || heads_per_block > 0;
+  const bool two_per_sm = size_t(per_sm) >= 2 * (mla_smem::fp8_rows_bytes(2, 2) + 1024);
   bool fp8_rows = k == AttentionKernel::Mma && mla_fp8_rows_take(a) && !fp8_rows_off &&
                   mla_smem::fp8_rows_bytes(1, 2) <= size_t(ws.smem_optin);
-  if (fp8_rows && a.T < 8 && !forced &&
+  if (fp8_rows && a.T < (two_per_sm ? 8 : 64) && !forced &&
       mla_smem::bytes(geo.hg, 2, true, geo.stride, a.latent.row_bytes) <= size_t(ws.smem_optin))
     fp8_rows = false;
   auto block_bytes = [&] {
@@ -546,7 +549,7 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
   };
   int max_stages = fp8_rows ? 3 : 2;
   const int min_stages = fp8_rows ? 2 : 1;
-  if (fp8_rows && heads_per_block == 0 && size_t(per_sm) >= 2 * (mla_smem::fp8_rows_bytes(2, 2) + 1024)) {
+  if (fp8_rows && heads_per_block == 0 && two_per_sm) {
     geo.hg = std::min(geo.hg, 2);
     max_stages = 2;
   }
