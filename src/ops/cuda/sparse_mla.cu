@@ -207,14 +207,7 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
         const __nv_bfloat16* kb = sK + ((mi / 2) * 8 + ri) * stride + half * ksteps * 16 + (mi % 2) * 8;
 #pragma unroll(KS > 0 ? KS : 1)
         for (int ks = 0; ks < ksteps; ++ks) {
-          uint32_t fa[4], fb0[4], fb1[4];
-          ldmatrix_x4(fa, qa + ks * 16);
-          ldmatrix_x4(fb0, kb + ks * 16);
-          ldmatrix_x4(fb1, kb + 16 * stride + ks * 16);
-          mma_16816(s[0], fa, fb0, __nv_bfloat16());
-          mma_16816(s[1], fa, fb0 + 2, __nv_bfloat16());
-          mma_16816(s[2], fa, fb1, __nv_bfloat16());
-          mma_16816(s[3], fa, fb1 + 2, __nv_bfloat16());
+          score_kstep(s, qa + ks * 16, kb + ks * 16, kb + 16 * stride + ks * 16);
         }
       }
       float alpha[2];

@@ -41,6 +41,7 @@
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/sm90.cuh"
+#include "ops/cuda/sparse_mla_tile.cuh"
 
 namespace sparsemla::cuda {
 namespace {
@@ -395,28 +396,7 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
       for (int e = 0; e < 4; ++e)
         s[4 * jn + e] = valid[8 * jn + 2 * ln.q4 + (e & 1)] ? s[4 * jn + e] * sl2 : -INFINITY;
     float alpha[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int jn = 0; jn < 8; ++jn) mx = fmaxf(mx, fmaxf(s[4 * jn + 2 * rr], s[4 * jn + 2 * rr + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[rr], mx);
-      const bool none = m_new == -INFINITY;
-      alpha[rr] = none ? 1.0f : exp2f(m[rr] - m_new);
-      float sum = 0.0f;
-#pragma unroll
-      for (int jn = 0; jn < 8; ++jn)
-#pragma unroll
-        for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
-          const float p = none ? 0.0f : exp2f(s[4 * jn + e] - m_new);
-          s[4 * jn + e] = p;
-          sum += p;
-        }
-      l[rr] = l[rr] * alpha[rr] + sum;
-      m[rr] = m_new;
-    }
+    online_softmax<8>(s, m, l, alpha);
     rescale(o, alpha[0], alpha[1]);
     // P as bf16: p[2 jn + rr] holds row row0 + 8 rr, columns 8 jn + 2 q4 and + 1.
     uint32_t p[16];

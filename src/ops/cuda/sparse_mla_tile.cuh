@@ -1,6 +1,7 @@
-// What the two mma.sync attention kernels share (sparse_mla.cu: latent rows widened to bf16 tiles in
-// shared memory; sparse_mla_fp8.cu: fp8 rows read as stored): the launch geometry, a selection
-// entry -> cache slot, and one tile's score exchange and online-softmax step.
+// What the attention kernels share (sparse_mla.cu: latent rows as bf16 tiles in shared memory;
+// sparse_mla_fp8.cu: fp8 rows read as stored; sparse_mla_sm90.cu: the Hopper kernel): the launch
+// geometry, a selection entry -> cache slot, a k-step of the scores, the online-softmax step, and the
+// mma.sync kernels' score exchange between the two warps of a pair.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -45,6 +46,48 @@ __device__ __forceinline__ void load_slots(uint32_t* sSlot, const AttentionArgs&
   }
 }
 
+// One k-step of 16 of S = Q K^T, 16 heads x 32 rows, from bf16 in shared memory: this lane's ldmatrix
+// addresses of the q rows, of latent rows 0-15 and of rows 16-31 ([row][dim] = B's [n][k]).
+__device__ __forceinline__ void score_kstep(float s[4][4], const void* qa, const void* kb0, const void* kb1) {
+  uint32_t fa[4], fb0[4], fb1[4];
+  ldmatrix_x4(fa, qa);
+  ldmatrix_x4(fb0, kb0);
+  ldmatrix_x4(fb1, kb1);
+  mma_16816(s[0], fa, fb0, __nv_bfloat16());
+  mma_16816(s[1], fa, fb0 + 2, __nv_bfloat16());
+  mma_16816(s[2], fa, fb1, __nv_bfloat16());
+  mma_16816(s[3], fa, fb1 + 2, __nv_bfloat16());
+}
+
+// The online-softmax step on a lane's two rows of NT n-tiles of C fragments (s[4 nt + e]: e = 0, 1
+// row g, e = 2, 3 row g + 8; already in log2 units, masked entries -inf): s becomes P
+// (unnormalized), m and l advance, alpha is the factor of the running output.
+template <int NT>
+__device__ __forceinline__ void online_softmax(float* s, float m[2], float l[2], float alpha[2]) {
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * rr], s[4 * nt + 2 * rr + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[rr], mx);
+    const bool none = m_new == -INFINITY;
+    alpha[rr] = none ? 1.0f : exp2f(m[rr] - m_new);
+    float sum = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
+        const float p = none ? 0.0f : exp2f(s[4 * nt + e] - m_new);
+        s[4 * nt + e] = p;
+        sum += p;
+      }
+    l[rr] = l[rr] * alpha[rr] + sum;
+    m[rr] = m_new;
+  }
+}
+
 // The warps of a pair (half 0 and 1) each hold s = their half of q . row for 16 heads x 32 rows (C
 // fragments of four n-tiles of 8 rows). Adds the halves through shared memory (one barrier: every
 // thread of the block calls this), masks rows past `valid` or without a slot, and takes the online
@@ -82,29 +125,7 @@ __device__ __forceinline__ void pair_softmax(float s[4][4], float* sS, int pair,
       const int r = g + (e >= 2 ? 8 : 0), c = nt * 8 + q4 * 2 + (e & 1);
       s[nt][e] = live[nt * 2 + (e & 1)] ? (s0[r * kSStride + c] + s1[r * kSStride + c]) * sl2 : -INFINITY;
     }
-  // online softmax on rows g (e = 0, 1) and g + 8 (e = 2, 3)
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * rr], s[nt][2 * rr + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[rr], mx);
-    const bool empty = m_new == -INFINITY;
-    alpha[rr] = empty ? 1.0f : exp2f(m[rr] - m_new);
-    float sum = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
-        const float p = empty ? 0.0f : exp2f(s[nt][e] - m_new);
-        s[nt][e] = p;
-        sum += p;
-      }
-    l[rr] = l[rr] * alpha[rr] + sum;
-    m[rr] = m_new;
-  }
+  online_softmax<4>(s[0], m, l, alpha);
 }
 
 // Completes the denominators over the four lanes of a row (after the last tile).
