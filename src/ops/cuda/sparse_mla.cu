@@ -50,11 +50,9 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q4 = lane % 4;
   const int pair = warp / 2, half = warp % 2;
-  const int t = blockIdx.y, h0 = blockIdx.x * HG * 16, split = blockIdx.z;
-  const int seq = a.seq[t];
-  const int n_rows = a.selected ? a.top_k : a.n_ctx[t];
-  const int r_begin = split * geo.tiles_per_split * kRows;
-  const int r_end = min(n_rows, r_begin + geo.tiles_per_split * kRows);
+  const int h0 = blockIdx.x * HG * 16;
+  const BlockRows br = block_rows(a, geo);
+  const int t = br.t, split = br.split, seq = br.seq, n_rows = br.n_rows, r_begin = br.r_begin, r_end = br.r_end;
 
   {  // the row tiles' pad columns (D .. stride) are zero; the copies never write them
     const int pad = (stride - D) / 8, rows = (FP8 ? 1 : STAGES) * kRows;

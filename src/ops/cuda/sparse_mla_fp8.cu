@@ -77,11 +77,9 @@ __global__ void __launch_bounds__(HG * 64) mla_fp8_kernel(AttentionArgs a, MlaGe
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q4 = lane % 4;
   const int mi = lane / 8, ri = lane % 8;
   const int pair = warp / 2, half = warp % 2;
-  const int t = blockIdx.y, h0 = blockIdx.x * HG * 16, split = blockIdx.z;
-  const int seq = a.seq[t];
-  const int n_rows = a.selected ? a.top_k : a.n_ctx[t];
-  const int r_begin = split * geo.tiles_per_split * kRows;
-  const int r_end = min(n_rows, r_begin + geo.tiles_per_split * kRows);
+  const int h0 = blockIdx.x * HG * 16;
+  const BlockRows br = block_rows(a, geo);
+  const int t = br.t, split = br.split, seq = br.seq, n_rows = br.n_rows, r_begin = br.r_begin, r_end = br.r_end;
   const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
 
   // q: latent dim p = 64 kg + 16 q + 4 sub + 2 hi + i goes to column 16 (4 kg + sub) + 8 hi + 2 q + i,

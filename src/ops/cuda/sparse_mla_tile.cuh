@@ -37,6 +37,22 @@ __device__ __forceinline__ int64_t row_slot(const AttentionArgs& a, int t, int s
   return slot_of(a.latent.block_tables, a.latent.max_blocks, a.latent.block_size, seq, pos);
 }
 
+// The rows of a block (blockIdx: x head group, y token, z split): positions r_begin .. r_end of
+// the token's selection (or context, dense) in sequence seq.
+struct BlockRows {
+  int t, split, seq, n_rows, r_begin, r_end;
+};
+__device__ __forceinline__ BlockRows block_rows(const AttentionArgs& a, const MlaGeometry& geo) {
+  BlockRows b;
+  b.t = blockIdx.y;
+  b.split = blockIdx.z;
+  b.seq = a.seq[b.t];
+  b.n_rows = a.selected ? a.top_k : a.n_ctx[b.t];
+  b.r_begin = b.split * geo.tiles_per_split * mla_smem::kRows;
+  b.r_end = min(b.n_rows, b.r_begin + geo.tiles_per_split * mla_smem::kRows);
+  return b;
+}
+
 // The slots of a chunk's rows c0 .. c0 + rows, 32 bits each (mla_smem::kNoSlot: no row).
 __device__ __forceinline__ void load_slots(uint32_t* sSlot, const AttentionArgs& a, int t, int seq, int c0, int rows,
                                            int n_rows, int tid, int threads) {
