@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
   const int pair = warp / 2, half = warp % 2;
   const int h0 = blockIdx.x * HG * 16;
   const BlockRows br = block_rows(a, geo);
-  const int t = br.t, split = br.split, seq = br.seq, n_rows = br.n_rows, r_begin = br.r_begin, r_end = br.r_end;
+  const int t = br.t, split = br.split, r_begin = br.r_begin, r_end = br.r_end;
 
   {  // the row tiles' pad columns (D .. stride) are zero; the copies never write them
     const int pad = (stride - D) / 8, rows = (FP8 ? 1 : STAGES) * kRows;
@@ -95,10 +95,7 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
   const int groups = latent_groups(a.kv_lora);
 
   for (int c0 = r_begin; c0 < r_end; c0 += kChunk) {
-    const int chunk_rows = min(r_end - c0, kChunk);
-    __syncthreads();  // the previous chunk's slots and tiles are no longer read
-    load_slots(sSlot, a, t, seq, c0, chunk_rows, n_rows, tid, THREADS);
-    __syncthreads();
+    const int chunk_rows = load_chunk_slots(sSlot, a, br, c0, tid, THREADS);
     const int n_tiles = (chunk_rows + kRows - 1) / kRows;
 
     // Starts copying tile j of the chunk into its buffer (bf16 rows, or raw fp8 rows), or for fp8

@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(HG * 64) mla_fp8_kernel(AttentionArgs a, MlaGe
   const int pair = warp / 2, half = warp % 2;
   const int h0 = blockIdx.x * HG * 16;
   const BlockRows br = block_rows(a, geo);
-  const int t = br.t, split = br.split, seq = br.seq, n_rows = br.n_rows, r_begin = br.r_begin, r_end = br.r_end;
+  const int t = br.t, split = br.split, r_begin = br.r_begin, r_end = br.r_end;
   const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
 
   // q: latent dim p = 64 kg + 16 q + 4 sub + 2 hi + i goes to column 16 (4 kg + sub) + 8 hi + 2 q + i,
@@ -124,10 +124,7 @@ __global__ void __launch_bounds__(HG * 64) mla_fp8_kernel(AttentionArgs a, MlaGe
   const __nv_bfloat16* qr = sQr + (pair * 16 + (mi % 2) * 8 + ri) * kRStride + (mi / 2) * 8;
 
   for (int c0 = r_begin; c0 < r_end; c0 += kChunk) {
-    const int chunk_rows = min(r_end - c0, kChunk);
-    __syncthreads();  // the previous chunk's slots and tiles are no longer read
-    load_slots(sSlot, a, t, seq, c0, chunk_rows, n_rows, tid, THREADS);
-    __syncthreads();
+    const int chunk_rows = load_chunk_slots(sSlot, a, br, c0, tid, THREADS);
     const int n_tiles = (chunk_rows + kRows - 1) / kRows;
 
     // Starts copying tile j's rows as stored into stage st; rows without a slot are zero.

@@ -53,13 +53,19 @@ __device__ __forceinline__ BlockRows block_rows(const AttentionArgs& a, const Ml
   return b;
 }
 
-// The slots of a chunk's rows c0 .. c0 + rows, 32 bits each (mla_smem::kNoSlot: no row).
-__device__ __forceinline__ void load_slots(uint32_t* sSlot, const AttentionArgs& a, int t, int seq, int c0, int rows,
-                                           int n_rows, int tid, int threads) {
+// Looks up the slots of the chunk of rows from c0 (at most kChunk), 32 bits each (kNoSlot: no
+// row), once every thread of the block is done with the previous chunk; every thread calls this.
+// Returns the chunk's rows.
+__device__ __forceinline__ int load_chunk_slots(uint32_t* sSlot, const AttentionArgs& a, const BlockRows& br, int c0,
+                                                int tid, int threads) {
+  const int rows = min(br.r_end - c0, mla_smem::kChunk);
+  __syncthreads();  // the previous chunk's slots and tiles are no longer read
   for (int j = tid; j < rows; j += threads) {
-    const int64_t slot = row_slot(a, t, seq, c0 + j, n_rows);
+    const int64_t slot = row_slot(a, br.t, br.seq, c0 + j, br.n_rows);
     sSlot[j] = slot < 0 ? mla_smem::kNoSlot : uint32_t(slot);
   }
+  __syncthreads();
+  return rows;
 }
 
 // One k-step of 16 of S = Q K^T, 16 heads x 32 rows, from bf16 in shared memory: this lane's ldmatrix
