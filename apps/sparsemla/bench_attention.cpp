@@ -77,6 +77,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
     if (a.kernel == "auto") {
       ops::DeviceInfo dev = devs[0];
       if (a.smem_limit > 0) dev.smem_per_block_optin = uint64_t(a.smem_limit);  // as such a device would choose
+      if (a.smem_per_sm > 0) dev.smem_per_sm = uint64_t(a.smem_per_sm);
       backend = ops::select_backends(ops::attention_problem(&dev, sh.heads, sh.kv_lora, sh.rope, sh.idx_heads,
                                                             sh.idx_dim, !a.dense, fp8))
                     .get("attention")

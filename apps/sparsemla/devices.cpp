@@ -14,9 +14,10 @@ Runner add_devices(CLI::App& app) {
     std::printf("CUDA support in this build: %s\n", ops::built_with_cuda() ? "yes" : "no");
     if (devs.empty()) std::printf("no GPU: %s; the CPU engine is used\n", why.c_str());
     for (const auto& d : devs)
-      std::printf("[%d] %s  sm_%d%d  %.1f GiB  %d SMs  %llu KiB shared memory per block\n", d.index, d.name.c_str(),
-                  d.cc_major, d.cc_minor, double(d.memory_bytes) / (1u << 30), d.sm_count,
-                  static_cast<unsigned long long>(d.smem_per_block_optin / 1024));
+      std::printf("[%d] %s  sm_%d%d  %.1f GiB  %d SMs  %llu KiB shared memory per block, %llu per SM\n", d.index,
+                  d.name.c_str(), d.cc_major, d.cc_minor, double(d.memory_bytes) / (1u << 30), d.sm_count,
+                  static_cast<unsigned long long>(d.smem_per_block_optin / 1024),
+                  static_cast<unsigned long long>(d.smem_per_sm / 1024));
     return 0;
   };
 }

@@ -14,6 +14,7 @@ struct DeviceInfo {
   uint64_t memory_bytes = 0;
   int sm_count = 0;
   uint64_t smem_per_block_optin = 0;  // largest dynamic shared memory a kernel can request
+  uint64_t smem_per_sm = 0;           // shared memory of one SM (its blocks share it)
 };
 
 // Whether this binary was built with CUDA, and the devices the driver reports (empty without a GPU

@@ -113,12 +113,43 @@ TEST(BackendSelect, FixtureShapesAndOddShapesFallBackWithReasons) {
 }
 
 TEST(BackendSelect, SharedMemoryLimitIsRespected) {
-  // A device allowing only 48 KB per block cannot run the mma attention kernel's smallest block (67 KB):
+  // A device allowing only 48 KB per block cannot run the mma attention kernel's smallest block (61 KB):
   // fma, with the numbers.
   const BackendPlan plan = select_backends(gpu(8, 6, 49152, 64, 512, 64, 32, 128));
   EXPECT_EQ(plan.get("attention").chosen, "cuda-fma");
   const std::string why = candidate(plan.get("attention"), "cuda-mma").reason;
   EXPECT_NE(why.find("49152"), std::string::npos) << why;
+}
+
+TEST(BackendSelect, TheMmaAttentionKernelSaysWhichBlockThisDeviceGets) {
+  // Per-block and per-SM shared memory as the drivers report them; the blocks are the ones the
+  // launch takes there (run on an H200 under these limits: PERFORMANCE.md, session 11).
+  const struct {
+    int major, minor;
+    uint64_t block, sm;
+    bool fp8;
+    const char* shape;
+  } cases[] = {
+      {12, 0, 101376, 102400, false, "32 heads per block, 1 tile in flight"},  // RTX PRO 6000: bf16
+      {12, 0, 101376, 102400, true, "32 heads per block, 2 tiles in flight"},  // fp8 rows as stored
+      {8, 6, 101376, 102400, true, "32 heads per block, 2 tiles in flight"},
+      {8, 0, 166912, 167936, false, "64 heads per block, 1 tile in flight"},   // A100
+      {8, 0, 166912, 167936, true, "64 heads per block, 3 tiles in flight"},
+      {10, 0, 232448, 233472, false, "64 heads per block, 2 tiles in flight"},  // B200
+      {10, 0, 232448, 233472, true, "32 heads per block, 2 tiles in flight, two blocks per SM"},
+  };
+  for (const auto& c : cases) {
+    AttentionProblem p = gpu(c.major, c.minor, c.block, 64, 512, 64, 32, 128, c.fp8);
+    p.smem_per_sm = c.sm;
+    const BackendPlan plan = select_backends(p);
+    ASSERT_EQ(plan.get("attention").chosen, "cuda-mma");
+    const std::string& why = candidate(plan.get("attention"), "cuda-mma").reason;
+    EXPECT_NE(why.find(c.shape), std::string::npos) << c.major << "." << c.minor << ": " << why;
+    EXPECT_EQ(why.find("read as stored") != std::string::npos, c.fp8) << why;
+  }
+  // fp8 rows of other shapes are widened into bf16 tiles.
+  const BackendPlan plan = select_backends(gpu(12, 0, 101376, 4, 256, 32, 0, 0, true));
+  EXPECT_NE(candidate(plan.get("attention"), "cuda-mma").reason.find("widened into bf16 tiles"), std::string::npos);
 }
 
 TEST(BackendSelect, UnknownDeviceGetsTheGenericPathWithAWarningNeverARefusal) {

@@ -53,6 +53,10 @@ inline size_t fp8_rows_bytes(int hg, int stages) {
          size_t(kChunk) * 4;
 }
 
+// Whether an SM of `per_sm` bytes holds two fp8-row blocks of 32 heads with two stages (1 KB of
+// each block is the system's): the fp8-row kernel then takes that shape (H200, B200).
+inline bool fp8_rows_two_per_sm(uint64_t per_sm) { return per_sm >= 2 * (fp8_rows_bytes(2, 2) + 1024); }
+
 // The smallest variant (16 heads, one tile; the same for bf16 and fp8 rows): what a device must hold.
 inline size_t min_bytes(int kv_lora, int rope) {
   return bytes(1, 1, false, stride(kv_lora, rope), 2 * int64_t(kv_lora + rope));

@@ -525,7 +525,7 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
   // vs 1918 us with one block per SM). Forced shapes (tests) keep it.
   static const bool fp8_rows_off = env_off("SPARSEMLA_MLA_FP8_ROWS");
   const bool forced = splits > 0 || heads_per_block > 0;
-  const bool two_per_sm = size_t(per_sm) >= 2 * (mla_smem::fp8_rows_bytes(2, 2) + 1024);
+  const bool two_per_sm = mla_smem::fp8_rows_two_per_sm(uint64_t(per_sm));
   bool fp8_rows = k == AttentionKernel::Mma && mla_fp8_rows_take(a) && !fp8_rows_off &&
                   mla_smem::fp8_rows_bytes(1, 2) <= size_t(ws.smem_optin);
   if (fp8_rows && a.T < (two_per_sm ? 8 : 64) && !forced &&

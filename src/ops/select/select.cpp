@@ -27,6 +27,8 @@ struct Impl {
   // "" when supported, else the reason it is refused.
   std::string (*refuse)(const AttentionProblem&);
   const char* what;
+  // What it does for this problem on this device, appended to `what` (nullptr: nothing to add).
+  std::string (*detail)(const AttentionProblem&) = nullptr;
 };
 
 std::string need_cuda(const AttentionProblem& p) {
@@ -57,6 +59,29 @@ std::string attn_mma(const AttentionProblem& p) {
   if (p.smem_optin && smem > p.smem_optin)
     return fmt::format("needs {} bytes of shared memory per block, the device allows {}", smem, p.smem_optin);
   return "";
+}
+// The mma kernel's largest block on this device (large batches; small ones take fewer heads per
+// block to cover the SMs), from the byte counts its launch fits with.
+std::string attn_mma_detail(const AttentionProblem& p) {
+  if (!p.cuda || !p.smem_optin) return "";
+  auto fit = [&](auto bytes, int max_stages, int min_stages) {
+    for (int hg : {4, 2, 1})
+      for (int st = max_stages; st >= min_stages; --st)
+        if (bytes(hg, st) <= p.smem_optin) return fmt::format("{} heads per block, {} tile{} in flight", hg * 16, st, st > 1 ? "s" : "");
+    return std::string();
+  };
+  const int stride = cuda::mla_smem::stride(p.kv_lora, p.rope);
+  if (p.fp8_cache && p.kv_lora == 512 && p.rope == 64 &&
+      cuda::mla_smem::fp8_rows_bytes(1, 2) <= p.smem_optin)
+    return "; fp8 rows read as stored and widened in registers; on this device " +
+           (cuda::mla_smem::fp8_rows_two_per_sm(p.smem_per_sm)
+                ? std::string("32 heads per block, 2 tiles in flight, two blocks per SM")
+                : "up to " + fit([](int hg, int st) { return cuda::mla_smem::fp8_rows_bytes(hg, st); }, 3, 2)) +
+           " (under 8 or 64 tokens the bf16-tile kernel where it keeps two tiles)";
+  if (p.fp8_cache) return "; fp8 rows widened into bf16 tiles";
+  return "; on this device up to " +
+         fit([&](int hg, int st) { return cuda::mla_smem::bytes(hg, st, false, stride, 2 * int64_t(p.kv_lora + p.rope)); },
+             2, 1);
 }
 std::string attn_wgmma(const AttentionProblem& p) {
   if (auto r = need_cuda(p); !r.empty()) return r;
@@ -89,7 +114,8 @@ const Impl kImpls[] = {
     {"attention", "cuda-wgmma-sm90", 4, attn_wgmma,
      "Hopper wgmma (bf16, operands in shared memory), 64 heads and 64 rows per step, fp8 rows widened by a "
      "producer warpgroup, split-KV"},
-    {"attention", "cuda-mma", 3, attn_mma, "tensor cores (mma.sync bf16), 32 heads per block, split-KV"},
+    {"attention", "cuda-mma", 3, attn_mma,
+     "tensor cores (mma.sync), 16, 32 or 64 heads per block by batch and shared memory, split-KV", attn_mma_detail},
     {"attention", "cuda-fma", 2, attn_fma, "one block per token and head, any shape"},
     {"attention", "cpu", 1, any, "CPU reference (fp32 latent rows)"},
 };
@@ -105,6 +131,7 @@ AttentionProblem attention_problem(const DeviceInfo* dev, int heads, int kv_lora
     p.cc_major = dev->cc_major;
     p.cc_minor = dev->cc_minor;
     p.smem_optin = dev->smem_per_block_optin;
+    p.smem_per_sm = dev->smem_per_sm;
   }
   p.heads = heads;
   p.kv_lora = kv_lora;
@@ -154,7 +181,7 @@ BackendPlan select_backends(const AttentionProblem& p) {
       c.rank = impl.rank;
       const std::string why = impl.refuse(p);
       c.supported = why.empty();
-      c.reason = c.supported ? impl.what : why;
+      c.reason = c.supported ? impl.what + (impl.detail ? impl.detail(p) : std::string()) : why;
       s.candidates.push_back(c);
     }
     const Candidate* best = nullptr;

@@ -22,6 +22,7 @@ struct AttentionProblem {
   std::string device_name = "CPU";
   int cc_major = 0, cc_minor = 0;
   uint64_t smem_optin = 0;
+  uint64_t smem_per_sm = 0;
   int heads = 0;      // query heads on this device
   int kv_lora = 0, rope = 0;
   int idx_heads = 0, idx_dim = 0;  // 0 without an indexer
