@@ -1,6 +1,8 @@
 // `sparsemla bench attention`: the sparse-attention kernels (lightning indexer, top-k, sparse MLA)
 // at GLM-5's and DeepSeek-V3.2's shapes, batches and contexts, next to the device's measured
 // ceilings (a large device-to-device copy; a large bf16 GEMM through cuBLAS).
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -218,17 +220,19 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           const double att_bytes = double(B) * rows * lrow;
           const double att_flops = double(B) * sh.heads * rows * (sh.kv_lora + sh.rope + sh.kv_lora) * 2.0;
           const double step = t_pair + t_att;
-          // What ran: the mma kernel takes bf16 batches under 8 tokens from the Hopper one (sparse_mla).
-          const char* ran = ws.last_cluster == 2   ? "wgmma, pairs"
-                            : ws.last_cluster == 1 ? "wgmma"
-                            : ak == cuda::AttentionKernel::Fma ? "fma" : "mma";
+          // What ran (the launch decides some of it: the mma kernel takes bf16 batches under 8 tokens from
+          // the Hopper one, and fp8 rows by batch and shared memory): kernel, heads per block x tiles in
+          // flight, split-KV blocks per token.
+          const std::string ran = fmt::format("{}{}, {}x{}, {} split{}", ws.last.kernel, ws.last_cluster == 2 ? " pairs" : "",
+                                              ws.last.heads_per_block, ws.last.stages, ws.last.splits,
+                                              ws.last.splits == 1 ? "" : "s");
           std::printf("%-6s %-4s %5d %7d | %7.1fus %7.0f %4.0f%% | %6.1fus %6.1fus | %7.1fus | %7.1fus %7.0f %4.0f%% %7.1f "
                       "%4.0f%% | %7.1fus %4.0f%% | %s\n",
                       sh.name, dname.c_str(), B, ctx, t_idx, idx_bytes / t_idx * 1e-3,
                       100.0 * idx_bytes / (t_idx * 1e-6) / copy_bps, t_topk, t_topk_tied, t_pair, t_att, att_bytes / t_att * 1e-3,
                       100.0 * att_bytes / (t_att * 1e-6) / copy_bps, att_flops / t_att * 1e-6,
                       100.0 * att_flops / (t_att * 1e-6) / gemm_flops, step,
-                      100.0 * (idx_bytes + att_bytes) / (step * 1e-6) / copy_bps, ran);
+                      100.0 * (idx_bytes + att_bytes) / (step * 1e-6) / copy_bps, ran.c_str());
           std::fflush(stdout);
         }
     }

@@ -144,6 +144,12 @@ struct AttentionWorkspace {
   // launched another kernel, or nothing).
   bool pairs = true;
   int last_cluster = 0;
+  // What the last call launched, for benchmarks: the kernel ("mma", "mma fp8 rows", "wgmma", "fma"),
+  // heads per block, tiles in flight and split-KV blocks per token (0 where they do not apply).
+  struct Launch {
+    const char* kernel = "";
+    int heads_per_block = 0, stages = 0, splits = 0;
+  } last;
 };
 // The mma kernel's launch shape; 0 chooses from the device's SM count and the work.
 //   splits: blocks sharing one token's rows (split-KV, merged by a second kernel); 1: no split.

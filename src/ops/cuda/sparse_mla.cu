@@ -456,6 +456,7 @@ void mla_fp8_rows(const AttentionArgs& a, const MlaGeometry& geo, float* part, c
 void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits,
                 int heads_per_block) {
   ws.last_cluster = 0;
+  ws.last = {};
   if (a.T == 0) return;
   auto st = static_cast<cudaStream_t>(s);
   const bool fp8 = a.dtype == KvDtype::FP8;
@@ -466,6 +467,7 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     else if (a.dtype == KvDtype::F32) mla_fma_kernel<KvDtype::F32><<<grid, kFmaThreads, 0, st>>>(a);
     else mla_fma_kernel<KvDtype::BF16><<<grid, kFmaThreads, 0, st>>>(a);
     SPARSEMLA_CUDA_LAUNCH_CHECK();
+    ws.last = {"fma", 1, 0, 1};
     return;
   }
   if (a.dtype == KvDtype::F32) fail("sparse_mla: the mma kernel takes bf16 or fp8 latent rows, not f32");
@@ -566,6 +568,8 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     part = ws.partial.as<float>();
   }
   static const bool pairs_off = env_off("SPARSEMLA_MLA_PAIRS");
+  ws.last = {k == AttentionKernel::Wgmma ? "wgmma" : fp8_rows ? "mma fp8 rows" : "mma", geo.hg * 16,
+             k == AttentionKernel::Wgmma ? 2 : geo.stages, geo.splits};
   if (k == AttentionKernel::Wgmma)
     ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, ws.pairs && !pairs_off, st);
   else if (fp8_rows) mla_fp8_rows(a, geo, part, st);
