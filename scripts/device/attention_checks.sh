@@ -15,6 +15,9 @@ if [ "${SANITIZE:-1}" = 1 ] && [ -x "$SAN" ]; then
   done
 fi
 # BENCH_ARGS: one `bench attention` run; BENCH_RUNS: several, their argument lists separated by ';'.
+# Other GPUs' attention shapes timed on this one (its SMs, their shared memory per block and per SM):
+#   BENCH_RUNS='--smem-limit 101376 --smem-per-sm 102400;--smem-limit 166912 --smem-per-sm 167936'
+# (SM86 / SM89 / SM12x: 99 KB per block, one such block per SM; A100: 163 KB per block).
 # BASE_BIN (with BASE_RUNS, likewise): an earlier build's binary, benchmarked first in the same session.
 # bench_runs BINARY "RUNS" LOG LABEL: `bench attention` once per ';'-separated argument list.
 bench_runs() {
