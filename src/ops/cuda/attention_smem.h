@@ -57,6 +57,21 @@ inline size_t fp8_rows_bytes(int hg, int stages) {
 // each block is the system's): the fp8-row kernel then takes that shape (H200, B200).
 inline bool fp8_rows_two_per_sm(uint64_t per_sm) { return per_sm >= 2 * (fp8_rows_bytes(2, 2) + 1024); }
 
+// The block that fits `limit` bytes: from hg head groups of 16 and max_stages tiles in flight, fewer
+// stages first, then half the heads with max_stages again; {0, 0} when even 16 heads with
+// min_stages do not fit. bytes(hg, stages): a variant's bytes. The launch and the backend table
+// (ops/select) both fit with this.
+struct Fit {
+  int hg = 0, stages = 0;
+};
+template <class Bytes>
+Fit fit(int hg, int max_stages, int min_stages, uint64_t limit, Bytes bytes) {
+  for (; hg >= 1; hg /= 2)
+    for (int st = max_stages; st >= min_stages; --st)
+      if (bytes(hg, st) <= limit) return {hg, st};
+  return {};
+}
+
 // The smallest variant (16 heads, one tile; the same for bf16 and fp8 rows): what a device must hold.
 inline size_t min_bytes(int kv_lora, int rope) {
   return bytes(1, 1, false, stride(kv_lora, rope), 2 * int64_t(kv_lora + rope));

@@ -413,8 +413,8 @@ void launch_variant(const AttentionArgs& a, const Geometry& geo, float* part, cu
     if (geo.stages == 2) return launch_mma<NV, FP8, 2, 2>(a, geo, part, st);
     return launch_mma<NV, FP8, 2, 1>(a, geo, part, st);
   }
-  // 16 heads: two stages, or one where shared memory is 99 KB per block (SM86, SM89, SM12x) and
-  // rows are 576 wide.
+  // 16 heads: two stages (also within 99 KB), or one where a device has less (none known; the tests
+  // emulate one).
   if (geo.stages == 2) return launch_mma<NV, FP8, 1, 2>(a, geo, part, st);
   return launch_mma<NV, FP8, 1, 1>(a, geo, part, st);
 }
@@ -533,9 +533,9 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
   if (fp8_rows && a.T < (two_per_sm ? 8 : 64) && !forced &&
       mla_smem::bytes(geo.hg, 2, true, geo.stride, a.latent.row_bytes) <= size_t(ws.smem_optin))
     fp8_rows = false;
-  auto block_bytes = [&] {
-    return fp8_rows ? mla_smem::fp8_rows_bytes(geo.hg, geo.stages)
-                    : mla_smem::bytes(geo.hg, geo.stages, fp8, geo.stride, a.latent.row_bytes);
+  auto bytes_of = [&](int hg, int stages) {
+    return fp8_rows ? mla_smem::fp8_rows_bytes(hg, stages)
+                    : mla_smem::bytes(hg, stages, fp8, geo.stride, a.latent.row_bytes);
   };
   int max_stages = fp8_rows ? 3 : 2;
   const int min_stages = fp8_rows ? 2 : 1;
@@ -543,16 +543,15 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     geo.hg = std::min(geo.hg, 2);
     max_stages = 2;
   }
-  geo.stages = max_stages;
-  while (block_bytes() > size_t(ws.smem_optin)) {
-    if (geo.stages > min_stages) --geo.stages;
-    else if (geo.hg > 1) geo.hg /= 2, geo.stages = max_stages;
-    else fail("sparse_mla: the mma kernel needs {} bytes of shared memory, the device allows {}", block_bytes(),
-              ws.smem_optin);
-  }
+  const mla_smem::Fit fit = mla_smem::fit(geo.hg, max_stages, min_stages, uint64_t(ws.smem_optin), bytes_of);
+  if (fit.hg == 0)
+    fail("sparse_mla: the mma kernel needs {} bytes of shared memory, the device allows {}", bytes_of(1, min_stages),
+         ws.smem_optin);
+  geo.hg = fit.hg;
+  geo.stages = fit.stages;
   geo.raw_stage = int(mla_smem::fp8_stage_bytes(geo.hg, a.latent.row_bytes));
   geo.score_bytes = int(mla_smem::score_bytes(geo.hg));
-  if (ws.smem_per_sm > 0) geo.launch_smem = emulated_smem(ws.smem_per_sm, block_bytes());
+  if (ws.smem_per_sm > 0) geo.launch_smem = emulated_smem(ws.smem_per_sm, bytes_of(geo.hg, geo.stages));
   if (splits <= 0) {
     const int64_t blocks = int64_t(ceil_div(a.heads, geo.hg * 16)) * a.T;
     splits = blocks >= ws.sm_count ? 1 : int(std::min<int64_t>((2 * ws.sm_count + blocks - 1) / blocks, max_splits));

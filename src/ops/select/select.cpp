@@ -65,10 +65,8 @@ std::string attn_mma(const AttentionProblem& p) {
 std::string attn_mma_detail(const AttentionProblem& p) {
   if (!p.cuda || !p.smem_optin) return "";
   auto fit = [&](auto bytes, int max_stages, int min_stages) {
-    for (int hg : {4, 2, 1})
-      for (int st = max_stages; st >= min_stages; --st)
-        if (bytes(hg, st) <= p.smem_optin) return fmt::format("{} heads per block, {} tile{} in flight", hg * 16, st, st > 1 ? "s" : "");
-    return std::string();
+    const cuda::mla_smem::Fit f = cuda::mla_smem::fit(4, max_stages, min_stages, p.smem_optin, bytes);
+    return fmt::format("{} heads per block, {} tile{} in flight", f.hg * 16, f.stages, f.stages > 1 ? "s" : "");
   };
   const int stride = cuda::mla_smem::stride(p.kv_lora, p.rope);
   if (p.fp8_cache && p.kv_lora == 512 && p.rope == 64 &&
