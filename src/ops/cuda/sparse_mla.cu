@@ -523,8 +523,8 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
   // bf16-tile kernel; 86 / 404 with 64 heads and three stages, one block per SM), from 8 tokens
   // (batch 1: DeepSeek-V3.2 28.7 vs 22.8). Else the most heads and stages that fit, from 64 tokens
   // where the bf16-tile kernel has two stages (A100: batch 8 87 vs 62 us, 64 even, 128 413 vs 423,
-  // DeepSeek-V3.2 597 vs 688), at every batch where it has not (99 KB devices: GLM-5 batch 128 427
-  // vs 1918 us with one block per SM). Forced shapes (tests) keep it.
+  // DeepSeek-V3.2 597 vs 688), at every batch where it has not (99 KB devices beyond 16 heads per
+  // block: GLM-5 batch 128 427 vs 1918 us with one block per SM; at 16, as GLM-5 batch 1, both tie). Forced shapes (tests) keep it.
   static const bool fp8_rows_off = env_off("SPARSEMLA_MLA_FP8_ROWS");
   const bool forced = splits > 0 || heads_per_block > 0;
   const bool two_per_sm = mla_smem::fp8_rows_two_per_sm(uint64_t(per_sm));
