@@ -254,6 +254,8 @@ const std::vector<IndexerCase> kIndexerCases = {
     {8, 64, {1, 12, 30}, 1, 16},                    // the fixtures' shape
     {16, 64, {5, 33}, 2, 4},
     {4, 64, {20}, 1, 16},
+    {80, 128, {1, 700}, 2, 64},                     // more heads than a warp holds: chunks of 64
+    {128, 64, {130}, 1, 16},
 };
 
 TEST(CudaAttention, IndexerScoresMatchTheCpuReference) {

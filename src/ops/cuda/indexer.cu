@@ -8,6 +8,7 @@
 // consecutive slots that a cache page holds.
 // Fma: one warp per key, any shape.
 #include <algorithm>
+#include <type_traits>
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.cuh"
@@ -50,6 +51,17 @@ size_t mma_smem_bytes(int heads, int64_t row_bytes, int pages) {
          (FP8 ? size_t(STAGES) * kKeysPerTile * size_t(row_bytes) : 0);
 }
 
+// Four floats as four 16-bit values (T16), little-endian in 8 bytes.
+template <class T16>
+__device__ __forceinline__ uint2 pack4(float4 v) {
+  if constexpr (std::is_same<T16, __half>::value) {
+    const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+    return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  } else {
+    return make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+  }
+}
+
 // `runs` (fp8): rows are copied as runs of `run` consecutive slots (a page, or 64 keys of one),
 // 16 bytes at a time; otherwise row by row, 4 bytes at a time.
 template <int DIM, bool FP8, int STAGES>
@@ -89,10 +101,27 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
                 : int64_t(sPage[p / bs - page0]) * bs + p % bs;
   };
 
+  // Fp8 runs: this thread's 16-byte chunks of a tile's stage, chunk tid + u * kThreads, the same
+  // in every tile: the first key of its run (-1: past the tile) and its byte in that run.
+  constexpr int kRunChunks = (kKeysPerTile * (DIM + 4) / 16 + kThreads - 1) / kThreads;
+  int run_key[kRunChunks], run_byte[kRunChunks];
+  if (FP8 && run > 0) {
+    const int run_bytes = run * RB;  // a multiple of 16; RB = DIM + 4 (the launch checks)
+#pragma unroll
+    for (int u = 0; u < kRunChunks; ++u) {
+      const int off = (tid + u * kThreads) * 16, r = off / run_bytes;
+      run_key[u] = off < kKeysPerTile * RB ? r * run : -1;
+      run_byte[u] = off - r * run_bytes;
+    }
+  }
+  // Pages of a multiple of 64 keys hold whole tiles: one page-table lookup per tile.
+  const bool one_page = bs % kKeysPerTile == 0;
   // Starts the copy of tile j of the block into stage `st`; keys past n are not copied (their rows
   // hold stale values, and their scores are not written).
   auto issue = [&](int j, int st) {
     const int p0 = (tile0 + j) * kKeysPerTile;
+    const int64_t s0 = one_page ? slot(p0) : 0;
+    auto tile_slot = [&](int p) { return one_page ? s0 + (p - p0) : slot(p); };
     if constexpr (!FP8) {
       // Thread tid copies 16-byte chunk tid % CH of rows tid / CH + u * (128 / CH): a warp's copy
       // is whole consecutive rows.
@@ -102,21 +131,22 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
 #pragma unroll
       for (int u = 0; u < kKeysPerTile / ROWS; ++u) {
         const int p = p0 + r0 + u * ROWS;
-        if (p < n) cp_async16(dst + u * ROWS * STR, keys + slot(p) * RB + c * 16);
+        if (p < n) cp_async16(dst + u * ROWS * STR, keys + tile_slot(p) * RB + c * 16);
       }
     } else {
       uint8_t* dst = sRaw + size_t(st) * kKeysPerTile * RB;
       if (run > 0) {
-        const int run_bytes = run * RB;  // a multiple of 16
-        for (int i = tid; i < kKeysPerTile * RB / 16; i += kThreads) {
-          const int off = i * 16, g = off / run_bytes, p = p0 + g * run;
-          if (p < n) cp_async16(dst + off, keys + slot(p) * RB + (off - g * run_bytes));
+#pragma unroll
+        for (int u = 0; u < kRunChunks; ++u) {
+          const int p = p0 + run_key[u];
+          if (run_key[u] >= 0 && p < n)
+            cp_async16(dst + (tid + u * kThreads) * 16, keys + tile_slot(p) * RB + run_byte[u]);
         }
       } else {
         const int CH = RB / 4;
         for (int i = tid; i < kKeysPerTile * CH; i += kThreads) {
           const int r = i / CH, c = i % CH, p = p0 + r;
-          if (p < n) cp_async4(dst + r * RB + c * 4, keys + slot(p) * RB + c * 4);
+          if (p < n) cp_async4(dst + r * RB + c * 4, keys + tile_slot(p) * RB + c * 4);
         }
       }
     }
@@ -134,25 +164,22 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
   pdl::wait();
   pdl::launch_dependents();  // the top-k after it may be scheduled (it waits for the scores)
 
-  // queries and head weights of token t, while the first tiles load; eight loads in flight per thread
+  // queries and head weights of token t, while the first tiles load; eight loads in flight per
+  // thread, each float4 stored as four 16-bit values in one 8-byte store
   const float* q = a.q + int64_t(t) * a.heads * DIM;
-  for (int i0 = 0; i0 < heads_pad * DIM / 4; i0 += 8 * kThreads) {
+  constexpr int V4 = DIM / 4;  // float4 per head
+  const int q_vec = a.heads * V4;
+  for (int i0 = 0; i0 < heads_pad * V4; i0 += 8 * kThreads) {
     float4 v[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
-      const int i = i0 + u * kThreads + tid, h = i / (DIM / 4), c = (i % (DIM / 4)) * 4;
-      v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (h < a.heads) v[u] = *reinterpret_cast<const float4*>(q + h * DIM + c);
+      const int i = i0 + u * kThreads + tid;
+      v[u] = i < q_vec ? reinterpret_cast<const float4*>(q)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
-      const int i = i0 + u * kThreads + tid, h = i / (DIM / 4), c = (i % (DIM / 4)) * 4;
-      if (h >= heads_pad) continue;
-      T16* dst = sQ + h * STR + c;
-      dst[0] = to16<T16>(v[u].x);
-      dst[1] = to16<T16>(v[u].y);
-      dst[2] = to16<T16>(v[u].z);
-      dst[3] = to16<T16>(v[u].w);
+      const int i = i0 + u * kThreads + tid;
+      if (i / V4 < heads_pad) *reinterpret_cast<uint2*>(sQ + i / V4 * STR + i % V4 * 4) = pack4<T16>(v[u]);
     }
   }
   for (int h = tid; h < heads_pad; h += kThreads) sW[h] = h < a.heads ? a.w[int64_t(t) * a.heads + h] : 0.0f;
@@ -277,7 +304,9 @@ void launch_mma(const IndexerArgs& a, cudaStream_t st) {
   const int bs = a.keys.block_size;
   if (FP8 && (kKeysPerTile % bs == 0 || bs % kKeysPerTile == 0)) {
     const int r = std::min(bs, kKeysPerTile);
-    if ((int64_t(r) * a.keys.row_bytes) % 16 == 0 && reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0) run = r;
+    if (a.keys.row_bytes == DIM + 4 && (int64_t(r) * a.keys.row_bytes) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0)
+      run = r;
   }
   launch_stages<DIM, FP8, STAGES>(a, run, st);
 }
