@@ -1,7 +1,7 @@
 // Host-side launch settings asked once and remembered, per kernel and device: the dynamic shared
-// memory limit (cudaFuncSetAttribute), resident blocks per multiprocessor and the multiprocessor
-// count. Each of those calls costs microseconds of host time, which an eager decode step (no CUDA
-// graph: prefill chunks, the first step at a size, --no-graphs) paid on every launch.
+// memory limit (cudaFuncSetAttribute), resident blocks per multiprocessor, the multiprocessor
+// count and the compute capability. Each of those calls costs host time, which an eager decode
+// step (no CUDA graph: prefill chunks, the first step at a size, --no-graphs) paid on every launch.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -63,6 +63,19 @@ inline int sm_count() {
   int n = 0;
   SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
   return known[dev] = n;
+}
+
+// Compute capability (major, minor) of the current device.
+inline std::pair<int, int> compute_capability() {
+  static std::map<int, std::pair<int, int>> known;
+  const int dev = launch_detail::current_device();
+  std::lock_guard<std::mutex> lock(launch_detail::mu());
+  auto it = known.find(dev);
+  if (it != known.end()) return it->second;
+  int major = 0, minor = 0;
+  SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return known[dev] = {major, minor};
 }
 
 }  // namespace sparsemla::cuda

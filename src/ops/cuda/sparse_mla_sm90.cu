@@ -576,10 +576,7 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
 #if !defined(SPARSEMLA_HAVE_SM90A)
   fail("sparse_mla: this build has no sm_90a machine code for the wgmma kernel (90 is not in CMAKE_CUDA_ARCHITECTURES)");
 #endif
-  int dev = 0, major = 0, minor = 0;
-  SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
-  SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  const auto [major, minor] = compute_capability();
   if (major != 9 || minor != 0)
     fail("sparse_mla: the wgmma kernel runs on compute capability 9.0 only, the device is {}.{}", major, minor);
   if (a.kv_lora != kLora || a.rope != kRope)
