@@ -64,7 +64,7 @@ __device__ __forceinline__ uint2 pack4(float4 v) {
 
 // `runs` (fp8): rows are copied as runs of `run` consecutive slots (a page, or 64 keys of one),
 // 16 bytes at a time; otherwise row by row, 4 bytes at a time. TILE_RUN (fp8, run = 64): every
-// tile is one run, its 8,448 bytes copied from one address (no per-chunk offsets: 72 registers
+// tile is one run, its 8,448 bytes copied from one address (no per-chunk offsets: 80 registers
 // instead of 95, six blocks per SM).
 template <int DIM, bool FP8, int STAGES, bool TILE_RUN>
 __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, int tiles_per_block, int run) {
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
       }
     } else {
       uint8_t* dst = sRaw + size_t(st) * kKeysPerTile * RB;
-      if (TILE_RUN) {  // the tile's 64 rows are consecutive slots of one page
+      if constexpr (TILE_RUN) {  // the tile's 64 rows are consecutive slots of one page
         const uint8_t* src = keys + s0 * RB;
 #pragma unroll
         for (int u = 0; u < kRunChunks; ++u) {
@@ -303,7 +303,7 @@ void launch_stages(const IndexerArgs& a, int run, cudaStream_t st) {
 
 // Two stages: one tile in flight while one is scored. Measured on an H200 at one token x 128K keys
 // and 128 x 128K: more blocks per SM beat deeper rings (bf16: 3 to 5 stages kept 2-3 blocks per SM
-// resident and streamed 15-35% slower; fp8, whole-tile runs, 72 registers: 2 stages hold six blocks
+// resident and streamed 15-35% slower; fp8, whole-tile runs, 80 registers: 2 stages hold six blocks
 // per SM against five with 3, 13-17% faster at 128 tokens, 4-7% at one).
 template <int DIM, bool FP8>
 void launch_mma(const IndexerArgs& a, cudaStream_t st) {
