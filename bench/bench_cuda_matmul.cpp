@@ -10,7 +10,9 @@
 // T <= 8) and a "pf:T" line the tensor-core prefill kernel at that T. The plain "T" lines at T <= 8
 // are the fp32 decode kernel (matmul_decode).
 //
-//   bench_cuda_matmul [--quick] [--decode]     --decode: only T <= 8 and the experts
+//   bench_cuda_matmul [--quick] [--decode] [--tokens T]   --decode: only T <= 8 and the experts;
+//                                                          --tokens: only that T (and the experts)
+//                                        [--type NAME]      only that type (e.g. q6_K)
 //   bench_cuda_matmul --only TYPE:ROWSxCOLS:T     one product (fp32 decode path, then q8), e.g. for
 //                                                  Nsight Compute: --only q4_K:2048x6144:1
 // Weights are random bytes with small block scales (values do not change the work); each shape
@@ -113,7 +115,14 @@ int run_only(const char* spec) {
 int main(int argc, char** argv) {
   bool quick = false, decode_only = false;
   const char* only = nullptr;
+  int64_t only_t = 0;
+  std::optional<GgmlType> only_type;
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--type") == 0 && i + 1 < argc && !(only_type = gguf::type_from_name(argv[++i]))) {
+      std::fprintf(stderr, "bench_cuda_matmul: unknown type '%s'\n", argv[i]);
+      return 1;
+    }
+    if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) only_t = std::atoll(argv[++i]);
     quick |= std::strcmp(argv[i], "--quick") == 0;
     decode_only |= std::strcmp(argv[i], "--decode") == 0;
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
@@ -129,13 +138,14 @@ int main(int argc, char** argv) {
   std::printf("%-5s %-13s %5s %10s %9s %7s %8s\n", "type", "rows x cols", "T", "us/call", "GB/s", "% copy", "TFLOP/s");
   const int calls = quick ? 8 : 20, runs = quick ? 3 : 5;
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::BF16}) {
+    if (only_type && t != *only_type) continue;
     std::vector<Shape> shapes = {{4096, 4096}, {2048, 6144}, {6144, 2048}};
     if (t != GgmlType::BF16) shapes.insert(shapes.end(), {{6144, 16384}, {16384, 2048}, {154880, 6144}});
     for (Shape sh : shapes) {
       const Copies c(t, sh.rows, sh.cols);
       const bool large = sh.rows * sh.cols > 64 << 20;
       for (int64_t T : {1, 2, 4, 8, 16, 32, 64, 512}) {
-        if ((large && T > 64) || (decode_only && T > cuda::kDecodeMaxTokens)) continue;
+        if ((large && T > 64) || (decode_only && T > cuda::kDecodeMaxTokens) || (only_t && T != only_t)) continue;
         const int n_calls = large ? 4 : calls;
         const bool few = T <= cuda::kDecodeMaxTokens;
         const cuda::MatmulTiming m = cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs,
@@ -167,6 +177,7 @@ int main(int argc, char** argv) {
   // random experts of a 64-expert stack (GLM-5 widths: gate/up 2048 x 6144, down 6144 x 2048).
   for (auto [t, rows, cols] : {std::tuple{GgmlType::Q4_K, int64_t(2048), int64_t(6144)},
                                std::tuple{GgmlType::Q6_K, int64_t(6144), int64_t(2048)}}) {
+    if (only_type && t != *only_type) continue;
     const std::vector<uint8_t> bytes = random_weight(t, 64 * rows, cols);
     const cuda::DeviceBuffer buf = cuda::to_device(bytes);
     const cuda::QuantMatrix w{t, cols, 64 * rows, gguf::row_bytes(t, uint64_t(cols)), buf.get()};

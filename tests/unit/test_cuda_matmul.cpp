@@ -337,6 +337,45 @@ TEST_P(CudaMatmul, OneTokenTakesTheOneTokenKernelWhereTheTypeHasIt) {
   }
 }
 
+// Shapes the one-token kernel does not take (wider than it stages, kOneTokenMaxCols, or, for types
+// of 32-column blocks, not whole units of 256): matmul takes the fp32 kernel for one token, bit for
+// bit, and the one-token entry refuses the shape by name.
+TEST_P(CudaMatmul, OneTokenShapesTheKernelDoesNotTakeGoToTheFp32Kernel) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::vector<int64_t> widths = {kOneTokenMaxCols + 256};
+  if (288 % int64_t(gguf::traits(type()).block_size) == 0) widths.push_back(288);
+  for (const int64_t n_cols : widths) {
+    const TestWeight w(type(), 24, n_cols, 31);
+    const std::vector<float> x = randn(size_t(n_cols), 32);
+    const std::vector<float> got = gpu_product(&matmul, w.mat, x, 1), fp32 = gpu_product(&matmul_decode, w.mat, x, 1);
+    EXPECT_EQ(std::memcmp(got.data(), fp32.data(), got.size() * sizeof(float)), 0) << GetParam() << " " << n_cols;
+    EXPECT_FALSE(mma_one_token_takes(w.mat));
+    if (mma_one_token_supported(type())) {
+      const std::string err = test::error_of([&] { one_token_product(w.mat, x); });
+      EXPECT_NE(err.find(std::to_string(n_cols) + " columns"), std::string::npos) << err;
+    }
+  }
+}
+
+// Activations of very different sizes from group to group, large (x 1e6) and small (x 1e-6 ..
+// 1e-3), with groups of zeros: the one-token kernel's staged bf16 values and group sums stay within
+// its tolerance of the CPU.
+TEST_P(CudaMatmul, OneTokenKernelKeepsLargeAndSmallActivations) {
+  SPARSEMLA_REQUIRE_GPU();
+  if (!mma_one_token_supported(type())) return;
+  const int64_t n_rows = 40, n_cols = 2048;
+  const TestWeight w(type(), n_rows, n_cols, 41);
+  const std::vector<std::vector<float>> sizes = {{1e6f, 1.0f, 3e5f, 0.0f}, {1e-6f, 3e-4f, 0.0f, 1e-3f}};
+  for (const std::vector<float>& size : sizes) {
+    std::vector<float> x = randn(size_t(n_cols), 42);
+    for (int64_t i = 0; i < n_cols; ++i) x[size_t(i)] *= size[size_t(i / 32) % size.size()];
+    std::vector<float> want(static_cast<size_t>(n_rows));
+    ops::matmul(w.host, x.data(), 1, want.data(), pool());
+    check_close(one_token_product(w.mat, x), want, 1, n_rows, kOneTokenTol,
+                GetParam() + " one-token, activations x " + std::to_string(size[0]));
+  }
+}
+
 // Expert-mode output y [P = ids.size(), F] over activations x [tokens, H], pair p reading token
 // p / k: an unused pair (id -1) must have left its row at kUnwritten; check(p, expert, the pair's
 // activations, its output row) judges each used pair.

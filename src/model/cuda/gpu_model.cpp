@@ -1210,8 +1210,8 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
       if (q && cuda::q8_supported(m.type)) cuda::matmul_experts_q8(m, rows, ids, k, *q, x_div, y, s);
       else
         cuda::matmul_experts(m, rows, ids, k, x, x_div, y, s,
-                             !opts_.precise && cuda::mma_one_token_supported(m.type) ? cuda::ExpertKernel::kOneToken
-                                                                                     : cuda::ExpertKernel::kFp32);
+                             !opts_.precise && cuda::mma_one_token_takes(m) ? cuda::ExpertKernel::kOneToken
+                                                                              : cuda::ExpertKernel::kFp32);
     };
     experts(L.gate_exps, Fe, w.x, qx, k, w.g);
     experts(L.up_exps, Fe, w.x, qx, k, w.u);

@@ -178,7 +178,7 @@ bool mma_decode_supported(gguf::GgmlType t) { return t == gguf::GgmlType::Q4_K |
 
 void matmul_decode_mma(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s) {
   if (!mma_decode_supported(w.type))
-    fail("cuda::matmul_decode_mma: no tensor-core decode kernel for {} (q4_K and q6_K have one)",
+    fail("cuda::matmul_decode_mma: no tensor-core decode kernel for {} (q4_K has one)",
          gguf::type_name(w.type));
   const MatArgs a = checked_product(w, x, n_tokens, y, "matmul_decode_mma");
   if (n_tokens > 0) launch_gemv_mma(w.type, a, static_cast<cudaStream_t>(s));
@@ -192,6 +192,10 @@ int64_t mma_min_tokens(gguf::GgmlType t) {
 
 bool mma_one_token_supported(gguf::GgmlType t) { return t == gguf::GgmlType::Q4_K; }
 
+bool mma_one_token_takes(const QuantMatrix& w) {
+  return mma_one_token_supported(w.type) && w.n_cols <= kOneTokenMaxCols && w.n_cols % 256 == 0;
+}
+
 void matmul_decode_mma_one(const QuantMatrix& w, const float* x, float* y, Stream s) {
   if (!mma_one_token_supported(w.type))
     fail("cuda::matmul_decode_mma_one: no one-token tensor-core kernel for {} (q4_K has one)", gguf::type_name(w.type));
@@ -200,7 +204,7 @@ void matmul_decode_mma_one(const QuantMatrix& w, const float* x, float* y, Strea
 }
 
 void matmul(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s) {
-  if (n_tokens == 1 && mma_one_token_supported(w.type))
+  if (n_tokens == 1 && mma_one_token_takes(w))
     matmul_decode_mma_one(w, x, y, s);
   else if (n_tokens >= mma_min_tokens(w.type) && n_tokens <= kDecodeMaxTokens)
     matmul_decode_mma(w, x, n_tokens, y, s);

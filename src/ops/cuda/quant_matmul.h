@@ -63,13 +63,16 @@ void matmul(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, St
 void matmul_decode(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 bool mma_decode_supported(gguf::GgmlType t);
 int64_t mma_min_tokens(gguf::GgmlType t);  // the fewest tokens matmul sends to it (> kDecodeMaxTokens: never)
-// The one-token tensor-core kernel (Q4_K): the mma's n holds a 256-block's 8 scale groups instead of
-// tokens, the weights enter as exact bf16 integers and their scales are applied per group in fp32
-// (gemv_mma.cu), so only the activations are rounded to bf16: closer to the fp32 product than the
-// kernel above. One token per call (or per expert pair).
-// matmul takes it for every one-token product of these types: as fast as or faster than the fp32
-// kernel on every shape measured (H200, docs/PERFORMANCE.md).
+// The one-token tensor-core kernel (Q4_K): the mma's n holds a 256-block's 8 scale groups instead
+// of tokens, the weights enter as exact bf16 integers and their scales are applied per group in
+// fp32 (gemv_mma_one.cu), so only the activations are rounded to bf16: closer to the fp32 product
+// than the kernel above. One token per call (or per expert pair); at most kOneTokenMaxCols columns
+// (its blocks stage the token in shared memory).
+// matmul takes it for every one-token product it takes (mma_one_token_takes): as fast as or
+// faster than the fp32 kernel on every shape measured (H200, docs/PERFORMANCE.md).
 bool mma_one_token_supported(gguf::GgmlType t);
+constexpr int64_t kOneTokenMaxCols = 21504;
+bool mma_one_token_takes(const QuantMatrix& w);
 void matmul_decode_mma_one(const QuantMatrix& w, const float* x, float* y, Stream s);
 void matmul_decode_mma(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);

@@ -1,0 +1,204 @@
+// What the tensor-core decode products (gemv_mma.cu: 1-8 tokens along the mma's n; gemv_mma_one.cu:
+// one token, the n holding a 256-block's scale groups) share: how a Q4_K or Q6_K 256-block is read
+// by the thread (g = lane / 4, c = lane % 4) of a warp that multiplies rows g and g + 8 of a 16-row
+// tile, and how its values become the bf16 pairs of an m16n8k16 A fragment.
+//
+// Weights enter the mma as the exact bf16 integers 128 + q: a byte permute against 0x43 (the bf16
+// exponent of 128) turns 4 bytes q < 128 into two such pairs, no conversion instruction. Any column
+// may sit in any k slot of an mma as long as the activation in the same slot is that column's, so
+// each thread feeds the mma its own columns and loads their activations (one float4 per 4 columns).
+#pragma once
+#include <cuda_bf16.h>
+
+#include "ops/cuda/dequant.cuh"
+#include "ops/cuda/gemm.cuh"
+#include "ops/cuda/quant_matmul_kernels.cuh"
+
+namespace sparsemla::cuda::mma_gemv {
+
+
+using dq::half_to_f;
+using dq::int_to_f;
+using dq::ld128;
+using dq::ld128_a2;
+
+constexpr int kMmaWarps = 8;
+constexpr int kMmaRows = int(kMmaRowsPerBlock);
+constexpr int kMmaTokens = 8;  // tokens per pass: the n of m16n8k16
+
+__device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+__device__ __forceinline__ __nv_bfloat162 bits_bf2(uint32_t v) { return *reinterpret_cast<__nv_bfloat162*>(&v); }
+
+// Bytes 0, 1 (sel 0x4140) or 2, 3 (0x4342) of v, each under 0x43: the bf16 pair (128 + b0, 128 + b1)
+// for bytes < 128.
+template <uint32_t kSel>
+__device__ __forceinline__ __nv_bfloat162 magic_pair(uint32_t v) {
+  return bits_bf2(__byte_perm(v, 0x43434343u, kSel));
+}
+
+// One row's pair of weights (128 + q) as bf16 (q - bias) * scale + offset: the subtraction is exact.
+__device__ __forceinline__ uint32_t scale_pair(__nv_bfloat162 p, __nv_bfloat162 minus, __nv_bfloat162 sc,
+                                               __nv_bfloat162 off) {
+  return bf2_bits(__hfma2(__hsub2(p, minus), sc, off));
+}
+
+// The activations of 4 consecutive columns of token g as the mma's two b registers.
+__device__ __forceinline__ void load_b(const float* x, bool has, uint32_t& b0, uint32_t& b1) {
+  float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (has) v = __ldg(reinterpret_cast<const float4*>(x));
+  b0 = pack_bf16x2(v.x, v.y);
+  b1 = pack_bf16x2(v.z, v.w);
+}
+
+// Q4_K, 144 bytes: fp16 d | fp16 dmin | scales[12] | qs[128]. Thread c takes quarter c: groups 2c
+// (low nibbles of qs[32c .. 32c + 32)) and 2c + 1 (high nibbles); word j of the quarter holds
+// columns 64c + 4j .. + 4 (low) and 64c + 32 + 4j .. + 4 (high).
+struct Q4KMma {
+  static constexpr int kBytes = 144;
+  struct Raw {
+    uint4 hd, q0, q1;
+  };
+  __device__ static Raw load(const uint8_t* b, int c) {
+    return {ld128(b), ld128(b + 16 + 32 * c), ld128(b + 32 + 32 * c)};
+  }
+  // Word j (0..7) of a row's quarter: columns 64c + 4j .. + 4 in its low nibbles, 64c + 32 + 4j ..
+  // in its high ones; half h of it (0: low, 1: high) as 4 values, one per byte.
+  __device__ static uint32_t nibbles(const Raw& r, int j, int h) {
+    const uint32_t w = j == 0 ? r.q0.x : j == 1 ? r.q0.y : j == 2 ? r.q0.z : j == 3 ? r.q0.w
+                     : j == 4 ? r.q1.x : j == 5 ? r.q1.y : j == 6 ? r.q1.z : r.q1.w;
+    return (h ? w >> 4 : w) & 0x0F0F0F0Fu;
+  }
+  // Thread c's groups 2c + n: scale d * sc and min dmin * m in fp32 (a weight is scale * q - min).
+  // Both groups are among 0-3 (c < 2: 6-bit values in bytes 2c, 2c + 1 of the first two scale
+  // words) or among 4-7 (their low 4 bits in the third word's bytes 2 (c % 2), + 1, the top 2 bits
+  // in the top bits of the first two words' same bytes), as dq::k4_scale_min reads them; here the
+  // two bytes are decoded side by side.
+  __device__ static void group_scales(const Raw& r, int c, float (&scale)[2], float (&min)[2]) {
+    const float d = half_to_f(r.hd.x & 0xFFFF), dmin = half_to_f(r.hd.x >> 16);
+    const int sh = 16 * (c & 1);
+    const uint32_t s0 = r.hd.y >> sh, s1 = r.hd.z >> sh, s2 = r.hd.w >> sh;
+    const uint32_t sc = c < 2 ? s0 & 0x3F3Fu : (s2 & 0x0F0Fu) | ((s0 >> 2) & 0x3030u);
+    const uint32_t m = c < 2 ? s1 & 0x3F3Fu : ((s2 >> 4) & 0x0F0Fu) | ((s1 >> 2) & 0x3030u);
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      scale[n] = __fmul_rn(d, int_to_f(int((sc >> (8 * n)) & 0xFFu)));
+      min[n] = __fmul_rn(dmin, int_to_f(int((m >> (8 * n)) & 0xFFu)));
+    }
+  }
+  // acc += W[rows g, g + 8][this block] x[token g] over this thread's 64 columns.
+  __device__ static void step(const Raw (&r)[2], int c, const float* xb, bool has, float (&acc)[4]) {
+    // Centred: (128 + q) - 136 = q - 8 exactly, times d*sc, plus 8 d*sc - dmin*m (rounded once to
+    // bf16). The offset's rounding is shared by the group's 32 weights; centred, it is about the
+    // group's mean value instead of its minimum, which for a group whose values straddle zero is
+    // much smaller (uncentred, the products were 2-3x further from the fp32 ones than the prefill
+    // kernel's, 1.1e-2 against 4e-3 relative).
+    const __nv_bfloat162 k136 = __float2bfloat162_rn(136.0f);
+    __nv_bfloat162 sc[2][2], off[2][2];  // [row][group n]
+#pragma unroll
+    for (int row = 0; row < 2; ++row) {
+      float scale[2], min[2];
+      group_scales(r[row], c, scale, min);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        sc[row][n] = __float2bfloat162_rn(scale[n]);
+        off[row][n] = __float2bfloat162_rn(__fmaf_rn(8.0f, scale[n], -min[n]));
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t b0, b1;
+        load_b(xb + 64 * c + 32 * n + 4 * j, has, b0, b1);
+        uint32_t a[4];
+#pragma unroll
+        for (int row = 0; row < 2; ++row) {
+          const uint32_t v = nibbles(r[row], j, n);
+          a[row] = scale_pair(magic_pair<0x4140>(v), k136, sc[row][n], off[row][n]);
+          a[2 + row] = scale_pair(magic_pair<0x4342>(v), k136, sc[row][n], off[row][n]);
+        }
+        mma_bf16_16816(acc, a, b0, b1);
+      }
+  }
+};
+
+// Q6_K, 210 bytes (2-byte aligned): ql[128] | qh[64] | int8 scales[16] | fp16 d. Thread c takes
+// half h = c / 2, bytes l in [16 s, 16 s + 16) (s = c % 2) of each run k = 0..3: column 128h +
+// 32k + l, 6-bit value from the nibble k / 2 of ql[64h + 32 (k % 2) + l] and bits 2k of
+// qh[32h + l], scale sc[8h + s + 2k]. Value d * sc * (q - 32).
+struct Q6KMma {
+  static constexpr int kBytes = 210;
+  struct Raw {
+    uint4 la, lb, qh;
+    uint2 sc;
+    uint32_t d;
+  };
+  __device__ static Raw load(const uint8_t* b, int c) {
+    const int h = c / 2, s = c % 2;
+    return {ld128_a2(b + 64 * h + 16 * s), ld128_a2(b + 64 * h + 32 + 16 * s), ld128_a2(b + 128 + 32 * h + 16 * s),
+            dq::ld64_a2(b + 192 + 8 * h), dq::ld16(b + 208)};
+  }
+  __device__ static void step(const Raw (&r)[2], int c, const float* xb, bool has, float (&acc)[4]) {
+    const int h = c / 2, s = c % 2;
+    const __nv_bfloat162 k160 = __float2bfloat162_rn(160.0f), zero = __float2bfloat162_rn(0.0f);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      __nv_bfloat162 sc[2];
+#pragma unroll
+      for (int row = 0; row < 2; ++row) {
+        const uint32_t word = k < 2 ? r[row].sc.x : r[row].sc.y;  // scales 8h .. 8h + 8; run k's is byte s + 2k
+        const int sv = int(int8_t((word >> (8 * (s + 2 * (k % 2)))) & 0xFF));
+        sc[row] = __float2bfloat162_rn(__fmul_rn(half_to_f(r[row].d), int_to_f(sv)));
+      }
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t b0, b1;
+        load_b(xb + 128 * h + 32 * k + 16 * s + 4 * j, has, b0, b1);
+        uint32_t a[4];
+#pragma unroll
+        for (int row = 0; row < 2; ++row) {
+          const uint4& l4 = k % 2 ? r[row].lb : r[row].la;
+          const uint32_t lw = j == 0 ? l4.x : j == 1 ? l4.y : j == 2 ? l4.z : l4.w;
+          const uint32_t hw = j == 0 ? r[row].qh.x : j == 1 ? r[row].qh.y : j == 2 ? r[row].qh.z : r[row].qh.w;
+          const uint32_t v = ((lw >> (4 * (k / 2))) & 0x0F0F0F0Fu) | (((hw >> (2 * k)) & 0x03030303u) << 4);
+          a[row] = scale_pair(magic_pair<0x4140>(v), k160, sc[row], zero);
+          a[2 + row] = scale_pair(magic_pair<0x4342>(v), k160, sc[row], zero);
+        }
+        mma_bf16_16816(acc, a, b0, b1);
+      }
+    }
+  }
+};
+
+// Thread (g, c)'s two weight rows of the block's 16 (g and g + 8; rows past the end read the last).
+__device__ __forceinline__ void block_rows(const uint8_t* base, const MatArgs& a, int64_t row0, int g,
+                                           const uint8_t* (&w)[2]) {
+  w[0] = base + uint64_t(min(row0 + g, a.n_rows - 1)) * a.row_bytes;
+  w[1] = base + uint64_t(min(row0 + g + 8, a.n_rows - 1)) * a.row_bytes;
+}
+
+// This warp's 256-blocks kb = first, first + S, ... of rows w[0], w[1] (S warps share the rows), U at
+// a time with all their loads issued first, then the rest one at a time: step(r, kb) for each, in kb
+// order.
+template <class M, int U, int S = kMmaWarps, class Step>
+__device__ __forceinline__ void for_warp_blocks(const uint8_t* const (&w)[2], int n_blocks, int first, int c,
+                                                Step&& step) {
+  int kb = first;
+  for (; kb + (U - 1) * S < n_blocks; kb += U * S) {
+    typename M::Raw r[U][2];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int row = 0; row < 2; ++row) r[u][row] = M::load(w[row] + uint64_t(kb + u * S) * M::kBytes, c);
+#pragma unroll
+    for (int u = 0; u < U; ++u) step(r[u], kb + u * S);
+  }
+  for (; kb < n_blocks; kb += S) {
+    typename M::Raw r[2];
+#pragma unroll
+    for (int row = 0; row < 2; ++row) r[row] = M::load(w[row] + uint64_t(kb) * M::kBytes, c);
+    step(r, kb);
+  }
+}
+
+}  // namespace sparsemla::cuda::mma_gemv
