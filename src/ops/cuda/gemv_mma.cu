@@ -14,20 +14,16 @@
 // Activations are rounded to bf16 (the prefill kernel's rounding), so results agree with the
 // fp32 product to ~1e-2 relative, not to fp32 rounding: precise mode keeps the fp32 kernel.
 // At 4-8 tokens it is 1.7-2x faster than the fp32 kernel, so matmul takes it from 2 (Q4_K) or 3
-// (Q6_K) tokens. One Q4_K token has its own kernel below (gemv_mma_one_kernel: the weights exact,
-// no per-weight scaling); at one token both reach the same speed (H200: output head 195 us, 65%
-// of the copy rate), limited by issue and latency together (docs/PERFORMANCE.md, session 8).
+// (Q6_K) tokens. One Q4_K token has its own kernel (gemv_mma_one.cu: the weights exact, no
+// per-weight scaling).
 //
 // Layout: a block takes 16 rows (one m16 tile) and all tokens; its 8 warps split the row's
 // 256-element blocks round-robin (warp w takes w, w + 8, ...), and add their fragments in warp
 // order through shared memory at the end. Thread (g = lane / 4, c = lane % 4) reads rows g and
-// g + 8 of a 256-block: quarter c for Q4_K (its scales' header and 32 bytes: 64 weights per row),
-// for Q6_K half c / 2, bytes 16 (c % 2) .. + 16 of each of its runs. Any column may sit in any k
-// slot of an mma as long as the activation in the same slot is that column's, so each thread
-// feeds the mma its own columns and loads their activations (one float4 per 4 columns) for its
-// token g. Batch invariance: a token's sum is the same sequence of mma and warp additions
-// whatever the other tokens are (each output element of an mma depends only on its own row and
-// column).
+// g + 8 of a 256-block as gemv_mma.cuh describes, and loads its columns' activations (one float4
+// per 4 columns) for its token g. Batch invariance: a token's sum is the same sequence of mma and
+// warp additions whatever the other tokens are (each output element of an mma depends only on its
+// own row and column).
 #include "ops/cuda/gemv_mma.cuh"
 #include "ops/cuda/gemv_reduce.cuh"
 

@@ -6,7 +6,7 @@
 // Weights enter the mma as the exact bf16 integers 128 + q: a byte permute against 0x43 (the bf16
 // exponent of 128) turns 4 bytes q < 128 into two such pairs, no conversion instruction. Any column
 // may sit in any k slot of an mma as long as the activation in the same slot is that column's, so
-// each thread feeds the mma its own columns and loads their activations (one float4 per 4 columns).
+// each thread feeds the mma its own columns with their activations.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -15,7 +15,6 @@
 #include "ops/cuda/quant_matmul_kernels.cuh"
 
 namespace sparsemla::cuda::mma_gemv {
-
 
 using dq::half_to_f;
 using dq::int_to_f;
