@@ -179,7 +179,6 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           ia.dtype = dt;
           ia.scores = scores.as<float>();
           ia.score_stride = sstride;
-          ia.q_written_earlier = true;  // as the model's (its rope runs two launches before)
           const double t_idx = time_us(a.reps, [&](void* st) {
             ia.seq = next_seq();
             cuda::indexer_scores(ia, ik, st);

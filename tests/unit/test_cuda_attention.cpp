@@ -190,10 +190,8 @@ struct IndexerCase {
 };
 
 // GPU scores vs model::indexer_score on the values the GPU reads (keys decoded from the cache; the
-// mma kernel also rounds q to bf16, or to fp16 for fp8 keys). q_early: the queries declared written
-// before the kernel before (read before the kernel's dependent-launch wait).
-void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kernel, std::mt19937& rng,
-                   bool q_early = false) {
+// mma kernel also rounds q to bf16, or to fp16 for fp8 keys).
+void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kernel, std::mt19937& rng) {
   const int T = int(c.ctx.size());
   std::vector<int> lens(size_t(c.n_seq), 1);
   std::vector<int32_t> seq(static_cast<size_t>(T)), n_ctx(static_cast<size_t>(T));
@@ -222,7 +220,6 @@ void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kern
   a.dtype = dtype;
   a.scores = d_scores.as<float>();
   a.score_stride = max_ctx;
-  a.q_written_earlier = q_early;
   cuda::indexer_scores(a, kernel, nullptr);
   const std::vector<float> got = cuda::to_host<float>(d_scores, size_t(T * max_ctx));
   std::vector<float> qr = q;
@@ -265,10 +262,8 @@ TEST(CudaAttention, IndexerScoresMatchTheCpuReference) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(2);
   for (const IndexerCase& c : kIndexerCases)
-    for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+    for (KvDtype d : {KvDtype::BF16, KvDtype::FP8})
       for (cuda::IndexerKernel k : {cuda::IndexerKernel::Mma, cuda::IndexerKernel::Fma}) check_indexer(c, d, k, rng);
-      check_indexer(c, d, cuda::IndexerKernel::Mma, rng, true);  // the queries read before the wait
-    }
   // f32 keys (the reference format: fma only), and shapes only the fma kernel takes.
   for (const IndexerCase& c : kIndexerCases) check_indexer(c, KvDtype::F32, cuda::IndexerKernel::Fma, rng);
   check_indexer({6, 40, {9, 70}, 2, 16}, KvDtype::BF16, cuda::IndexerKernel::Fma, rng);
@@ -280,8 +275,7 @@ TEST(CudaAttention, IndexerScoresOneLongRow) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(12);
   const int len = small_mode() ? 30000 : 100003;
-  for (KvDtype d : {KvDtype::BF16, KvDtype::FP8})
-    check_indexer({32, 128, {len}, 1, 64}, d, cuda::IndexerKernel::Mma, rng, d == KvDtype::FP8);
+  for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) check_indexer({32, 128, {len}, 1, 64}, d, cuda::IndexerKernel::Mma, rng);
 }
 
 // The top-k's span (ops/cuda/topk.cu): rows of a stride over it take the span path with a workspace.

@@ -1078,8 +1078,6 @@ void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
 
   // queries (qr @ q_b): rope on the first rope dims of each head; weights with both scales folded in
   st.rope->apply(w.iq, T, heads, dim, w.pos, spec_->indexer_rope, s);
-  // (a plain launch: it starts after the rope has finished, which lets the indexer read the queries
-  // before its wait, q_written_earlier below)
   cuda::scale(w.iw, 1.0f / std::sqrt(float(heads) * float(dim)), T * heads, s);
   mark("indexer: keys, rope");
 
@@ -1101,7 +1099,6 @@ void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
     a.dtype = cache.dtype();
     a.scores = w.scores;
     a.score_stride = st.max_ctx;
-    a.q_written_earlier = true;  // by the rope above, before the weights' scaling (or a chunk before)
     cuda::indexer_scores(a, st.idx_kernel[fi], s);
     mark("indexer: scores kernel");
     // In ascending position order: the attention sums a token's positions in one order on every run.

@@ -74,11 +74,6 @@ struct IndexerArgs {
   KvDtype dtype = KvDtype::BF16;
   float* scores = nullptr;
   int64_t score_stride = 0;
-  // The queries were complete before the kernel just before this call started (written two or more
-  // launches earlier, as the model's rope before the weights' scaling): the mma kernel then loads
-  // them before its programmatic-dependent-launch wait, while that kernel finishes. The head
-  // weights are always read after the wait.
-  bool q_written_earlier = false;
 };
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
 

@@ -9,9 +9,10 @@
 // only the activations are rounded, to bf16 (2.2e-3 relative on the test shapes, against ~8e-3 for
 // the multi-token kernel of gemv_mma.cu, which rounds every weight to bf16).
 //
-// Layout: a block takes 16 rows (one m16 tile); its 8 warps split the row's 256-blocks round-robin
-// (warp w takes w, w + 8, ...) and add their sums in warp order (shuffles over a row's 4 threads,
-// then shared memory), so an expert pair is summed exactly as a product of the expert's rows alone.
+// Layout: a block takes one or two m16 row tiles (two_tiles); its 8 warps split the rows' 256-blocks
+// round-robin (warp w takes w, w + 8, ...) and add their sums in warp order (shuffles over a row's 4
+// threads, then shared memory), so an expert pair is summed exactly as a product of the expert's
+// rows alone, whatever the tile count.
 // The block first stages the token in shared memory (stage_bf16): bf16 values, so each pass's b
 // registers are one shared load for two mma (zeros from a zero row for the threads whose group it
 // is not), and the sum of every 16 columns, so the group sums need no second mma.
@@ -78,102 +79,118 @@ __device__ __forceinline__ UnitToken stage_bf16(const float* x, int n_cols, uint
   return {smem, sums, zeros};
 }
 
-// Q4_K: thread c's quarter of each row's 256-block (Q4KMma), bf16 staging.
-struct Q4KOne : Q4KMma {
-  static constexpr int kUnroll = 2;  // units whose loads are issued together
-  static constexpr size_t staged_bytes(int64_t n_cols) { return bf16_staged_bytes(n_cols); }
-  __device__ static UnitToken stage(const float* x, int n_cols, uint8_t* smem) { return stage_bf16(x, n_cols, smem); }
-  __device__ static UnitToken unit(const UnitToken& t, int kb) { return {t.x + 512 * kb, t.sums + 16 * kb, t.zeros}; }
-  // Rows g, g + 8 for thread (g, c). In the pass of columns 64c + 32h + 4j .. + 4 (group 2c + h)
-  // only the thread with g = 2c + h gives the b registers the activations, so D[row][n] sums group
-  // n's products with the weights as the mma saw them, 128 + q. Thread (g, c) then holds D for its
-  // own groups 2c, 2c + 1 and applies their scales once in fp32 with S_n, the group's activation
-  // sum: tot[row] += d sc_n D - (128 d sc_n + dmin m_n) S_n (a weight is d sc q - dmin m).
-  __device__ static void one_block(const Raw (&r)[2], const UnitToken& t, int g, int c, float (&tot)[2]) {
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+// One 256-block of NT row tiles for thread (g, c): rows g + 8 i (i < 2 NT; tile i / 2), thread c's
+// quarter of each (Q4KMma). In the pass of columns 64c + 32h + 4j .. + 4 (group 2c + h) only the
+// thread with g = 2c + h gives the b registers the activations, so D[row][n] sums group n's
+// products with the weights as the mma saw them, 128 + q; the tiles share each pass's b registers.
+// Thread (g, c) then holds D for its own groups 2c, 2c + 1 and applies their scales once in fp32
+// with S_n, the group's activation sum: tot[i] += d sc_n D - (128 d sc_n + dmin m_n) S_n (a
+// weight is d sc q - dmin m).
+template <int NT>
+__device__ __forceinline__ void one_block(const Q4KMma::Raw (&r)[2 * NT], const UnitToken& t, int g, int c,
+                                          float (&tot)[2 * NT]) {
+  float acc[NT][4] = {};
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint8_t* xb = t.base(g == 2 * c + h, 2 * (64 * c + 32 * h));
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* xb = t.base(g == 2 * c + h, 2 * (64 * c + 32 * h));
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        const uint4 b = lds128(xb + 16 * jj);
+    for (int jj = 0; jj < 4; ++jj) {
+      const uint4 b = lds128(xb + 16 * jj);
 #pragma unroll
-        for (int jp = 0; jp < 2; ++jp) {
+      for (int jp = 0; jp < 2; ++jp)
+#pragma unroll
+        for (int tile = 0; tile < NT; ++tile) {
           uint32_t aw[4];
 #pragma unroll
           for (int row = 0; row < 2; ++row) {
-            const uint32_t nib = nibbles(r[row], 2 * jj + jp, h);
+            const uint32_t nib = Q4KMma::nibbles(r[2 * tile + row], 2 * jj + jp, h);
             aw[row] = __byte_perm(nib, 0x43434343u, 0x4140);  // magic_pair's bits
             aw[2 + row] = __byte_perm(nib, 0x43434343u, 0x4342);
           }
-          mma_bf16_16816(acc, aw, jp ? b.z : b.x, jp ? b.w : b.y);
+          mma_bf16_16816(acc[tile], aw, jp ? b.z : b.x, jp ? b.w : b.y);
         }
-      }
-    }
-    // acc: [row g, group 2c], [g, 2c + 1], [g + 8, 2c], [g + 8, 2c + 1].
-    const float4 s16 = *reinterpret_cast<const float4*>(t.sums + 4 * c);
-    const float sum[2] = {s16.x + s16.y, s16.z + s16.w};
-#pragma unroll
-    for (int row = 0; row < 2; ++row) {
-      float scale[2], min[2];
-      group_scales(r[row], c, scale, min);
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        const float coef = __fmaf_rn(128.0f, scale[n], min[n]);
-        tot[row] = __fmaf_rn(scale[n], acc[2 * row + n], __fmaf_rn(-coef, sum[n], tot[row]));
-      }
     }
   }
-};
+  // acc[tile]: [row g, group 2c], [g, 2c + 1], [g + 8, 2c], [g + 8, 2c + 1].
+  const float4 s16 = *reinterpret_cast<const float4*>(t.sums + 4 * c);
+  const float sum[2] = {s16.x + s16.y, s16.z + s16.w};
+#pragma unroll
+  for (int i = 0; i < 2 * NT; ++i) {
+    float scale[2], min[2];
+    Q4KMma::group_scales(r[i], c, scale, min);
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const float coef = __fmaf_rn(128.0f, scale[n], min[n]);
+      tot[i] = __fmaf_rn(scale[n], acc[i / 2][2 * (i % 2) + n], __fmaf_rn(-coef, sum[n], tot[i]));
+    }
+  }
+}
 
-// With the kernel's static 512 bytes, kOneTokenMaxCols columns stay within the default 48 KB.
-static_assert(bf16_staged_bytes(kOneTokenMaxCols) + sizeof(float) * kMmaWarps * kMmaRows <= 48 * 1024);
+// With the kernel's static shared memory, kOneTokenMaxCols columns stay within the default 48 KB.
+static_assert(bf16_staged_bytes(kOneTokenMaxCols) + sizeof(float) * kMmaWarps * kMmaRows * 2 <= 48 * 1024);
 
-template <class M, int MinBlocks>
+// Rows [16 NT bx, + 16 NT): thread (g, c) of warp w multiplies rows g + 8 i (i < 2 NT) over the
+// 256-blocks w, w + 8, ..., U of them loaded at a time (the block's 8 warps split the row, then add
+// their sums in warp order).
+template <int NT, int MinBlocks>
 __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel(const MatArgs a) {
-  extern __shared__ uint4 smem[];  // M::staged_bytes(n_cols)
-  __shared__ float part[kMmaWarps][kMmaRows];
+  constexpr int NR = 2 * NT, ROWS = kMmaRows * NT, U = NT == 1 ? 2 : 1;
+  using Raw = Q4KMma::Raw;
+  extern __shared__ uint4 smem[];  // bf16_staged_bytes(n_cols)
+  __shared__ float part[kMmaWarps][ROWS];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
-  const int64_t row0 = int64_t(blockIdx.x) * kMmaRows;
+  const int64_t row0 = int64_t(blockIdx.x) * ROWS;
   const int n_blocks = int(a.n_cols / 256);
-  // The warp's first U units are loaded before the token is staged, so that their memory latency
-  // overlaps the staging and its barrier; then the units in order, as for_warp_blocks walks them.
-  // Outside expert mode the weights are loaded even before the wait for the kernel before (they
-  // are not its output; the expert ids are).
-  constexpr int U = M::kUnroll;
-  typename M::Raw first[U][2];
-  const uint8_t* w[2];
+  const uint8_t* w[NR];
+  const auto load = [&](Raw (&r)[NR], int kb) {
+#pragma unroll
+    for (int i = 0; i < NR; ++i) r[i] = Q4KMma::load(w[i] + uint64_t(kb) * Q4KMma::kBytes, c);
+  };
+  // The warp's first U blocks are loaded before the token is staged, so that their memory latency
+  // overlaps the staging and its barrier. Outside expert mode they are loaded even before the wait
+  // for the kernel before (the weights are not its output; the expert ids are).
+  Raw first[U][NR];
   const auto load_first = [&](const uint8_t* base) {
-    block_rows(base, a, row0, g, w);
+#pragma unroll
+    for (int i = 0; i < NR; ++i) w[i] = base + uint64_t(min(row0 + g + 8 * i, a.n_rows - 1)) * a.row_bytes;
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (warp + u * kMmaWarps < n_blocks)
-#pragma unroll
-        for (int row = 0; row < 2; ++row) first[u][row] = M::load(w[row] + uint64_t(warp + u * kMmaWarps) * M::kBytes, c);
+      if (warp + u * kMmaWarps < n_blocks) load(first[u], warp + u * kMmaWarps);
   };
   if (!a.expert_ids) load_first(a.w);
-  gemv_prologue<kMmaRows>(a.prefetch && !a.expert_ids, a.w, a.row_bytes, row0, a.n_rows);
+  gemv_prologue<ROWS>(a.prefetch && !a.expert_ids, a.w, a.row_bytes, row0, a.n_rows);
   BlockView v;
   if (!block_view(a, v)) return;
   if (a.expert_ids) load_first(v.w);
-  const UnitToken token = M::stage(v.token(a, 0), int(a.n_cols), reinterpret_cast<uint8_t*>(smem));
-  float tot[2] = {0.0f, 0.0f};  // rows g, g + 8
-  const auto step = [&](const typename M::Raw (&r)[2], int kb) { M::one_block(r, M::unit(token, kb), g, c, tot); };
+  const UnitToken token = stage_bf16(v.token(a, 0), int(a.n_cols), reinterpret_cast<uint8_t*>(smem));
+  float tot[NR] = {};
+  const auto step = [&](const Raw (&r)[NR], int kb) {
+    one_block<NT>(r, {token.x + 512 * kb, token.sums + 16 * kb, token.zeros}, g, c, tot);
+  };
 #pragma unroll
   for (int u = 0; u < U; ++u)
     if (warp + u * kMmaWarps < n_blocks) step(first[u], warp + u * kMmaWarps);
-  for_warp_blocks<M, U>(w, n_blocks, warp + U * kMmaWarps, c, step);
+  int kb = warp + U * kMmaWarps;
+  for (; kb + (U - 1) * kMmaWarps < n_blocks; kb += U * kMmaWarps) {
+    Raw r[U][NR];
 #pragma unroll
-  for (int row = 0; row < 2; ++row) {
-    tot[row] += __shfl_xor_sync(0xffffffffu, tot[row], 1);
-    tot[row] += __shfl_xor_sync(0xffffffffu, tot[row], 2);
+    for (int u = 0; u < U; ++u) load(r[u], kb + u * kMmaWarps);
+#pragma unroll
+    for (int u = 0; u < U; ++u) step(r[u], kb + u * kMmaWarps);
   }
-  if (c == 0) {
-    part[warp][g] = tot[0];
-    part[warp][g + 8] = tot[1];
+  for (; kb < n_blocks; kb += kMmaWarps) {
+    Raw r[NR];
+    load(r, kb);
+    step(r, kb);
+  }
+#pragma unroll
+  for (int i = 0; i < NR; ++i) {
+    tot[i] += __shfl_xor_sync(0xffffffffu, tot[i], 1);
+    tot[i] += __shfl_xor_sync(0xffffffffu, tot[i], 2);
+    if (c == 0) part[warp][g + 8 * i] = tot[i];
   }
   __syncthreads();
-  if (threadIdx.x < kMmaRows) {
+  if (threadIdx.x < ROWS) {
     float sum = part[0][threadIdx.x];
 #pragma unroll
     for (int k = 1; k < kMmaWarps; ++k) sum += part[k][threadIdx.x];
@@ -181,16 +198,29 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel
   }
 }
 
-template <class M>
-void launch_one(const MatArgs& a, cudaStream_t s) {
-  const dim3 grid{unsigned(ceil_div(a.n_rows, int64_t(kMmaRows))), unsigned(a.expert_ids ? a.n_tokens : 1)};
-  const size_t smem = M::staged_bytes(a.n_cols);
+// Row tiles per block. Two (the b registers and the staged token shared by 32 rows, half the blocks)
+// where each warp has one 256-block per row (n_cols <= 2048) or the grid still fills the device
+// with two such blocks per SM (113 registers); else one, whose three blocks per SM (80 registers)
+// fill it better. Measured on the H200 (docs/PERFORMANCE.md, session 13): output head 154880 x
+// 6144 201 -> 183 us, 8 experts 2048 x 6144 28.3 -> 23.8, 16384 x 2048 11.7 -> 9.9, 6144 x 2048
+// 5.0 -> 4.7; kept at one: 6144 x 16384 (23.8 against 26.9), 2048 x 6144 (6.0 / 7.1), 4096^2
+// (5.7 / 5.9). The tile count does not change any row's sum (same passes, same order).
+bool two_tiles(const MatArgs& a) {
+  const int64_t items = a.expert_ids ? a.n_tokens : 1;
+  return a.n_cols <= 256 * kMmaWarps || ceil_div(a.n_rows, 2 * int64_t(kMmaRows)) * items >= 2 * int64_t(a.sm_count);
+}
+
+template <int NT>
+void launch_tiles(const MatArgs& a, cudaStream_t s) {
+  const int64_t items = a.expert_ids ? a.n_tokens : 1;
+  const dim3 grid{unsigned(ceil_div(a.n_rows, int64_t(kMmaRows) * NT)), unsigned(items)};
+  const size_t smem = bf16_staged_bytes(a.n_cols);
   // Three blocks per multiprocessor (80 registers) where the grid fills them; a grid of one wave
   // or less (the 2048-row shapes: 128 blocks) keeps the uncapped kernel, faster there (session 7).
-  if (mma_takes_three_blocks(a.n_rows, grid.y, a.sm_count))
-    pdl::launch(gemv_mma_one_kernel<M, 3>, grid, kMmaWarps * 32, smem, s, a);
+  if (int64_t(grid.x) * items >= 2 * int64_t(a.sm_count))
+    pdl::launch(gemv_mma_one_kernel<NT, NT == 1 ? 3 : 2>, grid, kMmaWarps * 32, smem, s, a);
   else
-    pdl::launch(gemv_mma_one_kernel<M, 1>, grid, kMmaWarps * 32, smem, s, a);
+    pdl::launch(gemv_mma_one_kernel<NT, 1>, grid, kMmaWarps * 32, smem, s, a);
 }
 
 }  // namespace
@@ -204,7 +234,8 @@ void launch_gemv_mma_one(gguf::GgmlType t, const MatArgs& a, cudaStream_t s) {
          kOneTokenMaxCols);
   if (t != gguf::GgmlType::Q4_K)
     fail("cuda::launch_gemv_mma_one: no one-token tensor-core kernel for {}", gguf::type_name(t));
-  launch_one<Q4KOne>(a, s);
+  if (two_tiles(a)) launch_tiles<2>(a, s);
+  else launch_tiles<1>(a, s);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 

@@ -166,35 +166,31 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
     if (st < n_tiles) issue(st, st);
     cp_async_commit();
   }
-  // Queries of token t, while the first tiles load; eight loads in flight per thread, each float4
-  // stored as four 16-bit values in one 8-byte store.
-  auto stage_q = [&] {
-    const float* q = a.q + int64_t(t) * a.heads * DIM;
-    constexpr int V4 = DIM / 4;  // float4 per head
-    const int q_vec = a.heads * V4;
-    for (int i0 = 0; i0 < heads_pad * V4; i0 += 8 * kThreads) {
-      float4 v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int i = i0 + u * kThreads + tid;
-        v[u] = i < q_vec ? reinterpret_cast<const float4*>(q)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int i = i0 + u * kThreads + tid;
-        if (i / V4 < heads_pad) *reinterpret_cast<uint2*>(sQ + i / V4 * STR + i % V4 * 4) = pack4<T16>(v[u]);
-      }
-    }
-  };
   // Launched with programmatic dependent launch (pdl.cuh): the page-table entries and the first
   // tiles' keys above were written before the kernel this one follows (the step's key row three
-  // launches earlier), so they load while that kernel finishes, and so do the queries where the
-  // caller says they were (q_written_earlier: the most stalled load of a decode token's call,
-  // Nsight Compute); its output, the head weights (and otherwise the queries), only after the wait.
-  if (a.q_written_earlier) stage_q();
+  // launches earlier), so they load while that kernel finishes; its output, the queries' head
+  // weights (and the queries with them), only after the wait.
   pdl::wait();
   pdl::launch_dependents();  // the top-k after it may be scheduled (it waits for the scores)
-  if (!a.q_written_earlier) stage_q();
+
+  // queries and head weights of token t, while the first tiles load; eight loads in flight per
+  // thread, each float4 stored as four 16-bit values in one 8-byte store
+  const float* q = a.q + int64_t(t) * a.heads * DIM;
+  constexpr int V4 = DIM / 4;  // float4 per head
+  const int q_vec = a.heads * V4;
+  for (int i0 = 0; i0 < heads_pad * V4; i0 += 8 * kThreads) {
+    float4 v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int i = i0 + u * kThreads + tid;
+      v[u] = i < q_vec ? reinterpret_cast<const float4*>(q)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int i = i0 + u * kThreads + tid;
+      if (i / V4 < heads_pad) *reinterpret_cast<uint2*>(sQ + i / V4 * STR + i % V4 * 4) = pack4<T16>(v[u]);
+    }
+  }
   for (int h = tid; h < heads_pad; h += kThreads) sW[h] = h < a.heads ? a.w[int64_t(t) * a.heads + h] : 0.0f;
 
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, q4 = lane % 4;

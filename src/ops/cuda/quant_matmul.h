@@ -71,7 +71,7 @@ int64_t mma_min_tokens(gguf::GgmlType t);  // the fewest tokens matmul sends to 
 // matmul takes it for every one-token product it takes (mma_one_token_takes): as fast as or
 // faster than the fp32 kernel on every shape measured (H200, docs/PERFORMANCE.md).
 bool mma_one_token_supported(gguf::GgmlType t);
-constexpr int64_t kOneTokenMaxCols = 21504;
+constexpr int64_t kOneTokenMaxCols = 21248;
 bool mma_one_token_takes(const QuantMatrix& w);
 void matmul_decode_mma_one(const QuantMatrix& w, const float* x, float* y, Stream s);
 void matmul_decode_mma(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
