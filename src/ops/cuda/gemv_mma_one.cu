@@ -33,7 +33,7 @@ using namespace mma_gemv;
 
 __device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
 
-// A staged token as one 256-column unit sees it: its columns' 16-bit values (2 bytes each), its
+// A staged token as one 256-column unit sees it: its columns' bf16 values (2 bytes each), its
 // groups' sums, and 64 bytes of zeros. base() gives the b registers of the columns at byte offset
 // `at` of the unit when `mine`, else zeros: 16 bytes, two mma's worth (b.x, b.y for columns at ..
 // + 4; b.z, b.w for the next 4).
