@@ -337,23 +337,19 @@ TEST_P(CudaMatmul, OneTokenTakesTheOneTokenKernelWhereTheTypeHasIt) {
   }
 }
 
-// Shapes the one-token kernel does not take (wider than it stages, kOneTokenMaxCols, or, for types
-// of 32-column blocks, not whole units of 256): matmul takes the fp32 kernel for one token, bit for
-// bit, and the one-token entry refuses the shape by name.
-TEST_P(CudaMatmul, OneTokenShapesTheKernelDoesNotTakeGoToTheFp32Kernel) {
+// Wider than the one-token kernel stages (kOneTokenMaxCols): matmul takes the fp32 kernel for one
+// token, bit for bit, and the one-token entry refuses the shape by name.
+TEST_P(CudaMatmul, OneTokenPastTheStagedWidthTakesTheFp32Kernel) {
   SPARSEMLA_REQUIRE_GPU();
-  std::vector<int64_t> widths = {kOneTokenMaxCols + 256};
-  if (288 % int64_t(gguf::traits(type()).block_size) == 0) widths.push_back(288);
-  for (const int64_t n_cols : widths) {
-    const TestWeight w(type(), 24, n_cols, 31);
-    const std::vector<float> x = randn(size_t(n_cols), 32);
-    const std::vector<float> got = gpu_product(&matmul, w.mat, x, 1), fp32 = gpu_product(&matmul_decode, w.mat, x, 1);
-    EXPECT_EQ(std::memcmp(got.data(), fp32.data(), got.size() * sizeof(float)), 0) << GetParam() << " " << n_cols;
-    EXPECT_FALSE(mma_one_token_takes(w.mat));
-    if (mma_one_token_supported(type())) {
-      const std::string err = test::error_of([&] { one_token_product(w.mat, x); });
-      EXPECT_NE(err.find(std::to_string(n_cols) + " columns"), std::string::npos) << err;
-    }
+  const int64_t n_cols = kOneTokenMaxCols + 256;
+  const TestWeight w(type(), 24, n_cols, 31);
+  const std::vector<float> x = randn(size_t(n_cols), 32);
+  const std::vector<float> got = gpu_product(&matmul, w.mat, x, 1), fp32 = gpu_product(&matmul_decode, w.mat, x, 1);
+  EXPECT_EQ(std::memcmp(got.data(), fp32.data(), got.size() * sizeof(float)), 0) << GetParam();
+  EXPECT_FALSE(mma_one_token_takes(w.mat));
+  if (mma_one_token_supported(type())) {
+    const std::string err = test::error_of([&] { one_token_product(w.mat, x); });
+    EXPECT_NE(err.find(std::to_string(n_cols) + " columns"), std::string::npos) << err;
   }
 }
 

@@ -169,33 +169,38 @@ struct Q6KMma {
   }
 };
 
-// Thread (g, c)'s two weight rows of the block's 16 (g and g + 8; rows past the end read the last).
+// Thread (g, c)'s NR weight rows g + 8 i (two per 16-row tile; rows past the end read the last).
+template <int NR>
 __device__ __forceinline__ void block_rows(const uint8_t* base, const MatArgs& a, int64_t row0, int g,
-                                           const uint8_t* (&w)[2]) {
-  w[0] = base + uint64_t(min(row0 + g, a.n_rows - 1)) * a.row_bytes;
-  w[1] = base + uint64_t(min(row0 + g + 8, a.n_rows - 1)) * a.row_bytes;
+                                           const uint8_t* (&w)[NR]) {
+#pragma unroll
+  for (int i = 0; i < NR; ++i) w[i] = base + uint64_t(min(row0 + g + 8 * i, a.n_rows - 1)) * a.row_bytes;
 }
 
-// This warp's 256-blocks kb = first, first + S, ... of rows w[0], w[1] (S warps share the rows), U at
-// a time with all their loads issued first, then the rest one at a time: step(r, kb) for each, in kb
-// order.
-template <class M, int U, int S = kMmaWarps, class Step>
-__device__ __forceinline__ void for_warp_blocks(const uint8_t* const (&w)[2], int n_blocks, int first, int c,
+// Thread c's part of 256-block kb of each of its rows.
+template <class M, int NR>
+__device__ __forceinline__ void load_rows(const uint8_t* const (&w)[NR], int kb, int c, typename M::Raw (&r)[NR]) {
+#pragma unroll
+  for (int i = 0; i < NR; ++i) r[i] = M::load(w[i] + uint64_t(kb) * M::kBytes, c);
+}
+
+// This warp's 256-blocks kb = first, first + 8, ... (the block's 8 warps share the rows) of its
+// rows w, U at a time with all their loads issued first, then the rest one at a time: step(r, kb)
+// for each, in kb order.
+template <class M, int U, int NR, class Step>
+__device__ __forceinline__ void for_warp_blocks(const uint8_t* const (&w)[NR], int n_blocks, int first, int c,
                                                 Step&& step) {
   int kb = first;
-  for (; kb + (U - 1) * S < n_blocks; kb += U * S) {
-    typename M::Raw r[U][2];
+  for (; kb + (U - 1) * kMmaWarps < n_blocks; kb += U * kMmaWarps) {
+    typename M::Raw r[U][NR];
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+    for (int u = 0; u < U; ++u) load_rows<M>(w, kb + u * kMmaWarps, c, r[u]);
 #pragma unroll
-      for (int row = 0; row < 2; ++row) r[u][row] = M::load(w[row] + uint64_t(kb + u * S) * M::kBytes, c);
-#pragma unroll
-    for (int u = 0; u < U; ++u) step(r[u], kb + u * S);
+    for (int u = 0; u < U; ++u) step(r[u], kb + u * kMmaWarps);
   }
-  for (; kb < n_blocks; kb += S) {
-    typename M::Raw r[2];
-#pragma unroll
-    for (int row = 0; row < 2; ++row) r[row] = M::load(w[row] + uint64_t(kb) * M::kBytes, c);
+  for (; kb < n_blocks; kb += kMmaWarps) {
+    typename M::Raw r[NR];
+    load_rows<M>(w, kb, c, r);
     step(r, kb);
   }
 }

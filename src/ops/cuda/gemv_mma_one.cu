@@ -142,20 +142,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel
   const int64_t row0 = int64_t(blockIdx.x) * ROWS;
   const int n_blocks = int(a.n_cols / 256);
   const uint8_t* w[NR];
-  const auto load = [&](Raw (&r)[NR], int kb) {
-#pragma unroll
-    for (int i = 0; i < NR; ++i) r[i] = Q4KMma::load(w[i] + uint64_t(kb) * Q4KMma::kBytes, c);
-  };
   // The warp's first U blocks are loaded before the token is staged, so that their memory latency
   // overlaps the staging and its barrier. Outside expert mode they are loaded even before the wait
   // for the kernel before (the weights are not its output; the expert ids are).
   Raw first[U][NR];
   const auto load_first = [&](const uint8_t* base) {
-#pragma unroll
-    for (int i = 0; i < NR; ++i) w[i] = base + uint64_t(min(row0 + g + 8 * i, a.n_rows - 1)) * a.row_bytes;
+    block_rows(base, a, row0, g, w);
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (warp + u * kMmaWarps < n_blocks) load(first[u], warp + u * kMmaWarps);
+      if (warp + u * kMmaWarps < n_blocks) load_rows<Q4KMma>(w, warp + u * kMmaWarps, c, first[u]);
   };
   if (!a.expert_ids) load_first(a.w);
   gemv_prologue<ROWS>(a.prefetch && !a.expert_ids, a.w, a.row_bytes, row0, a.n_rows);
@@ -170,19 +165,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel
 #pragma unroll
   for (int u = 0; u < U; ++u)
     if (warp + u * kMmaWarps < n_blocks) step(first[u], warp + u * kMmaWarps);
-  int kb = warp + U * kMmaWarps;
-  for (; kb + (U - 1) * kMmaWarps < n_blocks; kb += U * kMmaWarps) {
-    Raw r[U][NR];
-#pragma unroll
-    for (int u = 0; u < U; ++u) load(r[u], kb + u * kMmaWarps);
-#pragma unroll
-    for (int u = 0; u < U; ++u) step(r[u], kb + u * kMmaWarps);
-  }
-  for (; kb < n_blocks; kb += kMmaWarps) {
-    Raw r[NR];
-    load(r, kb);
-    step(r, kb);
-  }
+  for_warp_blocks<Q4KMma, U>(w, n_blocks, warp + U * kMmaWarps, c, step);
 #pragma unroll
   for (int i = 0; i < NR; ++i) {
     tot[i] += __shfl_xor_sync(0xffffffffu, tot[i], 1);
@@ -229,9 +212,9 @@ void launch_gemv_mma_one(gguf::GgmlType t, const MatArgs& a, cudaStream_t s) {
   if (a.group_offsets || (!a.expert_ids && a.n_tokens != 1))
     fail("cuda::launch_gemv_mma_one: one token per product (got {} tokens{})", a.n_tokens,
          a.group_offsets ? ", grouped" : "");
-  if (a.n_cols > kOneTokenMaxCols || a.n_cols % 256 != 0)
-    fail("cuda::launch_gemv_mma_one: {} columns; the one-token kernel takes multiples of 256 up to {}", a.n_cols,
-         kOneTokenMaxCols);
+  if (a.n_cols > kOneTokenMaxCols)
+    fail("cuda::launch_gemv_mma_one: {} columns; the one-token kernel stages at most {} in shared memory",
+         a.n_cols, kOneTokenMaxCols);
   if (t != gguf::GgmlType::Q4_K)
     fail("cuda::launch_gemv_mma_one: no one-token tensor-core kernel for {}", gguf::type_name(t));
   if (two_tiles(a)) launch_tiles<2>(a, s);

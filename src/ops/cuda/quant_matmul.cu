@@ -178,7 +178,7 @@ bool mma_decode_supported(gguf::GgmlType t) { return t == gguf::GgmlType::Q4_K |
 
 void matmul_decode_mma(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s) {
   if (!mma_decode_supported(w.type))
-    fail("cuda::matmul_decode_mma: no tensor-core decode kernel for {} (q4_K has one)",
+    fail("cuda::matmul_decode_mma: no tensor-core decode kernel for {} (q4_K and q6_K have one)",
          gguf::type_name(w.type));
   const MatArgs a = checked_product(w, x, n_tokens, y, "matmul_decode_mma");
   if (n_tokens > 0) launch_gemv_mma(w.type, a, static_cast<cudaStream_t>(s));
@@ -193,7 +193,7 @@ int64_t mma_min_tokens(gguf::GgmlType t) {
 bool mma_one_token_supported(gguf::GgmlType t) { return t == gguf::GgmlType::Q4_K; }
 
 bool mma_one_token_takes(const QuantMatrix& w) {
-  return mma_one_token_supported(w.type) && w.n_cols <= kOneTokenMaxCols && w.n_cols % 256 == 0;
+  return mma_one_token_supported(w.type) && w.n_cols <= kOneTokenMaxCols;
 }
 
 void matmul_decode_mma_one(const QuantMatrix& w, const float* x, float* y, Stream s) {

@@ -16,7 +16,8 @@
 //           tokens (Q4_K 2, Q6_K 3). One Q6_K token stays on the fp32 kernel (faster there, H200).
 //   one-token tensor-core decode (Q4_K: mma_one_token_supported): the mma's n holds the scale
 //           groups instead of tokens, weights exact, only activations rounded to bf16 (~2e-3
-//           relative); matmul's kernel for one Q4_K token. So a token's bits under matmul differ
+//           relative); matmul's kernel for one Q4_K token of up to kOneTokenMaxCols columns (wider
+//           ones take the fp32 kernel). So a token's bits under matmul differ
 //           between one token and a batch; matmul_decode (the precise mode's choice) stays the
 //           fp32 kernel at every T.
 //   prefill (T > kDecodeMaxTokens): tiles of 128 rows x 32, 64 or 128 tokens, weights dequantized
