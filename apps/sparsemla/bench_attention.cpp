@@ -166,8 +166,15 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           cuda::fill_uniform(q_idx.as<float>(), int64_t(B) * sh.idx_heads * sh.idx_dim, 11);
           cuda::fill_uniform(w_idx.as<float>(), int64_t(B) * sh.idx_heads, 12, 0.1f);
           cuda::fill_uniform(q.as<float>(), int64_t(B) * sh.heads * (sh.kv_lora + sh.rope), 13, 0.1f);
+          // The queries also as the model hands them to the mma kernel: rounded to its 16-bit type by
+          // index_queries (here without a rotation: no rope table).
+          cuda::DeviceBuffer q_idx16(size_t(B) * sh.idx_heads * sh.idx_dim * 2), pos(size_t(B) * 8);
+          pos.zero();
+          cuda::index_queries(q_idx.as<float>(), w_idx.as<float>(), B, sh.idx_heads, sh.idx_dim, cuda::RopeTable{},
+                              pos.as<int64_t>(), 1.0f, dt, q_idx16.as<uint16_t>(), nullptr);
           cuda::IndexerArgs ia;
           ia.q = q_idx.as<float>();
+          ia.q16 = ik == cuda::IndexerKernel::Mma ? q_idx16.as<uint16_t>() : nullptr;
           ia.w = w_idx.as<float>();
           ia.T = B;
           ia.heads = sh.idx_heads;

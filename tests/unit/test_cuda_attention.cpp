@@ -57,6 +57,9 @@ TEST(Fp8E4m3, EveryCodeRoundTripsAndRoundingIsNearestEven) {
 #include "model/blocks/indexer.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/basic.h"
+#include "ops/cpu/rope.h"
+#include "model/hparams.h"
+#include "util/error.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_smem.h"
 #include "ops/cuda/buffer.h"
@@ -182,6 +185,154 @@ TEST(CudaAttention, CacheWritesMatchTheCpuConversions) {
   }
 }
 
+// The fused forms of the decode step (one launch each) against the CPU's norm, rope and cache
+// conversions, and byte for byte against the unfused GPU chain they replace (norm kernel, rope
+// kernel, cache write), so the model's numbers do not move.
+TEST(CudaAttention, FusedCacheWritesMatchTheCpuAndTheUnfusedChain) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  model::HParams hp;
+  hp.qk_rope = 64;
+  hp.rope_theta = 1e6f;
+  const ops::Rope rope64(hp);
+  hp.qk_rope = 8;
+  const ops::Rope rope8(hp);
+  struct Case {
+    bool latent;
+    int n_norm, rope_dims;  // latent: kv_lora, rope; keys: dim, rotary dims
+    const ops::Rope* rope;
+  };
+  for (const Case& c : {Case{true, 512, 64, &rope64}, Case{true, 24, 8, &rope8}, Case{false, 128, 64, &rope64},
+                        Case{false, 64, 64, &rope64}, Case{false, 32, 8, &rope8}})
+    for (ops::RopeStyle style : {ops::RopeStyle::HalfSplit, ops::RopeStyle::Interleaved})
+      for (KvDtype dtype : {KvDtype::BF16, KvDtype::FP8, KvDtype::F32}) {
+        const int n = c.latent ? c.n_norm + c.rope_dims : c.n_norm;
+        const int64_t T = 9, n_slots = 20;
+        const std::string what = fmt::format("{} {} + {} {} {}", c.latent ? "latent" : "keys", c.n_norm, c.rope_dims,
+                                             cuda::kv_dtype_name(dtype),
+                                             style == ops::RopeStyle::HalfSplit ? "half split" : "interleaved");
+        std::vector<float> x = random_vec(size_t(T * n), rng, 2.0f), nw = random_vec(size_t(c.n_norm), rng),
+                           nb = random_vec(size_t(c.n_norm), rng, 0.3f);
+        for (int i = 0; i < n; ++i) x[size_t(3 * n + i)] *= 1e-3f;  // a row of small values
+        std::vector<int64_t> pos(static_cast<size_t>(T)), slots(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = int64_t(rng() % 150000);
+        for (int64_t t = 0; t < T; ++t) slots[size_t(t)] = (t * 7 + 3) % n_slots;  // scattered, distinct
+        const float eps = c.latent ? 1e-5f : 1e-6f;
+        // CPU: the values each slot should hold
+        std::vector<float> want(size_t(T * n));
+        for (int64_t t = 0; t < T; ++t) {
+          const float* xr = x.data() + t * n;
+          float* wr = want.data() + t * n;
+          if (c.latent) {
+            ops::rms_norm(xr, nw.data(), c.n_norm, eps, wr);
+            std::copy_n(xr + c.n_norm, c.rope_dims, wr + c.n_norm);
+            c.rope->apply(wr + c.n_norm, pos[size_t(t)], style);
+          } else {
+            ops::layer_norm(xr, nw.data(), nb.data(), c.n_norm, eps, wr);
+            c.rope->apply(wr, pos[size_t(t)], style);
+          }
+        }
+        const cuda::DeviceRope drope(*c.rope);
+        const int64_t row_bytes = c.latent ? cuda::latent_row_bytes(dtype, c.n_norm, c.rope_dims)
+                                           : cuda::index_key_row_bytes(dtype, c.n_norm);
+        DeviceBuffer d_x = cuda::to_device(x), d_w = cuda::to_device(nw), d_b = cuda::to_device(nb),
+                     d_pos = cuda::to_device(pos), d_slots = cuda::to_device(slots),
+                     fused(size_t(n_slots * row_bytes)), chain(size_t(n_slots * row_bytes)), tmp = cuda::to_device(x);
+        fused.zero();
+        chain.zero();
+        const int64_t* P = d_pos.as<int64_t>();
+        const int64_t* S = d_slots.as<int64_t>();
+        if (c.latent) {
+          cuda::write_latent_normed(d_x.as<float>(), d_w.as<float>(), eps, drope.table(style), P, S, T, dtype, c.n_norm,
+                                    c.rope_dims, fused.get(), row_bytes, nullptr);
+          cuda::rms_norm(tmp.as<float>(), n, d_w.as<float>(), T, c.n_norm, eps, tmp.as<float>(), n, nullptr);
+          drope.apply(tmp.as<float>() + c.n_norm, T, 1, n, P, style, nullptr);
+          cuda::write_latent_rows(tmp.as<float>(), S, T, dtype, c.n_norm, c.rope_dims, chain.get(), row_bytes, nullptr);
+        } else {
+          cuda::write_index_keys_normed(d_x.as<float>(), d_w.as<float>(), d_b.as<float>(), eps, drope.table(style), P, S,
+                                        T, dtype, c.n_norm, fused.get(), row_bytes, nullptr);
+          cuda::layer_norm(d_x.as<float>(), d_w.as<float>(), d_b.as<float>(), T, c.n_norm, eps, tmp.as<float>(), nullptr);
+          drope.apply(tmp.as<float>(), T, 1, n, P, style, nullptr);
+          cuda::write_index_keys(tmp.as<float>(), S, T, dtype, c.n_norm, chain.get(), row_bytes, nullptr);
+        }
+        const auto fb = cuda::to_host<uint8_t>(fused, size_t(n_slots * row_bytes));
+        ASSERT_EQ(fb, cuda::to_host<uint8_t>(chain, size_t(n_slots * row_bytes))) << what << ": differs from the chain";
+        // Decoded against the CPU: within the format's rounding of the CPU's value (fp8: 3 mantissa
+        // bits, a step of the group's scale at the subnormals) plus the fp32 norm's few ulp.
+        const int n_fp8 = c.n_norm, groups = (n_fp8 + cuda::kFp8Group - 1) / cuda::kFp8Group;
+        for (int64_t t = 0; t < T; ++t) {
+          const uint8_t* row = fb.data() + slots[size_t(t)] * row_bytes;
+          for (int i = 0; i < n; ++i) {
+            const float ref = want[size_t(t * n + i)];
+            float got, tol;
+            uint16_t h;
+            if (dtype == KvDtype::F32) {
+              std::memcpy(&got, row + 4 * i, 4);
+              tol = 1e-5f * std::fabs(ref) + 1e-6f;
+            } else if (dtype == KvDtype::BF16 || i >= n_fp8) {
+              const int off = dtype == KvDtype::BF16 ? 2 * i : n_fp8 + 4 * groups + 2 * (i - n_fp8);
+              std::memcpy(&h, row + off, 2);
+              got = bf16_to_f32(h);
+              tol = std::ldexp(std::fabs(ref), -8) + 1e-6f;
+            } else {
+              float scale;
+              std::memcpy(&scale, row + n_fp8 + 4 * (i / cuda::kFp8Group), 4);
+              got = fp8_e4m3_to_f32(row[i]) * scale;
+              tol = std::ldexp(std::fabs(ref), -4) + std::ldexp(scale, -9) + 1e-6f;
+            }
+            ASSERT_LE(std::fabs(got - ref), tol) << what << ": token " << t << " value " << i;
+          }
+        }
+      }
+}
+
+// index_queries against the CPU: rope per head (as DeviceRope::apply), the weights scaled, and the
+// 16-bit copy the rotated fp32 values rounded to nearest (util/half.h).
+TEST(CudaAttention, IndexQueriesMatchTheCpu) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(6);
+  model::HParams hp;
+  hp.qk_rope = 64;
+  hp.rope_theta = 1e4f;
+  const ops::Rope rope(hp);
+  const cuda::DeviceRope drope(rope);
+  for (auto [T, heads, dim] : std::vector<std::tuple<int, int, int>>{{1, 64, 128}, {5, 32, 128}, {3, 8, 64}, {2, 13, 96}})
+    for (ops::RopeStyle style : {ops::RopeStyle::HalfSplit, ops::RopeStyle::Interleaved})
+      for (KvDtype dtype : {KvDtype::BF16, KvDtype::FP8}) {
+        std::vector<float> q = random_vec(size_t(T) * heads * dim, rng, 3.0f), w = random_vec(size_t(T) * heads, rng);
+        std::vector<int64_t> pos(static_cast<size_t>(T));
+        for (auto& p : pos) p = int64_t(rng() % 150000);
+        const float ws = 1.0f / std::sqrt(float(heads * dim));
+        std::vector<float> want_q(q), want_w(w);
+        for (int t = 0; t < T; ++t)
+          for (int h = 0; h < heads; ++h) rope.apply(want_q.data() + (size_t(t) * heads + h) * dim, pos[size_t(t)], style);
+        for (float& x : want_w) x *= ws;
+        DeviceBuffer d_q = cuda::to_device(q), d_w = cuda::to_device(w), d_pos = cuda::to_device(pos),
+                     d_q16(q.size() * 2);
+        cuda::index_queries(d_q.as<float>(), d_w.as<float>(), T, heads, dim, drope.table(style), d_pos.as<int64_t>(), ws,
+                            dtype, d_q16.as<uint16_t>(), nullptr);
+        const auto got_q = cuda::to_host<float>(d_q, q.size());
+        const auto got_w = cuda::to_host<float>(d_w, w.size());
+        const auto got16 = cuda::to_host<uint16_t>(d_q16, q.size());
+        ASSERT_EQ(got_w, want_w) << "head weights";
+        for (size_t i = 0; i < q.size(); ++i) {
+          ASSERT_NEAR(got_q[i], want_q[i], 1e-6 * 3.0 * 6 + 1e-7) << "query value " << i;
+          ASSERT_EQ(got16[i], cuda::index_queries_fp16(dtype) ? f32_to_fp16(got_q[i]) : f32_to_bf16(got_q[i]))
+              << "16-bit query " << i;
+        }
+        // Without the 16-bit copy: the same in-place results.
+        DeviceBuffer d_q2 = cuda::to_device(q), d_w2 = cuda::to_device(w);
+        cuda::index_queries(d_q2.as<float>(), d_w2.as<float>(), T, heads, dim, drope.table(style), d_pos.as<int64_t>(), ws,
+                            dtype, nullptr, nullptr);
+        ASSERT_EQ(cuda::to_host<float>(d_q2, q.size()), got_q);
+      }
+  DeviceBuffer buf(4096), pos(8);
+  EXPECT_THROW(cuda::index_queries(buf.as<float>(), buf.as<float>(), 1, 2, 32, drope.table(ops::RopeStyle::HalfSplit),
+                                   pos.as<int64_t>(), 1.0f, KvDtype::BF16, nullptr, nullptr),
+               Error)
+      << "heads shorter than the rotary dims";
+}
+
 struct IndexerCase {
   int heads, dim;
   std::vector<int> ctx;  // per query token: its context length (tokens t share sequences round-robin)
@@ -225,6 +376,24 @@ void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kern
   std::vector<float> qr = q;
   if (kernel == cuda::IndexerKernel::Mma)
     for (float& x : qr) x = dtype == KvDtype::BF16 ? round_bf16(x) : round_f16(x);
+  if (kernel == cuda::IndexerKernel::Mma) {
+    // The queries handed over already rounded (IndexerArgs::q16, rounded here on the host): the same
+    // scores, bit for bit, without q being read.
+    std::vector<uint16_t> q16(q.size());
+    for (size_t i = 0; i < q.size(); ++i)
+      q16[i] = cuda::index_queries_fp16(dtype) ? f32_to_fp16(q[i]) : f32_to_bf16(q[i]);
+    DeviceBuffer d_q16 = cuda::to_device(q16), d_scores16(size_t(T * max_ctx) * 4);
+    cuda::IndexerArgs a16 = a;
+    a16.q = nullptr;
+    a16.q16 = d_q16.as<uint16_t>();
+    a16.scores = d_scores16.as<float>();
+    cuda::indexer_scores(a16, kernel, nullptr);
+    const std::vector<float> got16 = cuda::to_host<float>(d_scores16, size_t(T * max_ctx));
+    for (int t = 0; t < T; ++t)
+      for (int p = 0; p < n_ctx[size_t(t)]; ++p)
+        ASSERT_EQ(got16[size_t(t * max_ctx + p)], got[size_t(t * max_ctx + p)])
+            << "16-bit queries: token " << t << " position " << p;
+  }
   // Error relative to the size of the terms summed: sum_h |w_h| relu(q_h . k) (a score near zero
   // after cancellation is still only as exact as its terms).
   std::vector<float> w_abs(w);

@@ -183,6 +183,74 @@ TEST(CudaSmallOps, RopeMatchesCpuBothStylesBothPositionTypes) {
   }
 }
 
+// apply_to: q_pe moved into the wider absorbed row [W_UK q_nope | rope(q_pe)] in one launch. The
+// rotated values against the CPU's rope, bit for bit equal to the in-place kernel's; the values
+// past the rotary dims copied; every other value of the destination untouched.
+TEST(CudaSmallOps, RopeIntoAnotherArrayMatchesCpu) {
+  SPARSEMLA_REQUIRE_GPU();
+  for (const auto& [name, rope] : ropes()) {
+    const DeviceRope drope(rope);
+    const int64_t d = rope.dims();
+    for (int64_t T : kTokenCounts)
+      for (int64_t heads : {1, 3, 64})
+        for (int64_t extra : {0, 5})
+          for (ops::RopeStyle style : {ops::RopeStyle::Interleaved, ops::RopeStyle::HalfSplit}) {
+            // source heads [nope | rope | extra], destination heads [lead | rope | extra | pad]
+            const int64_t nope = 12, width = d + extra, src_stride = nope + width, lead = 20,
+                          dst_stride = lead + width + 3;
+            const auto x = randn(size_t(T * heads * src_stride), uint32_t(T * 37 + heads + extra));
+            const auto dst0 = randn(size_t(T * heads * dst_stride), uint32_t(T * 41 + heads));
+            std::mt19937 rng(uint32_t(T + heads + extra));
+            std::vector<int64_t> pos(static_cast<size_t>(T));
+            for (auto& p : pos) p = int64_t(rng() % 200000);
+            std::vector<float> want(dst0);
+            for (int64_t t = 0; t < T; ++t)
+              for (int64_t h = 0; h < heads; ++h) {
+                const float* src = x.data() + (t * heads + h) * src_stride + nope;
+                float* dst = want.data() + (t * heads + h) * dst_stride + lead;
+                std::copy_n(src, width, dst);
+                rope.apply(dst, pos[size_t(t)], style);
+              }
+            const std::string what = "rope into " + name + " T=" + std::to_string(T) + " heads=" + std::to_string(heads) +
+                                     " extra=" + std::to_string(extra);
+            DeviceBuffer dx = to_device(x), ddst = to_device(dst0), dpos = to_device(pos);
+            drope.apply_to(dx.as<float>() + nope, src_stride, ddst.as<float>() + lead, dst_stride, width, T, heads,
+                           dpos.as<int64_t>(), style, nullptr);
+            const auto got = to_host<float>(ddst, dst0.size());
+            DeviceBuffer dinplace = to_device(x);
+            drope.apply(dinplace.as<float>() + nope, T, heads, src_stride, dpos.as<int64_t>(), style, nullptr);
+            const auto inplace = to_host<float>(dinplace, x.size());
+            ASSERT_EQ(to_host<float>(dx, x.size()), x) << what << ": the source changed";
+            for (int64_t t = 0; t < T; ++t)
+              for (int64_t h = 0; h < heads; ++h)
+                for (int64_t c = 0; c < dst_stride; ++c) {
+                  const size_t i = size_t((t * heads + h) * dst_stride + c);
+                  if (c < lead || c >= lead + width) {
+                    ASSERT_EQ(got[i], dst0[i]) << what << ": a value outside the destination's part changed at " << i;
+                    continue;
+                  }
+                  const size_t si = size_t((t * heads + h) * src_stride + nope + (c - lead));
+                  ASSERT_EQ(got[i], inplace[si]) << what << ": differs from the in-place rope at " << i;
+                  if (c - lead >= d) ASSERT_EQ(got[i], x[si]) << what << ": a copied value differs at " << i;
+                  double pair_norm = 0;
+                  for (int64_t j = 0; j < d; ++j)
+                    pair_norm = std::max(pair_norm, double(std::fabs(x[si - size_t(c - lead) + size_t(j)])));
+                  ASSERT_NEAR(got[i], want[i], 1e-6 * pair_norm + 1e-7) << what << " at " << i;
+                }
+          }
+  }
+  const DeviceRope drope(ropes()[0].second);
+  DeviceBuffer buf(4096), pos(8);
+  EXPECT_THROW(drope.apply_to(buf.as<float>(), 64, buf.as<float>(), 32, 64, 1, 1, pos.as<int64_t>(),
+                              ops::RopeStyle::HalfSplit, nullptr),
+               Error)
+      << "a destination stride shorter than the values moved";
+  EXPECT_THROW(drope.apply_to(buf.as<float>(), 64, buf.as<float>(), 64, 32, 1, 1, pos.as<int64_t>(),
+                              ops::RopeStyle::HalfSplit, nullptr),
+               Error)
+      << "fewer values than the rotary dims";
+}
+
 TEST(CudaSmallOps, SiluMulPlainAndFusedMatchCpu) {
   SPARSEMLA_REQUIRE_GPU();
   for (int64_t F : kRowLengths)

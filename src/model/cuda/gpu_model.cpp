@@ -236,8 +236,8 @@ struct GpuModel::Workspace {
   float* olat = nullptr;    // [T, n_head, kv_lora]
   float* o = nullptr;       // [T, n_head * v_head]
   float* ik = nullptr;      // [T, idx_dim]
-  float* ikn = nullptr;     // [T, idx_dim]
   float* iq = nullptr;      // [T, idx_heads, idx_dim]
+  uint16_t* iq16 = nullptr;  // [T, idx_heads, idx_dim]: iq rounded for the mma indexer (IndexerArgs::q16)
   float* iw = nullptr;      // [T, idx_heads]
   float* scores = nullptr;  // [score_rows, max_ctx]
   float* g = nullptr;       // [T * ffn_width]
@@ -307,8 +307,8 @@ uint64_t layout_workspace(const HParams& hp, bool sparse, const WsDims& d, char*
   take(ws.olat, T * nh * kvl);
   take(ws.o, T * nh * hp.v_head);
   take(ws.ik, T * id);
-  take(ws.ikn, T * id);
   take(ws.iq, T * ih * id);
+  take(ws.iq16, T * ih * id);
   take(ws.iw, T * ih);
   take(ws.scores, sparse ? d.score_rows * d.max_ctx : 0);
   take(ws.g, T * ffn_width);
@@ -1006,11 +1006,9 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
     product(L.q, w.x, T, w.q, qx);  // no q_a, so no indexer (hparams refuses one)
   }
   mark("attention: q_a, kv_a, q_b and the indexer's products");
-  // The latent rows [rmsnorm(c) | rope(k_pe)] into the cache.
-  cuda::rms_norm(w.kv, lat, L.kv_a_norm, T, kvl, hp.rms_eps, w.kv, lat, s);
-  st.rope->apply(w.kv + kvl, T, 1, lat, w.pos, spec_->main_rope, s);
-  cuda::write_latent_rows(w.kv, w.slots, T, cache.dtype(), int(kvl), int(rope), cache.latent(il),
-                          cache.latent_row_bytes(), s);
+  // The latent rows [rmsnorm(c) | rope(k_pe)] into the cache (one launch).
+  cuda::write_latent_normed(w.kv, L.kv_a_norm, hp.rms_eps, st.rope->table(spec_->main_rope), w.pos, w.slots, T,
+                            cache.dtype(), int(kvl), int(rope), cache.latent(il), cache.latent_row_bytes(), s);
   mark("attention: norms, rope, cache rows");
 
   if (index) {
@@ -1031,9 +1029,8 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   }
 
   // q per head [q_nope | rope(q_pe)], absorbed into the latent space: qfull = [W_UK_h q_nope | q_pe].
-  st.rope->apply(w.q + nope, T, nh, qk, w.pos, spec_->main_rope, s);
+  st.rope->apply_to(w.q + nope, qk, w.qfull + kvl, lat, rope, T, nh, w.pos, spec_->main_rope, s);
   st.blas.per_head(L.uk, w.q, qk, T, w.qfull, lat, s);
-  gpu::copy_columns(w.q + nope, qk, w.qfull + kvl, lat, rope, T * nh, s);
   mark("attention: rope, W_UK absorption");
 
   cuda::AttentionArgs a;
@@ -1071,23 +1068,27 @@ void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
   const int64_t T = st.T, heads = hp.idx_heads, dim = hp.idx_dim;
   if (!cache.has_keys(il)) fail("GPU forward: the cache holds no index keys for layer {}", il);
 
-  // keys: layernorm(x @ attn_k), rope on the first rope dims
-  cuda::layer_norm(w.ik, L.idx_k_norm_w, L.idx_k_norm_b, T, dim, 1e-6f, w.ikn, s);
-  st.rope->apply(w.ikn, T, 1, dim, w.pos, spec_->indexer_rope, s);
-  cuda::write_index_keys(w.ikn, w.slots, T, cache.dtype(), int(dim), cache.keys(il), cache.key_row_bytes(), s);
+  // keys: layernorm(x @ attn_k), rope on the first rope dims, into the cache (one launch; two
+  // launches before the scores, which read their keys before waiting for the kernel before them)
+  const cuda::RopeTable rt = st.rope->table(spec_->indexer_rope);
+  cuda::write_index_keys_normed(w.ik, L.idx_k_norm_w, L.idx_k_norm_b, 1e-6f, rt, w.pos, w.slots, T, cache.dtype(),
+                                int(dim), cache.keys(il), cache.key_row_bytes(), s);
 
-  // queries (qr @ q_b): rope on the first rope dims of each head; weights with both scales folded in
-  st.rope->apply(w.iq, T, heads, dim, w.pos, spec_->indexer_rope, s);
-  cuda::scale(w.iw, 1.0f / std::sqrt(float(heads) * float(dim)), T * heads, s);
-  mark("indexer: keys, rope");
-
+  // queries (qr @ q_b): rope on the first rope dims of each head, and for the mma kernel rounded to
+  // its 16-bit type; weights with both scales folded in (one launch)
   const int fi = format_index(cache.dtype());
+  const bool mma = st.idx_kernel[fi] == cuda::IndexerKernel::Mma;
+  cuda::index_queries(w.iq, w.iw, T, int(heads), int(dim), rt, w.pos, 1.0f / std::sqrt(float(heads) * float(dim)),
+                      cache.dtype(), mma ? w.iq16 : nullptr, s);
+  mark("indexer: keys, queries, rope");
+
   const int64_t chunk = st.ws_dims.score_rows;
   const int k = int(hp.idx_top_k);
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t n = std::min(chunk, T - t0);
     cuda::IndexerArgs a;
     a.q = w.iq + t0 * heads * dim;
+    a.q16 = mma ? w.iq16 + t0 * heads * dim : nullptr;
     a.w = w.iw + t0 * heads;
     a.T = n;
     a.heads = int(heads);

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "ops/cuda/buffer.h"
+#include "ops/cuda/small_ops.h"
 
 namespace sparsemla::cuda {
 
@@ -44,6 +45,18 @@ void write_latent_rows(const float* rows, const int64_t* slots, int64_t T, KvDty
 void write_index_keys(const float* keys, const int64_t* slots, int64_t T, KvDtype d, int dim, void* cache,
                       int64_t row_bytes, Stream s);
 
+// The decode step's fused forms, one launch instead of three: the new tokens' latent rows
+// [rms_norm(c) * w | rope(k_pe)] from kv_a's output, and their index keys rope(layer_norm(k) * w + b)
+// (rope on the first 2 rope.half values), normalized and rotated in the order and precision of
+// rms_norm / layer_norm and DeviceRope::apply (the same bits), then stored as the two above store.
+//   kv: [T, kv_lora + rope_dims]   keys: [T, dim]   pos: [T]   norm_b may be null
+void write_latent_normed(const float* kv, const float* norm_w, float eps, const RopeTable& rope, const int64_t* pos,
+                         const int64_t* slots, int64_t T, KvDtype d, int kv_lora, int rope_dims, void* cache,
+                         int64_t row_bytes, Stream s);
+void write_index_keys_normed(const float* keys, const float* norm_w, const float* norm_b, float eps,
+                             const RopeTable& rope, const int64_t* pos, const int64_t* slots, int64_t T, KvDtype d,
+                             int dim, void* cache, int64_t row_bytes, Stream s);
+
 // Which kernel runs an operation (chosen by ops/select; every one is correct on every shape it accepts).
 enum class IndexerKernel { Mma, Fma };
 enum class AttentionKernel { Mma, Fma, Wgmma };  // Wgmma: Hopper only (sparse_mla_sm90.cu)
@@ -62,7 +75,11 @@ inline bool attention_kernel_named(const std::string& backend, AttentionKernel* 
 // p < n_ctx[t] over the keys of sequence seq[t]; entries p >= n_ctx[t] are left unwritten.
 //   q: [T, heads, dim] fp32   w: [T, heads] fp32 (scales folded in)   scores: [T, score_stride]
 struct IndexerArgs {
-  const float* q = nullptr;
+  const float* q = nullptr;  // [T, heads, dim]
+  // The same queries already rounded to the 16-bit type the mma kernel multiplies (index_queries):
+  // where set, the mma kernel copies them straight into shared memory and does not read q (the
+  // scores are the same bits); the fma kernel always reads q.
+  const uint16_t* q16 = nullptr;
   const float* w = nullptr;
   int64_t T = 0;
   int heads = 0;
@@ -76,6 +93,17 @@ struct IndexerArgs {
   int64_t score_stride = 0;
 };
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
+
+// The 16-bit type of the mma indexer's queries: fp16 against fp8 keys (widened exactly to fp16),
+// bf16 against bf16 keys.
+inline bool index_queries_fp16(KvDtype keys) { return keys == KvDtype::FP8; }
+
+// The indexer's queries and head weights as the scores read them, in one launch: rope on the first
+// 2 rope.half values of each head of q (in place, as DeviceRope::apply), w *= w_scale (in place),
+// and where q16 is given the rotated queries rounded to nearest in the mma kernel's 16-bit type
+// for keys of `keys` (IndexerArgs::q16).   q: [T, heads, dim]   w: [T, heads]   q16: [T, heads, dim]
+void index_queries(float* q, float* w, int64_t T, int heads, int dim, const RopeTable& rope, const int64_t* pos,
+                   float w_scale, KvDtype keys, uint16_t* q16, Stream s);
 
 // Indices of the k largest of scores[t][0 .. n[t]) per row, in ascending order (so the attention
 // sums a token's positions in one order on every run); ties at the boundary go to the lower index

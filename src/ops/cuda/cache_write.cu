@@ -3,8 +3,11 @@
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.cuh"
+#include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/rope.cuh"
+#include "ops/cuda/row_norm.cuh"
 
 namespace sparsemla::cuda {
 
@@ -28,58 +31,119 @@ int64_t index_key_row_bytes(KvDtype d, int dim) {
 
 namespace {
 
-// One block per row: `n_fp8` values quantized in groups of 128 (one warp per group, scale =
-// amax / 448), followed by the scales, then `n_tail` values kept as bf16 (the rope part).
-__global__ void write_fp8_rows(const float* rows, const int64_t* slots, int n_fp8, int n_tail, uint8_t* cache,
-                               int64_t row_bytes) {
-  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
-  const float* x = rows + int64_t(blockIdx.x) * (n_fp8 + n_tail);
-  uint8_t* dst = cache + slots[blockIdx.x] * row_bytes;
-  const int groups = (n_fp8 + kFp8Group - 1) / kFp8Group;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* scales = reinterpret_cast<float*>(dst + n_fp8);
-  for (int gi = warp; gi < groups; gi += blockDim.x / 32) {
-    const int c0 = gi * kFp8Group, c1 = min(n_fp8, c0 + kFp8Group);
-    float amax = 0.0f;
-    for (int c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(x[c]));
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
-    for (int c = c0 + lane; c < c1; c += 32) dst[c] = float_to_fp8(x[c] / scale);
-    if (lane == 0) scales[gi] = scale;
+// Row x (n_fp8 + n_tail fp32 values, global or shared) stored at dst in format D by the whole
+// block. FP8: the first n_fp8 values quantized in groups of 128 (one warp per group, scale =
+// amax / 448), followed by the scales, then the n_tail values kept as bf16 (the rope part).
+template <KvDtype D>
+__device__ __forceinline__ void store_row(const float* x, uint8_t* dst, int n_fp8, int n_tail) {
+  const int n = n_fp8 + n_tail;
+  if constexpr (D == KvDtype::F32) {
+    float* out = reinterpret_cast<float*>(dst);
+    for (int c = threadIdx.x; c < n; c += blockDim.x) out[c] = x[c];
+  } else if constexpr (D == KvDtype::BF16) {
+    __nv_bfloat16* out = reinterpret_cast<__nv_bfloat16*>(dst);
+    for (int c = threadIdx.x; c < n; c += blockDim.x) out[c] = __float2bfloat16(x[c]);
+  } else {
+    const int groups = (n_fp8 + kFp8Group - 1) / kFp8Group;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float* scales = reinterpret_cast<float*>(dst + n_fp8);
+    for (int gi = warp; gi < groups; gi += blockDim.x / 32) {
+      const int c0 = gi * kFp8Group, c1 = min(n_fp8, c0 + kFp8Group);
+      float amax = 0.0f;
+      for (int c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(x[c]));
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+      for (int c = c0 + lane; c < c1; c += 32) dst[c] = float_to_fp8(x[c] / scale);
+      if (lane == 0) scales[gi] = scale;
+    }
+    __nv_bfloat16* tail = reinterpret_cast<__nv_bfloat16*>(dst + n_fp8 + 4 * groups);
+    for (int c = threadIdx.x; c < n_tail; c += blockDim.x) tail[c] = __float2bfloat16(x[n_fp8 + c]);
   }
-  __nv_bfloat16* tail = reinterpret_cast<__nv_bfloat16*>(dst + n_fp8 + 4 * groups);
-  for (int c = threadIdx.x; c < n_tail; c += blockDim.x) tail[c] = __float2bfloat16(x[n_fp8 + c]);
 }
 
-__global__ void write_bf16_rows(const float* rows, const int64_t* slots, int n, __nv_bfloat16* cache,
-                                int64_t row_elems) {
+// One block per row.
+template <KvDtype D>
+__global__ void write_rows_kernel(const float* rows, const int64_t* slots, int n_fp8, int n_tail, uint8_t* cache,
+                                  int64_t row_bytes) {
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
-  const float* x = rows + int64_t(blockIdx.x) * n;
-  __nv_bfloat16* dst = cache + slots[blockIdx.x] * row_elems;
-  for (int c = threadIdx.x; c < n; c += blockDim.x) dst[c] = __float2bfloat16(x[c]);
+  store_row<D>(rows + int64_t(blockIdx.x) * (n_fp8 + n_tail), cache + slots[blockIdx.x] * row_bytes, n_fp8, n_tail);
 }
 
-__global__ void write_f32_rows(const float* rows, const int64_t* slots, int n, float* cache, int64_t row_elems) {
-  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
-  const float* x = rows + int64_t(blockIdx.x) * n;
-  float* dst = cache + slots[blockIdx.x] * row_elems;
-  for (int c = threadIdx.x; c < n; c += blockDim.x) dst[c] = x[c];
-}
+// Threads of a row's block: fp8 one warp per group of 128 (at most 8).
+int store_threads(KvDtype d, int n_fp8) { return d == KvDtype::FP8 ? 32 * std::min(8, std::max(1, fp8_groups(n_fp8))) : 128; }
 
 void write_rows(const float* rows, const int64_t* slots, int64_t T, KvDtype d, int n_fp8, int n_tail, void* cache,
                 int64_t row_bytes, Stream s) {
   if (T == 0) return;
   auto st = static_cast<cudaStream_t>(s);
-  if (d == KvDtype::F32) {
-    write_f32_rows<<<unsigned(T), 128, 0, st>>>(rows, slots, n_fp8 + n_tail, static_cast<float*>(cache), row_bytes / 4);
-  } else if (d == KvDtype::BF16) {
-    write_bf16_rows<<<unsigned(T), 128, 0, st>>>(rows, slots, n_fp8 + n_tail, static_cast<__nv_bfloat16*>(cache),
-                                                  row_bytes / 2);
+  auto* c = static_cast<uint8_t*>(cache);
+  const int threads = store_threads(d, n_fp8);
+  if (d == KvDtype::F32)
+    write_rows_kernel<KvDtype::F32><<<unsigned(T), threads, 0, st>>>(rows, slots, n_fp8, n_tail, c, row_bytes);
+  else if (d == KvDtype::BF16)
+    write_rows_kernel<KvDtype::BF16><<<unsigned(T), threads, 0, st>>>(rows, slots, n_fp8, n_tail, c, row_bytes);
+  else
+    write_rows_kernel<KvDtype::FP8><<<unsigned(T), threads, 0, st>>>(rows, slots, n_fp8, n_tail, c, row_bytes);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+// One block of row_threads(n_norm) threads per row (the norm kernels' count, so the same sums):
+// the row's first n_norm values normalized (RMS: x / rms * w; layer: (x - mean) / sd * w + b), the
+// rest as they are, then pairs [rot0, rot0 + 2 half) rotated at the token's position, then stored.
+template <KvDtype D, bool LAYER>
+__global__ void write_normed_kernel(const float* rows, int64_t in_stride, int n_norm, const float* __restrict__ w,
+                                    const float* __restrict__ b, float eps, int rot0, RopeTable rope,
+                                    const int64_t* __restrict__ pos, const int64_t* slots, int n_fp8, int n_tail,
+                                    uint8_t* cache, int64_t row_bytes) {
+  extern __shared__ float row[];  // [n_fp8 + n_tail]
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
+  const int n = n_fp8 + n_tail;
+  const float* x = rows + int64_t(blockIdx.x) * in_stride;
+  float v[kRowCache];
+  load_row(x, n_norm, v);
+  if constexpr (LAYER) {
+    float mean, inv;
+    layer_norm_stats(v, n_norm, eps, &mean, &inv);
+    for_row(n_norm, [&](int j, int64_t i) { row[i] = (v[j] - mean) * inv * w[i] + (b ? b[i] : 0.0f); });
   } else {
-    const int warps = std::min(8, std::max(1, fp8_groups(n_fp8)));
-    write_fp8_rows<<<unsigned(T), 32 * warps, 0, st>>>(rows, slots, n_fp8, n_tail, static_cast<uint8_t*>(cache),
-                                                       row_bytes);
+    const float scale = rms_inv(v, n_norm, eps);
+    for_row(n_norm, [&](int j, int64_t i) { row[i] = v[j] * scale * w[i]; });
   }
+  for (int i = n_norm + int(threadIdx.x); i < n; i += blockDim.x) row[i] = x[i];
+  __syncthreads();
+  const float p = float(pos[blockIdx.x]);
+  for (int64_t i = threadIdx.x; i < rope.half; i += blockDim.x) {
+    float* a = row + rot0 + rope_a(rope, i);
+    float* bb = row + rot0 + rope_b(rope, i);
+    rope_rotate(rope_angle(rope, p, i), a, bb);
+  }
+  __syncthreads();
+  store_row<D>(row, cache + slots[blockIdx.x] * row_bytes, n_fp8, n_tail);
+}
+
+template <bool LAYER>
+void write_normed(const char* op, const float* rows, int64_t in_stride, int n_norm, const float* w, const float* b,
+                  float eps, int rot0, const RopeTable& rope, const int64_t* pos, const int64_t* slots, int64_t T,
+                  KvDtype d, int n_fp8, int n_tail, void* cache, int64_t row_bytes, Stream s) {
+  const int n = n_fp8 + n_tail;
+  if (T < 0 || T > INT32_MAX || n_norm < 0 || n_norm > n || in_stride < n)
+    fail("cuda::{}: bad shape: {} rows of {} values ({} normalized), row stride {}", op, T, n, n_norm, in_stride);
+  if (n_norm > kMaxCachedRow) fail("cuda::{}: {} values to normalize, more than the {} one block holds", op, n_norm, kMaxCachedRow);
+  if (rot0 < 0 || rot0 + 2 * rope.half > n)
+    fail("cuda::{}: rotary values [{}, {}) outside the row of {}", op, rot0, rot0 + 2 * rope.half, n);
+  if (T == 0) return;
+  auto st = static_cast<cudaStream_t>(s);
+  auto* c = static_cast<uint8_t*>(cache);
+  const int threads = row_threads(n_norm);
+  const size_t smem = size_t(n) * 4;
+  auto launch = [&](auto kernel) {
+    allow_smem(kernel, smem);
+    kernel<<<unsigned(T), threads, smem, st>>>(rows, in_stride, n_norm, w, b, eps, rot0, rope, pos, slots, n_fp8, n_tail,
+                                                c, row_bytes);
+  };
+  if (d == KvDtype::F32) launch(write_normed_kernel<KvDtype::F32, LAYER>);
+  else if (d == KvDtype::BF16) launch(write_normed_kernel<KvDtype::BF16, LAYER>);
+  else launch(write_normed_kernel<KvDtype::FP8, LAYER>);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
@@ -93,6 +157,20 @@ void write_latent_rows(const float* rows, const int64_t* slots, int64_t T, KvDty
 void write_index_keys(const float* keys, const int64_t* slots, int64_t T, KvDtype d, int dim, void* cache,
                       int64_t row_bytes, Stream s) {
   write_rows(keys, slots, T, d, dim, 0, cache, row_bytes, s);
+}
+
+void write_latent_normed(const float* kv, const float* norm_w, float eps, const RopeTable& rope, const int64_t* pos,
+                         const int64_t* slots, int64_t T, KvDtype d, int kv_lora, int rope_dims, void* cache,
+                         int64_t row_bytes, Stream s) {
+  write_normed<false>("write_latent_normed", kv, kv_lora + rope_dims, kv_lora, norm_w, nullptr, eps, kv_lora, rope, pos,
+                      slots, T, d, kv_lora, rope_dims, cache, row_bytes, s);
+}
+
+void write_index_keys_normed(const float* keys, const float* norm_w, const float* norm_b, float eps,
+                             const RopeTable& rope, const int64_t* pos, const int64_t* slots, int64_t T, KvDtype d,
+                             int dim, void* cache, int64_t row_bytes, Stream s) {
+  write_normed<true>("write_index_keys_normed", keys, dim, dim, norm_w, norm_b, eps, 0, rope, pos, slots, T, d, dim, 0,
+                     cache, row_bytes, s);
 }
 
 }  // namespace sparsemla::cuda

@@ -15,6 +15,7 @@
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/rope.cuh"
 
 namespace sparsemla::cuda {
 namespace {
@@ -173,12 +174,26 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
   pdl::wait();
   pdl::launch_dependents();  // the top-k after it may be scheduled (it waits for the scores)
 
-  // queries and head weights of token t, while the first tiles load; eight loads in flight per
-  // thread, each float4 stored as four 16-bit values in one 8-byte store
+  // queries and head weights of token t, while the first tiles load: 16-bit queries copied as they
+  // are (16-byte chunks through L1, which the SM's other blocks of the token then hit: through L2
+  // alone, every block of a one-token call fetching the same 16 KB cost 3-5 us at 128K keys; rows
+  // of zeros for the padding heads; waited for with the first tile), fp32 ones with eight loads in
+  // flight per thread, each float4 stored as four 16-bit values in one 8-byte store
+  if (a.q16) {
+    constexpr int CH = DIM / 8;  // 16-byte chunks per head
+    const uint16_t* q16 = a.q16 + int64_t(t) * a.heads * DIM;
+    for (int i = tid; i < heads_pad * CH; i += kThreads) {
+      const int h = i / CH, c = i % CH;
+      T16* dst = sQ + h * STR + c * 8;
+      if (h < a.heads) cp_async16_l1(dst, q16 + h * DIM + c * 8);
+      else *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    cp_async_commit();
+  }
   const float* q = a.q + int64_t(t) * a.heads * DIM;
   constexpr int V4 = DIM / 4;  // float4 per head
   const int q_vec = a.heads * V4;
-  for (int i0 = 0; i0 < heads_pad * V4; i0 += 8 * kThreads) {
+  for (int i0 = 0; !a.q16 && i0 < heads_pad * V4; i0 += 8 * kThreads) {
     float4 v[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
@@ -198,7 +213,8 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
   const int mi = lane / 8, ri = lane % 8;
   float* out = a.scores + int64_t(t) * a.score_stride;
   for (int it = 0; it < n_tiles; ++it) {
-    cp_async_wait_group<STAGES - 2>();
+    if (it == 0) cp_async_wait_all();  // the first tile, and the 16-bit queries committed after it
+    else cp_async_wait_group<STAGES - 2>();
     __syncthreads();  // tile `it` landed for every thread; the stage refilled below is no longer read
     if (it + STAGES - 1 < n_tiles) issue(it + STAGES - 1, (it + STAGES - 1) % STAGES);
     cp_async_commit();
@@ -322,7 +338,53 @@ void launch_mma(const IndexerArgs& a, cudaStream_t st) {
   launch_stages<DIM, FP8, 2, false>(a, run, st);
 }
 
+// index_queries: block (token, 8 heads), one warp per head.
+constexpr int kQueryHeadsPerBlock = 8;
+
+template <class T16>
+__global__ void index_queries_kernel(float* q, float* w, int heads, int dim, RopeTable rope,
+                                     const int64_t* __restrict__ pos, float w_scale, T16* q16) {
+  pdl::launch_dependents();  // the next kernel may start its prologue (pdl.cuh)
+  const int t = blockIdx.x, h = blockIdx.y * kQueryHeadsPerBlock + threadIdx.y, lane = threadIdx.x;
+  if (h >= heads) return;
+  const int64_t head = int64_t(t) * heads + h;
+  float* row = q + head * dim;
+  T16* row16 = q16 ? q16 + head * dim : nullptr;
+  const float p = float(pos[t]);
+  for (int64_t i = lane; i < rope.half; i += 32) {
+    const int64_t ia = rope_a(rope, i), ib = rope_b(rope, i);
+    float x0 = row[ia], x1 = row[ib];
+    rope_rotate(rope_angle(rope, p, i), &x0, &x1);
+    row[ia] = x0;
+    row[ib] = x1;
+    if (row16) {
+      row16[ia] = T16(x0);  // the constructors round to nearest even, as pack4 does
+      row16[ib] = T16(x1);
+    }
+  }
+  if (row16)
+    for (int64_t c = 2 * rope.half + lane; c < dim; c += 32) row16[c] = T16(row[c]);
+  if (lane == 0) w[head] *= w_scale;
+}
+
 }  // namespace
+
+void index_queries(float* q, float* w, int64_t T, int heads, int dim, const RopeTable& rope, const int64_t* pos,
+                   float w_scale, KvDtype keys, uint16_t* q16, Stream s) {
+  if (T < 0 || T > INT32_MAX || heads <= 0 || dim <= 0)
+    fail("index_queries: bad shape: {} tokens of {} heads x {} values", T, heads, dim);
+  if (2 * rope.half > dim) fail("index_queries: {} rotary values in heads of {}", 2 * rope.half, dim);
+  if (T == 0) return;
+  auto st = static_cast<cudaStream_t>(s);
+  const dim3 grid{unsigned(T), unsigned(ceil_div(heads, kQueryHeadsPerBlock))};
+  const dim3 block(32, kQueryHeadsPerBlock);
+  if (index_queries_fp16(keys))
+    index_queries_kernel<__half><<<grid, block, 0, st>>>(q, w, heads, dim, rope, pos, w_scale, reinterpret_cast<__half*>(q16));
+  else
+    index_queries_kernel<__nv_bfloat16><<<grid, block, 0, st>>>(q, w, heads, dim, rope, pos, w_scale,
+                                                                reinterpret_cast<__nv_bfloat16*>(q16));
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
 
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s) {
   if (a.T == 0 || a.max_ctx == 0) return;
@@ -331,6 +393,7 @@ void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s) {
   if (fp8 && a.dim > kFp8Group) fail("indexer: fp8 keys need dim <= {} (one scale per key), got {}", kFp8Group, a.dim);
   if (k == IndexerKernel::Mma) {
     if (a.dtype == KvDtype::F32) fail("indexer: the mma kernel takes bf16 or fp8 keys, not f32");
+    if (reinterpret_cast<uintptr_t>(a.q16) % 16 != 0) fail("indexer: 16-bit queries must start 16-byte aligned");
     if (a.dim == 128) return fp8 ? launch_mma<128, true>(a, st) : launch_mma<128, false>(a, st);
     if (a.dim == 64) return fp8 ? launch_mma<64, true>(a, st) : launch_mma<64, false>(a, st);
     fail("indexer: the mma kernel takes dim 64 or 128, got {}", a.dim);

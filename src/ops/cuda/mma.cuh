@@ -45,6 +45,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const uint32_t addr = uint32_t(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(gmem));
 }
+// The same through L1 (cached there): for data many blocks of an SM read, such as a token's queries.
+__device__ __forceinline__ void cp_async16_l1(void* smem, const void* gmem) {
+  const uint32_t addr = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(gmem));
+}
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
   const uint32_t addr = uint32_t(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(addr), "l"(gmem));

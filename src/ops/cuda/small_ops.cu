@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "ops/cuda/check.cuh"
+#include "ops/cuda/rope.cuh"
+#include "ops/cuda/row_norm.cuh"
 #include "ops/cuda/small_ops_reduce.cuh"
 #include "ops/cuda/pdl.cuh"
 
@@ -15,48 +17,11 @@ constexpr int64_t kMaxElementwiseBlocks = 65535;
 
 cudaStream_t stream_of(Stream s) { return static_cast<cudaStream_t>(s); }
 
-// Threads for one row of n values: a warp for short rows, up to 512 so that long rows (n = 6144)
-// still give each thread a dozen values.
-int row_threads(int64_t n) {
-  if (n <= 64) return 32;
-  if (n <= 512) return 128;
-  if (n <= 2048) return 256;
-  return 512;
-}
-
 int elementwise_blocks(int64_t n) {
   return int(std::min<int64_t>(kMaxElementwiseBlocks, (n + kElementwiseThreads - 1) / kElementwiseThreads));
 }
 
-// ---- norms: one block per row ----
-//
-// A row of up to kRowCache x blockDim.x values (8192 at 512 threads: hidden sizes 6144 and 7168)
-// is read once into registers, all of a thread's loads in flight together: walking the row with
-// one dependent load at a time cost ~7-11 us per 6144-value row on an H200, for one token. Longer
-// rows take the loop. Either way each thread sums its values in the same order (i = tid, tid +
-// blockDim.x, ...), so the two give the same bits.
-
-constexpr int kRowCache = 16;
-
-// Whether this block's row fits in its threads' registers.
-__device__ __forceinline__ bool row_fits(int64_t n) { return n <= int64_t(kRowCache) * blockDim.x; }
-
-// f(j, i) for this thread's positions i = tid + j * blockDim.x inside the row, j < kRowCache.
-template <class F>
-__device__ __forceinline__ void for_row(int64_t n, F&& f) {
-#pragma unroll
-  for (int j = 0; j < kRowCache; ++j) {
-    const int64_t i = threadIdx.x + int64_t(j) * blockDim.x;
-    if (i < n) f(j, i);
-  }
-}
-
-// This thread's values of the row, 0 past its end (adding 0 to a sum leaves its bits).
-__device__ __forceinline__ void load_row(const float* row, int64_t n, float (&v)[kRowCache]) {
-#pragma unroll
-  for (int j = 0; j < kRowCache; ++j) v[j] = 0.0f;
-  for_row(n, [&](int j, int64_t i) { v[j] = row[i]; });
-}
+// ---- norms: one block per row (row_norm.cuh) ----
 
 // x may be out (an in-place norm), hence no __restrict__ on either.
 __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const float* __restrict__ w,
@@ -67,11 +32,7 @@ __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const float* _
   if (row_fits(n)) {
     float v[kRowCache];
     load_row(xr, n, v);
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kRowCache; ++j) ss += v[j] * v[j];
-    ss = block_sum(ss);  // synchronizes: every read of x is done before out (maybe x) is written
-    const float scale = 1.0f / sqrtf(ss / float(n) + eps);
+    const float scale = rms_inv(v, n, eps);  // synchronizes: every read of x is done before out (maybe x) is written
     for_row(n, [&](int j, int64_t i) { orow[i] = v[j] * scale * w[i]; });
     return;
   }
@@ -94,11 +55,7 @@ __global__ void add_rms_norm_kernel(float* __restrict__ h, const float* __restri
     for (int j = 0; j < kRowCache; ++j) v[j] = 0.0f;
     for_row(n, [&](int j, int64_t i) { v[j] = hr[i] + dr[i]; });
     for_row(n, [&](int j, int64_t i) { hr[i] = v[j]; });
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kRowCache; ++j) ss += v[j] * v[j];
-    ss = block_sum(ss);
-    const float scale = 1.0f / sqrtf(ss / float(n) + eps);
+    const float scale = rms_inv(v, n, eps);
     for_row(n, [&](int j, int64_t i) { orow[i] = v[j] * scale * w[i]; });
     return;
   }
@@ -121,14 +78,8 @@ __global__ void layer_norm_kernel(const float* __restrict__ x, const float* __re
   if (row_fits(n)) {
     float v[kRowCache];
     load_row(xr, n, v);
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kRowCache; ++j) sum += v[j];
-    const float mean = block_sum(sum) / float(n);
-    float var = 0.0f;
-    for_row(n, [&](int j, int64_t) { var += (v[j] - mean) * (v[j] - mean); });
-    var = block_sum(var) / float(n);
-    const float inv = 1.0f / sqrtf(var + eps);
+    float mean, inv;
+    layer_norm_stats(v, n, eps, &mean, &inv);
     for_row(n, [&](int j, int64_t i) { orow[i] = (v[j] - mean) * inv * w[i] + (b ? b[i] : 0.0f); });
     return;
   }
@@ -146,27 +97,29 @@ __global__ void layer_norm_kernel(const float* __restrict__ x, const float* __re
 
 constexpr int kRopePairThreads = 32, kRopeHeadThreads = 8;
 
+// In place (x == out, width = 2 half) or into another array: out's first 2 half values of each head
+// are x's rotated, its values [2 half, width) x's copied.
 template <class Pos>
-__global__ void rope_kernel(float* x, int64_t heads, int64_t stride, const Pos* __restrict__ pos,
-                            const float* __restrict__ inv_freq, int64_t half, float attn_factor, bool interleaved) {
+__global__ void rope_kernel(const float* x, int64_t x_stride, float* out, int64_t out_stride, int64_t width,
+                            int64_t heads, const Pos* __restrict__ pos, RopeTable r) {
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const int64_t t = blockIdx.x;
   const float p = float(pos[t]);
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    // As ops::Rope::apply: the angle, cos and sin in fp32; the rotation without fused multiply-adds
-    // so that it rounds as the CPU does.
-    const float angle = p * inv_freq[i];
-    const float c = cosf(angle) * attn_factor;
-    const float s = sinf(angle) * attn_factor;
-    const int64_t a = interleaved ? 2 * i : i;
-    const int64_t b = interleaved ? 2 * i + 1 : i + half;
-    for (int64_t h = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; h < heads; h += int64_t(gridDim.y) * blockDim.y) {
-      float* row = x + (t * heads + h) * stride;
-      const float x0 = row[a], x1 = row[b];
-      row[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-      row[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+  const int64_t h0 = int64_t(blockIdx.y) * blockDim.y + threadIdx.y, h_step = int64_t(gridDim.y) * blockDim.y;
+  for (int64_t i = threadIdx.x; i < r.half; i += blockDim.x) {
+    const RopeAngle ang = rope_angle(r, p, i);
+    const int64_t a = rope_a(r, i), b = rope_b(r, i);
+    for (int64_t h = h0; h < heads; h += h_step) {
+      const float* row = x + (t * heads + h) * x_stride;
+      float* orow = out + (t * heads + h) * out_stride;
+      float x0 = row[a], x1 = row[b];
+      rope_rotate(ang, &x0, &x1);
+      orow[a] = x0;
+      orow[b] = x1;
     }
   }
+  for (int64_t c = 2 * r.half + threadIdx.x; c < width; c += blockDim.x)
+    for (int64_t h = h0; h < heads; h += h_step) out[(t * heads + h) * out_stride + c] = x[(t * heads + h) * x_stride + c];
 }
 
 // ---- elementwise ----
@@ -268,30 +221,40 @@ void layer_norm(const float* x, const float* w, const float* b, int64_t T, int64
 DeviceRope::DeviceRope(const ops::Rope& rope)
     : inv_freq_(to_device(rope.inv_freq())), dims_(rope.dims()), attn_factor_(rope.attn_factor()) {}
 
+RopeTable DeviceRope::table(ops::RopeStyle style) const {
+  return {inv_freq_.as<float>(), dims_ / 2, attn_factor_, style == ops::RopeStyle::Interleaved};
+}
+
 namespace {
 template <class Pos>
-void launch_rope(float* x, int64_t T, int64_t heads, int64_t stride, const Pos* pos, ops::RopeStyle style,
-                 const float* inv_freq, int64_t dims, float attn_factor, Stream s) {
+void launch_rope(const float* x, int64_t x_stride, float* out, int64_t out_stride, int64_t width, int64_t T,
+                 int64_t heads, const Pos* pos, const RopeTable& r, Stream s) {
   check_rows("rope", T, heads);
-  if (stride < dims) fail("cuda::rope: head stride {} shorter than the {} rotary dims", stride, dims);
-  if (T == 0 || heads == 0 || dims == 0) return;
+  if (x_stride < width || out_stride < width)
+    fail("cuda::rope: head strides {} / {} shorter than the {} values rotated or copied", x_stride, out_stride, width);
+  if (width < 2 * r.half) fail("cuda::rope: {} values per head, fewer than the {} rotary dims", width, 2 * r.half);
+  if (T == 0 || heads == 0 || width == 0) return;
   const dim3 block(kRopePairThreads, kRopeHeadThreads);
   // blockIdx.y: groups of kRopeHeadThreads heads (one block walked all 64 heads of a token, ~3 us).
   const dim3 grid(unsigned(T), unsigned(std::min<int64_t>((heads + kRopeHeadThreads - 1) / kRopeHeadThreads, 65535)));
-  rope_kernel<<<grid, block, 0, stream_of(s)>>>(x, heads, stride, pos, inv_freq, dims / 2, attn_factor,
-                                                   style == ops::RopeStyle::Interleaved);
+  rope_kernel<<<grid, block, 0, stream_of(s)>>>(x, x_stride, out, out_stride, width, heads, pos, r);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 }  // namespace
 
 void DeviceRope::apply(float* x, int64_t T, int64_t heads, int64_t stride, const int64_t* pos, ops::RopeStyle style,
                        Stream s) const {
-  launch_rope(x, T, heads, stride, pos, style, inv_freq_.as<float>(), dims_, attn_factor_, s);
+  launch_rope(x, stride, x, stride, dims_, T, heads, pos, table(style), s);
 }
 
 void DeviceRope::apply(float* x, int64_t T, int64_t heads, int64_t stride, const int32_t* pos, ops::RopeStyle style,
                        Stream s) const {
-  launch_rope(x, T, heads, stride, pos, style, inv_freq_.as<float>(), dims_, attn_factor_, s);
+  launch_rope(x, stride, x, stride, dims_, T, heads, pos, table(style), s);
+}
+
+void DeviceRope::apply_to(const float* x, int64_t x_stride, float* out, int64_t out_stride, int64_t width, int64_t T,
+                          int64_t heads, const int64_t* pos, ops::RopeStyle style, Stream s) const {
+  launch_rope(x, x_stride, out, out_stride, width, T, heads, pos, table(style), s);
 }
 
 void silu_mul(float* gate, const float* up, int64_t n, Stream s) {

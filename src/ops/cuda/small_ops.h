@@ -26,6 +26,16 @@ void add_rms_norm(float* h, const float* delta, const float* w, int64_t T, int64
 void layer_norm(const float* x, const float* w, const float* b, int64_t T, int64_t n, float eps, float* out,
                 Stream s);
 
+// A DeviceRope's table in one style, for kernels that rotate as part of a fused operation (rope.cuh
+// has the rotation): pair i < half of a head rotates its values a = 2i and b = 2i + 1
+// (interleaved) or a = i and b = i + half (half split).
+struct RopeTable {
+  const float* inv_freq = nullptr;  // [half], device
+  int64_t half = 0;
+  float attn_factor = 1.0f;
+  bool interleaved = false;
+};
+
 // A Rope's frequency table on the device (uploaded once), applied in place to the first dims()
 // values of every head of every token, token t at position pos[t].
 //   x: [T, heads, stride] (the rotated part of a head may start inside a wider row: pass x + offset)
@@ -34,10 +44,16 @@ class DeviceRope {
  public:
   explicit DeviceRope(const ops::Rope& rope);
   int64_t dims() const { return dims_; }
+  RopeTable table(ops::RopeStyle style) const;
   void apply(float* x, int64_t T, int64_t heads, int64_t stride, const int64_t* pos, ops::RopeStyle style,
              Stream s) const;
   void apply(float* x, int64_t T, int64_t heads, int64_t stride, const int32_t* pos, ops::RopeStyle style,
              Stream s) const;
+  // Into another array: out's first dims() values of each head are x's rotated, its values
+  // [dims(), width) x's copied (the rotated part of a head moved into a wider row in one launch).
+  //   x: [T, heads, x_stride]   out: [T, heads, out_stride]
+  void apply_to(const float* x, int64_t x_stride, float* out, int64_t out_stride, int64_t width, int64_t T,
+                int64_t heads, const int64_t* pos, ops::RopeStyle style, Stream s) const;
 
  private:
   DeviceBuffer inv_freq_;  // [dims / 2] fp32
