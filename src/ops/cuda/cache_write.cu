@@ -99,23 +99,31 @@ __global__ void write_normed_kernel(const float* rows, int64_t in_stride, int n_
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const int n = n_fp8 + n_tail;
   const float* x = rows + int64_t(blockIdx.x) * in_stride;
-  float v[kRowCache];
+  // Everything that does not depend on the row first, its loads in flight with the row's: the
+  // norm's weights and bias, and the angle of this thread's first pair.
+  float v[kRowCache], wv[kRowCache], bv[kRowCache];
   load_row(x, n_norm, v);
+  load_row(w, n_norm, wv);
+  load_row(LAYER ? b : nullptr, n_norm, bv);
+  const int i_tail = n_norm + int(threadIdx.x);  // this thread's first value past the norm
+  const float tail = i_tail < n ? x[i_tail] : 0.0f;
+  const float p = float(pos[blockIdx.x]);
+  const RopeAngle first = threadIdx.x < rope.half ? rope_angle(rope, p, threadIdx.x) : RopeAngle{0.0f, 0.0f};
   if constexpr (LAYER) {
     float mean, inv;
     layer_norm_stats(v, n_norm, eps, &mean, &inv);
-    for_row(n_norm, [&](int j, int64_t i) { row[i] = (v[j] - mean) * inv * w[i] + (b ? b[i] : 0.0f); });
+    for_row(n_norm, [&](int j, int64_t i) { row[i] = (v[j] - mean) * inv * wv[j] + bv[j]; });
   } else {
     const float scale = rms_inv(v, n_norm, eps);
-    for_row(n_norm, [&](int j, int64_t i) { row[i] = v[j] * scale * w[i]; });
+    for_row(n_norm, [&](int j, int64_t i) { row[i] = v[j] * scale * wv[j]; });
   }
-  for (int i = n_norm + int(threadIdx.x); i < n; i += blockDim.x) row[i] = x[i];
+  if (i_tail < n) row[i_tail] = tail;
+  for (int i = i_tail + int(blockDim.x); i < n; i += blockDim.x) row[i] = x[i];
   __syncthreads();
-  const float p = float(pos[blockIdx.x]);
   for (int64_t i = threadIdx.x; i < rope.half; i += blockDim.x) {
     float* a = row + rot0 + rope_a(rope, i);
     float* bb = row + rot0 + rope_b(rope, i);
-    rope_rotate(rope_angle(rope, p, i), a, bb);
+    rope_rotate(i == threadIdx.x ? first : rope_angle(rope, p, i), a, bb);
   }
   __syncthreads();
   store_row<D>(row, cache + slots[blockIdx.x] * row_bytes, n_fp8, n_tail);

@@ -16,6 +16,7 @@
 #pragma once
 #include "ops/cuda/quant_matmul_kernels.cuh"
 #include "ops/cuda/gemv_reduce.cuh"
+#include "ops/cuda/launch_cache.cuh"
 
 namespace sparsemla::cuda {
 
@@ -137,6 +138,13 @@ void launch_gemv_groups(const MatArgs& a, unsigned blocks, int threads, cudaStre
     pdl::launch(gemv_kernel<V, 2, R, U>, grid, threads, 0, s, a);
 }
 
+// Few rows of plain weights at one token (the router's 256 fp32 rows, the indexer's 32 head
+// weights): one row per block, so that the grid still spreads over the SMs; R changes no row's sum.
+// Only where a weight takes at least 2 bytes: for quantized rows the activations each block reads
+// again would outweigh the weights.
+template <class V>
+constexpr bool kOneRowBlocks = V::kBytes * 4 >= V::kBlock * 8;
+
 template <class D>
 void launch_gemv(const MatArgs& a, cudaStream_t s) {
   using V = typename dq::GemvUnits<D>::type;
@@ -147,6 +155,8 @@ void launch_gemv(const MatArgs& a, cudaStream_t s) {
     pdl::launch(gemv_kernel<V, 1, R, U>, dim3(blocks, unsigned(a.n_tokens)), threads, 0, s, a);
   else if (a.group_offsets)
     launch_gemv_groups<V, R, U>(a, blocks, threads, s);
+  else if (kOneRowBlocks<V> && a.n_tokens == 1 && blocks < unsigned(2 * sm_count()))
+    pdl::launch(gemv_kernel<V, 1, 1, U>, unsigned(a.n_rows), threads, 0, s, a);
   else if (a.n_tokens == 1)
     pdl::launch(gemv_kernel<V, 1, R, U>, blocks, threads, 0, s, a);
   else if (a.n_tokens == 2)

@@ -40,6 +40,8 @@ __global__ void route_kernel(RouterShape sh, const float* __restrict__ logits, c
 
   const int64_t t = blockIdx.x;
   const float* row = logits + t * E;
+  // The bias of this thread's first expert, loaded with the logits (not one round trip later).
+  const float bias0 = bias && int(threadIdx.x) < E ? bias[threadIdx.x] : 0.0f;
   if (sh.sigmoid) {
     for (int e = threadIdx.x; e < E; e += blockDim.x) score[e] = 1.0f / (1.0f + expf_as_cpu(-row[e]));
   } else {  // ops::softmax: max-subtracted exp in fp32, the sum in double
@@ -55,7 +57,7 @@ __global__ void route_kernel(RouterShape sh, const float* __restrict__ logits, c
     for (int e = threadIdx.x; e < E; e += blockDim.x) score[e] *= inv;
   }
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    choice[e] = score[e] + (bias ? bias[e] : 0.0f);
+    choice[e] = score[e] + (e == int(threadIdx.x) ? bias0 : bias ? bias[e] : 0.0f);
     taken[e] = false;
   }
   __syncthreads();

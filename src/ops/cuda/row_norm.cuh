@@ -43,11 +43,12 @@ __device__ __forceinline__ void for_row(int64_t n, F&& f) {
   }
 }
 
-// This thread's values of the row, 0 past its end (adding 0 to a sum leaves its bits).
+// This thread's values of the row, 0 past its end (adding 0 to a sum leaves its bits) and all 0
+// for a null row.
 __device__ __forceinline__ void load_row(const float* row, int64_t n, float (&v)[kRowCache]) {
 #pragma unroll
   for (int j = 0; j < kRowCache; ++j) v[j] = 0.0f;
-  for_row(n, [&](int j, int64_t i) { v[j] = row[i]; });
+  if (row) for_row(n, [&](int j, int64_t i) { v[j] = row[i]; });
 }
 
 // 1 / sqrt(mean(x^2) + eps) of the row in v (load_row), in every thread. Synchronizes the block.

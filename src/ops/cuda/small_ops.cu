@@ -30,10 +30,11 @@ __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const float* _
   const float* xr = x + int64_t(blockIdx.x) * x_stride;
   float* orow = out + int64_t(blockIdx.x) * out_stride;
   if (row_fits(n)) {
-    float v[kRowCache];
+    float v[kRowCache], wv[kRowCache];
     load_row(xr, n, v);
+    load_row(w, n, wv);  // with the row's loads: no round trip for them after the sum
     const float scale = rms_inv(v, n, eps);  // synchronizes: every read of x is done before out (maybe x) is written
-    for_row(n, [&](int j, int64_t i) { orow[i] = v[j] * scale * w[i]; });
+    for_row(n, [&](int j, int64_t i) { orow[i] = v[j] * scale * wv[j]; });
     return;
   }
   float ss = 0.0f;
@@ -50,13 +51,14 @@ __global__ void add_rms_norm_kernel(float* __restrict__ h, const float* __restri
   const float* dr = delta + int64_t(blockIdx.x) * n;
   float* orow = out + int64_t(blockIdx.x) * n;
   if (row_fits(n)) {
-    float v[kRowCache];
+    float v[kRowCache], wv[kRowCache];
 #pragma unroll
     for (int j = 0; j < kRowCache; ++j) v[j] = 0.0f;
     for_row(n, [&](int j, int64_t i) { v[j] = hr[i] + dr[i]; });
+    load_row(w, n, wv);  // with the row's loads: no round trip for them after the sum
     for_row(n, [&](int j, int64_t i) { hr[i] = v[j]; });
     const float scale = rms_inv(v, n, eps);
-    for_row(n, [&](int j, int64_t i) { orow[i] = v[j] * scale * w[i]; });
+    for_row(n, [&](int j, int64_t i) { orow[i] = v[j] * scale * wv[j]; });
     return;
   }
   float ss = 0.0f;
@@ -76,11 +78,13 @@ __global__ void layer_norm_kernel(const float* __restrict__ x, const float* __re
   const float* xr = x + int64_t(blockIdx.x) * n;
   float* orow = out + int64_t(blockIdx.x) * n;
   if (row_fits(n)) {
-    float v[kRowCache];
+    float v[kRowCache], wv[kRowCache], bv[kRowCache];
     load_row(xr, n, v);
+    load_row(w, n, wv);  // with the row's loads: no round trip for them after the sums
+    load_row(b, n, bv);  // (zeros without a bias)
     float mean, inv;
     layer_norm_stats(v, n, eps, &mean, &inv);
-    for_row(n, [&](int j, int64_t i) { orow[i] = (v[j] - mean) * inv * w[i] + (b ? b[i] : 0.0f); });
+    for_row(n, [&](int j, int64_t i) { orow[i] = (v[j] - mean) * inv * wv[j] + bv[j]; });
     return;
   }
   float sum = 0.0f;
