@@ -434,6 +434,59 @@ TEST_P(CudaMatmul, ExpertPairsEqualOneTokenProductsOnTheExpertRows) {
   }
 }
 
+// A pair of products of one input (an MLP's gate and up) in one launch: each output has the bits of
+// its matrix's own product by the same entry (matmul, matmul_decode, matmul_experts), at one token
+// (one launch) and where the pair falls back to two calls (more tokens, different shapes, the
+// tensor-core expert kernel). Skipped expert slots (id -1) are left unwritten in both outputs.
+TEST_P(CudaMatmul, PairsOfProductsEqualTheProductsAlone) {
+  SPARSEMLA_REQUIRE_GPU();
+  for (const Shape sh : {shapes_for(type())[0], shapes_for(type())[2]}) {
+    const TestWeight w1(type(), sh.n_rows, sh.n_cols, 31), w2(type(), sh.n_rows, sh.n_cols, 32);
+    const TestWeight other(type(), sh.n_rows + 5, sh.n_cols, 33);
+    const std::string what = GetParam() + " " + std::to_string(sh.n_rows) + "x" + std::to_string(sh.n_cols);
+    for (const int64_t T : {int64_t(1), int64_t(3)})
+      for (const bool precise : {false, true})
+        for (const QuantMatrix* second : {&w2.mat, &other.mat}) {
+          const std::vector<float> x = randn(size_t(T * sh.n_cols), uint32_t(40 + T));
+          const DeviceBuffer dx = to_device(x);
+          DeviceBuffer y1(size_t(T * sh.n_rows) * 4), y2(size_t(T * second->n_rows) * 4);
+          matmul_pair(w1.mat, *second, dx.as<float>(), T, y1.as<float>(), y2.as<float>(), nullptr, precise);
+          synchronize();
+          const ProductFn alone = precise ? &matmul_decode : &matmul;
+          const std::string c = what + " T=" + std::to_string(T) + (precise ? " precise" : "") +
+                                (second == &other.mat ? " (different shapes)" : "");
+          EXPECT_EQ(to_host<float>(y1, size_t(T * sh.n_rows)), gpu_product(alone, w1.mat, x, T)) << c << ": first";
+          EXPECT_EQ(to_host<float>(y2, size_t(T * second->n_rows)), gpu_product(alone, *second, x, T)) << c << ": second";
+        }
+    // Experts: 4 of 18 rows each, a token's pairs reading its activation row, one slot skipped.
+    const int64_t F = 4, E = sh.n_rows / F, k = 2;
+    if (E < 3) continue;
+    const std::vector<int32_t> ids = {2, 0, -1, 1};  // [2 tokens, k]
+    const int64_t P = int64_t(ids.size());
+    const std::vector<float> x = randn(size_t(2 * sh.n_cols), 50);
+    const DeviceBuffer dx = to_device(x), dids = to_device(ids);
+    const QuantMatrix e1 = expert_rows(w1.mat, 0, E * F), e2 = expert_rows(w2.mat, 0, E * F);
+    for (const ExpertKernel kernel : {ExpertKernel::kFp32, ExpertKernel::kTensorCores, ExpertKernel::kOneToken}) {
+      if (kernel == ExpertKernel::kTensorCores && !mma_decode_supported(type())) continue;
+      if (kernel == ExpertKernel::kOneToken && !mma_one_token_supported(type())) continue;
+      const std::vector<float> unwritten(size_t(P * F), kUnwritten);
+      DeviceBuffer y1 = to_device(unwritten), y2 = to_device(unwritten), a1 = to_device(unwritten),
+                   a2 = to_device(unwritten);
+      matmul_experts_pair(e1, e2, F, dids.as<int32_t>(), P, dx.as<float>(), k, y1.as<float>(), y2.as<float>(), nullptr,
+                          kernel);
+      matmul_experts(e1, F, dids.as<int32_t>(), P, dx.as<float>(), k, a1.as<float>(), nullptr, kernel);
+      matmul_experts(e2, F, dids.as<int32_t>(), P, dx.as<float>(), k, a2.as<float>(), nullptr, kernel);
+      synchronize();
+      const std::string c = what + " experts, kernel " + std::to_string(int(kernel));
+      const std::vector<float> g1 = to_host<float>(y1, size_t(P * F)), g2 = to_host<float>(y2, size_t(P * F));
+      EXPECT_EQ(g1, to_host<float>(a1, size_t(P * F))) << c << ": first";
+      EXPECT_EQ(g2, to_host<float>(a2, size_t(P * F))) << c << ": second";
+      EXPECT_EQ(g1[size_t(2 * F)], kUnwritten) << c << ": a skipped slot was written";
+      EXPECT_NE(g1, g2) << c << ": both outputs from one matrix";
+    }
+  }
+}
+
 // Grouped by expert on the device (moe_group, then matmul_expert_groups): every grouped slot has
 // the bits of its pair's matmul_experts row (so of the one-token product); slots of left-out pairs
 // (id -1) are -1 in perm and their rows untouched; activations already in grouped order (no perm)

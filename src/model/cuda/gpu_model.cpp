@@ -1117,6 +1117,17 @@ void GpuModel::product(const QuantMatrix& w, const float* x, int64_t T, float* y
     cuda::matmul(w, x, T, y, st_->s());
 }
 
+// gate and up of one input: one launch at one token (cuda::matmul_pair), the same bits as two products.
+void GpuModel::product_pair(const QuantMatrix& w1, const QuantMatrix& w2, const float* x, int64_t T, float* y1,
+                            float* y2, const cuda::Q8Activations* q) {
+  if (q && q->n_tokens == T && q->n_cols == w1.n_cols && (cuda::q8_supported(w1.type) || cuda::q8_supported(w2.type))) {
+    product(w1, x, T, y1, q);
+    product(w2, x, T, y2, q);
+  } else {
+    cuda::matmul_pair(w1, w2, x, T, y1, y2, st_->s(), opts_.precise);
+  }
+}
+
 const cuda::Q8Activations* GpuModel::quantized(const float* x, int64_t T, int64_t n_cols, int slot) {
   State& st = *st_;
   if (!opts_.int8_activations || opts_.precise || T < 1 || T > cuda::kDecodeMaxTokens ||
@@ -1139,8 +1150,7 @@ void GpuModel::mlp(const QuantMatrix& gate, const QuantMatrix& up, const QuantMa
     return;
   }
   if (!qy) qy = quantized(y, T, gate.n_cols, 0);
-  product(gate, y, T, st.ws.g, qy);
-  product(up, y, T, st.ws.u, qy);
+  product_pair(gate, up, y, T, st.ws.g, st.ws.u, qy);
   cuda::silu_mul(st.ws.g, st.ws.u, T * F, s);
   product(down, st.ws.g, T, out, quantized(st.ws.g, T, F, 1));
 }
@@ -1206,16 +1216,20 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     if (L.shared) mlp(L.gate_shexp, L.up_shexp, L.down_shexp, w.x, T, w.attn, qx);
     else gpu::fill_bytes(w.attn, 0, size_t(T * H) * sizeof(float), s);
     mark("moe: shared expert");
+    const auto kernel = [&](const QuantMatrix& m) {
+      return !opts_.precise && cuda::mma_one_token_takes(m) ? cuda::ExpertKernel::kOneToken : cuda::ExpertKernel::kFp32;
+    };
     const auto experts = [&](const QuantMatrix& m, int64_t rows, const float* x, const cuda::Q8Activations* q,
                              int64_t x_div, float* y) {
       if (q && cuda::q8_supported(m.type)) cuda::matmul_experts_q8(m, rows, ids, k, *q, x_div, y, s);
-      else
-        cuda::matmul_experts(m, rows, ids, k, x, x_div, y, s,
-                             !opts_.precise && cuda::mma_one_token_takes(m) ? cuda::ExpertKernel::kOneToken
-                                                                              : cuda::ExpertKernel::kFp32);
+      else cuda::matmul_experts(m, rows, ids, k, x, x_div, y, s, kernel(m));
     };
-    experts(L.gate_exps, Fe, w.x, qx, k, w.g);
-    experts(L.up_exps, Fe, w.x, qx, k, w.u);
+    if (qx && (cuda::q8_supported(L.gate_exps.type) || cuda::q8_supported(L.up_exps.type))) {
+      experts(L.gate_exps, Fe, w.x, qx, k, w.g);
+      experts(L.up_exps, Fe, w.x, qx, k, w.u);
+    } else {  // gate and up in one launch
+      cuda::matmul_experts_pair(L.gate_exps, L.up_exps, Fe, ids, k, w.x, k, w.g, w.u, s, kernel(L.gate_exps));
+    }
     cuda::silu_mul(w.g, w.u, k * Fe, s);
     experts(L.down_exps, H, w.g, quantized(w.g, k, Fe, 1), 1, w.oe);
     // Outputs are in pair order: the combine's permutation is the identity, uploaded once.

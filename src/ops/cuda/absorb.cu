@@ -38,7 +38,8 @@ unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256
 // weight once, in 16-byte loads. A block computes kHgRows rows of one head for all tokens: its head's
 // activations, rounded to bf16 as the GEMM path rounds them, are staged in shared memory; each of
 // the 4 warps takes 8 rows, its lanes split every row into 8-column chunks (chunk i: lanes i,
-// i + 32, ...), and a butterfly sums the lanes. A token's sum is formed in the same order whatever
+// i + 32, ...), and a butterfly sums the lanes. Launched with programmatic dependent launch: the
+// first chunks of the weights load while the kernel before finishes. A token's sum is formed in the same order whatever
 // the batch size (tokens are taken NT at a time with separate accumulators).
 constexpr int kHgWarps = 4, kHgRowsPerWarp = 8, kHgRows = kHgWarps * kHgRowsPerWarp;
 constexpr int kHgMaxTokens = 16;
@@ -58,18 +59,28 @@ __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const __nv_bfl
                                                                    int rows, int cols, const float* __restrict__ x,
                                                                    int64_t x_stride, int T, float* __restrict__ out,
                                                                    int64_t out_stride) {
-  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   extern __shared__ float xs[];  // [T][cols]
   const int h = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, chunks = cols / 8;
+  const int r0 = blockIdx.x * kHgRows + warp * kHgRowsPerWarp;
+  const __nv_bfloat16* wh = w + int64_t(h) * rows * cols;
+  auto load_w = [&](int r, int ch) {
+    return __ldg(reinterpret_cast<const uint4*>(wh + int64_t(min(r0 + r, rows - 1)) * cols) + ch);
+  };
+  // The lane's first chunk of each of the warp's rows, loaded before the wait for the kernel before
+  // (weights are no kernel's output; pdl.cuh): their latency overlaps that kernel's end and the staging.
+  uint4 first[kHgRowsPerWarp];
+  if (r0 < rows && lane < chunks)
+#pragma unroll
+    for (int r = 0; r < kHgRowsPerWarp; ++r) first[r] = load_w(r, lane);
+  pdl::wait();
+  pdl::launch_dependents();  // the next decode product may prefetch its weights
   for (int i = threadIdx.x; i < T * cols; i += blockDim.x) {
     const int t = i / cols, c = i % cols;
     xs[i] = __bfloat162float(__float2bfloat16(x[(int64_t(t) * heads + h) * x_stride + c]));
   }
   __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, chunks = cols / 8;
-  const int r0 = blockIdx.x * kHgRows + warp * kHgRowsPerWarp;
   if (r0 >= rows) return;
-  const __nv_bfloat16* wh = w + int64_t(h) * rows * cols;
   for (int t0 = 0; t0 < T; t0 += NT) {
     float acc[kHgRowsPerWarp][NT];
 #pragma unroll
@@ -79,8 +90,7 @@ __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const __nv_bfl
     for (int ch = lane; ch < chunks; ch += 32) {
       uint4 wv[kHgRowsPerWarp];
 #pragma unroll
-      for (int r = 0; r < kHgRowsPerWarp; ++r)
-        wv[r] = __ldg(reinterpret_cast<const uint4*>(wh + int64_t(min(r0 + r, rows - 1)) * cols) + ch);
+      for (int r = 0; r < kHgRowsPerWarp; ++r) wv[r] = t0 == 0 && ch == lane ? first[r] : load_w(r, ch);
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const float4* xp = reinterpret_cast<const float4*>(xs + min(t0 + t, T - 1) * cols + 8 * ch);
@@ -115,12 +125,8 @@ void head_gemv(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64
   const dim3 grid(unsigned((g.rows + kHgRows - 1) / kHgRows), unsigned(g.heads));
   const size_t smem = size_t(T * g.cols) * sizeof(float);
   const auto* w = static_cast<const __nv_bfloat16*>(g.w);
-  if (T == 1)
-    head_gemv_kernel<1><<<grid, kHgWarps * 32, smem, s>>>(w, g.heads, g.rows, g.cols, x, x_stride, int(T), out, out_stride);
-  else if (T == 2)
-    head_gemv_kernel<2><<<grid, kHgWarps * 32, smem, s>>>(w, g.heads, g.rows, g.cols, x, x_stride, int(T), out, out_stride);
-  else
-    head_gemv_kernel<4><<<grid, kHgWarps * 32, smem, s>>>(w, g.heads, g.rows, g.cols, x, x_stride, int(T), out, out_stride);
+  const auto kernel = T == 1 ? head_gemv_kernel<1> : T == 2 ? head_gemv_kernel<2> : head_gemv_kernel<4>;
+  pdl::launch(kernel, grid, kHgWarps * 32, smem, s, w, g.heads, g.rows, g.cols, x, x_stride, int(T), out, out_stride);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 

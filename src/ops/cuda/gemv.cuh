@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) 
   const int n_units = int(a.n_cols / V::kUnit);
   const int64_t row0 = int64_t(blockIdx.x) * R;
   // The weights of an expert or grouped product depend on the routing: no prefetch there.
-  gemv_prologue<R>(a.prefetch && !a.expert_ids && !a.group_offsets, a.w, a.row_bytes, row0, a.n_rows);
+  gemv_prologue<R>(a.prefetch && !a.expert_ids && !a.group_offsets, block_w(a), a.row_bytes, row0, a.n_rows);
   BlockView v;
   if (!block_view(a, v)) return;
   const uint8_t* w[R];
@@ -151,14 +151,17 @@ void launch_gemv(const MatArgs& a, cudaStream_t s) {
   constexpr int R = kGemvRows, U = kGemvUnroll<V>;
   const int threads = gemv_threads<V>(a.n_cols);
   const unsigned blocks = unsigned(ceil_div(a.n_rows, int64_t(R)));
+  const unsigned z = a.w2 ? 2u : 1u;  // pair mode: the second matrix in grid z = 1
+  if (a.w2 && (a.group_offsets || (!a.expert_ids && a.n_tokens != 1)))
+    fail("cuda::launch_gemv: a pair of products takes one token or expert pairs");
   if (a.expert_ids)
-    pdl::launch(gemv_kernel<V, 1, R, U>, dim3(blocks, unsigned(a.n_tokens)), threads, 0, s, a);
+    pdl::launch(gemv_kernel<V, 1, R, U>, dim3(blocks, unsigned(a.n_tokens), z), threads, 0, s, a);
   else if (a.group_offsets)
     launch_gemv_groups<V, R, U>(a, blocks, threads, s);
   else if (kOneRowBlocks<V> && a.n_tokens == 1 && blocks < unsigned(2 * sm_count()))
-    pdl::launch(gemv_kernel<V, 1, 1, U>, unsigned(a.n_rows), threads, 0, s, a);
+    pdl::launch(gemv_kernel<V, 1, 1, U>, dim3(unsigned(a.n_rows), 1, z), threads, 0, s, a);
   else if (a.n_tokens == 1)
-    pdl::launch(gemv_kernel<V, 1, R, U>, blocks, threads, 0, s, a);
+    pdl::launch(gemv_kernel<V, 1, R, U>, dim3(blocks, 1, z), threads, 0, s, a);
   else if (a.n_tokens == 2)
     pdl::launch(gemv_kernel<V, 2, R, U>, blocks, threads, 0, s, a);
   else if (a.n_tokens <= 4)

@@ -152,8 +152,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel
     for (int u = 0; u < U; ++u)
       if (warp + u * kMmaWarps < n_blocks) load_rows<Q4KMma>(w, warp + u * kMmaWarps, c, first[u]);
   };
-  if (!a.expert_ids) load_first(a.w);
-  gemv_prologue<ROWS>(a.prefetch && !a.expert_ids, a.w, a.row_bytes, row0, a.n_rows);
+  if (!a.expert_ids) load_first(block_w(a));
+  gemv_prologue<ROWS>(a.prefetch && !a.expert_ids, block_w(a), a.row_bytes, row0, a.n_rows);
   BlockView v;
   if (!block_view(a, v)) return;
   if (a.expert_ids) load_first(v.w);
@@ -189,14 +189,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel
 // 5.0 -> 4.7; kept at one: 6144 x 16384 (23.8 against 26.9), 2048 x 6144 (6.0 / 7.1), 4096^2
 // (5.7 / 5.9). The tile count does not change any row's sum (same passes, same order).
 bool two_tiles(const MatArgs& a) {
-  const int64_t items = a.expert_ids ? a.n_tokens : 1;
+  const int64_t items = (a.expert_ids ? a.n_tokens : 1) * (a.w2 ? 2 : 1);  // blocks per row tile
   return a.n_cols <= 256 * kMmaWarps || ceil_div(a.n_rows, 2 * int64_t(kMmaRows)) * items >= 2 * int64_t(a.sm_count);
 }
 
 template <int NT>
 void launch_tiles(const MatArgs& a, cudaStream_t s) {
-  const int64_t items = a.expert_ids ? a.n_tokens : 1;
-  const dim3 grid{unsigned(ceil_div(a.n_rows, int64_t(kMmaRows) * NT)), unsigned(items)};
+  const int64_t items = (a.expert_ids ? a.n_tokens : 1) * (a.w2 ? 2 : 1);  // blocks per row tile
+  const dim3 grid{unsigned(ceil_div(a.n_rows, int64_t(kMmaRows) * NT)), unsigned(a.expert_ids ? a.n_tokens : 1),
+                  a.w2 ? 2u : 1u};
   const size_t smem = bf16_staged_bytes(a.n_cols);
   // Three blocks per multiprocessor (80 registers) where the grid fills them; a grid of one wave
   // or less (the 2048-row shapes: 128 blocks) keeps the uncapped kernel, faster there (session 7).

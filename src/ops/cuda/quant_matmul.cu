@@ -216,6 +216,40 @@ void matmul(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, St
 
 namespace {
 
+bool same_shape(const QuantMatrix& a, const QuantMatrix& b) {
+  return a.type == b.type && a.n_rows == b.n_rows && a.n_cols == b.n_cols && a.row_bytes == b.row_bytes;
+}
+
+// a (checked for w1, x, y1) with the pair's second product (checked for w2, x, y2) added.
+MatArgs with_second(MatArgs a, const QuantMatrix& w2, const float* x, int64_t n, float* y2, const char* op) {
+  const MatArgs b = checked_product(w2, x, n, y2, op);
+  a.w2 = b.w;
+  a.y2 = b.y;
+  return a;
+}
+
+}  // namespace
+
+void matmul_pair(const QuantMatrix& w1, const QuantMatrix& w2, const float* x, int64_t n_tokens, float* y1, float* y2,
+                 Stream s, bool precise) {
+  if (n_tokens != 1 || !same_shape(w1, w2)) {
+    if (precise) {
+      matmul_decode(w1, x, n_tokens, y1, s);
+      matmul_decode(w2, x, n_tokens, y2, s);
+    } else {
+      matmul(w1, x, n_tokens, y1, s);
+      matmul(w2, x, n_tokens, y2, s);
+    }
+    return;
+  }
+  const TypeKernels& k = kernels_for(w1.type, "matmul_pair");
+  const MatArgs a = with_second(checked_product(w1, x, 1, y1, "matmul_pair"), w2, x, 1, y2, "matmul_pair");
+  if (!precise && mma_one_token_takes(w1)) launch_gemv_mma_one(w1.type, a, static_cast<cudaStream_t>(s));
+  else k.decode(a, static_cast<cudaStream_t>(s));
+}
+
+namespace {
+
 // The expert entry points' decode kernel: the tensor-core one when asked for and the type has it.
 void launch_decode(const TypeKernels& k, const MatArgs& a, bool tensor_cores, Stream s) {
   if (tensor_cores && mma_decode_supported(k.type)) launch_gemv_mma(k.type, a, static_cast<cudaStream_t>(s));
@@ -224,22 +258,49 @@ void launch_decode(const TypeKernels& k, const MatArgs& a, bool tensor_cores, St
 
 }  // namespace
 
-void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
-                    const float* x, int64_t x_div, float* y, Stream s, ExpertKernel kernel) {
-  const TypeKernels& k = kernels_for(w.type, "matmul_experts");
+namespace {
+
+MatArgs expert_args(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
+                    const float* x, int64_t x_div, float* y, ExpertKernel kernel, const char* op) {
   if (kernel == ExpertKernel::kOneToken && !mma_one_token_supported(w.type))
-    fail("cuda::matmul_experts: no one-token tensor-core kernel for {} (q4_K has one)", gguf::type_name(w.type));
+    fail("cuda::{}: no one-token tensor-core kernel for {} (q4_K has one)", op, gguf::type_name(w.type));
   if (rows_per_expert <= 0 || w.n_rows % rows_per_expert != 0)
-    fail("cuda::matmul_experts: {} rows are not whole experts of {} rows", w.n_rows, rows_per_expert);
-  if (x_div <= 0) fail("cuda::matmul_experts: x_div must be > 0, got {}", x_div);
-  if (n_pairs < 0 || n_pairs > 65535) fail("cuda::matmul_experts: {} pairs (at most 65535 per call)", n_pairs);
-  MatArgs a = checked_product(w, x, n_pairs, y, "matmul_experts");
+    fail("cuda::{}: {} rows are not whole experts of {} rows", op, w.n_rows, rows_per_expert);
+  if (x_div <= 0) fail("cuda::{}: x_div must be > 0, got {}", op, x_div);
+  if (n_pairs < 0 || n_pairs > 65535) fail("cuda::{}: {} pairs (at most 65535 per call)", op, n_pairs);
+  MatArgs a = checked_product(w, x, n_pairs, y, op);
   a.n_rows = rows_per_expert;
   a.expert_ids = expert_ids;
   a.x_div = x_div;
-  if (n_pairs == 0) return;
-  if (kernel == ExpertKernel::kOneToken) launch_gemv_mma_one(w.type, a, static_cast<cudaStream_t>(s));
+  return a;
+}
+
+void launch_experts(const TypeKernels& k, const MatArgs& a, ExpertKernel kernel, Stream s) {
+  if (a.n_tokens == 0) return;
+  if (kernel == ExpertKernel::kOneToken) launch_gemv_mma_one(k.type, a, static_cast<cudaStream_t>(s));
   else launch_decode(k, a, kernel == ExpertKernel::kTensorCores, s);
+}
+
+}  // namespace
+
+void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
+                    const float* x, int64_t x_div, float* y, Stream s, ExpertKernel kernel) {
+  const TypeKernels& k = kernels_for(w.type, "matmul_experts");
+  launch_experts(k, expert_args(w, rows_per_expert, expert_ids, n_pairs, x, x_div, y, kernel, "matmul_experts"), kernel,
+                 s);
+}
+
+void matmul_experts_pair(const QuantMatrix& w1, const QuantMatrix& w2, int64_t rows_per_expert,
+                         const int32_t* expert_ids, int64_t n_pairs, const float* x, int64_t x_div, float* y1,
+                         float* y2, Stream s, ExpertKernel kernel) {
+  if (kernel == ExpertKernel::kTensorCores || !same_shape(w1, w2)) {
+    matmul_experts(w1, rows_per_expert, expert_ids, n_pairs, x, x_div, y1, s, kernel);
+    matmul_experts(w2, rows_per_expert, expert_ids, n_pairs, x, x_div, y2, s, kernel);
+    return;
+  }
+  const TypeKernels& k = kernels_for(w1.type, "matmul_experts_pair");
+  const MatArgs a = expert_args(w1, rows_per_expert, expert_ids, n_pairs, x, x_div, y1, kernel, "matmul_experts_pair");
+  launch_experts(k, with_second(a, w2, x, n_pairs, y2, "matmul_experts_pair"), kernel, s);
 }
 
 void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g, const float* x,

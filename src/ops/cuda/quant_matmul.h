@@ -78,6 +78,13 @@ void matmul_decode_mma_one(const QuantMatrix& w, const float* x, float* y, Strea
 void matmul_decode_mma(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 
+// Two products of one input (an MLP's gate and up: same type and shape), y1 = W1 x and y2 = W2 x,
+// the same bits as two calls of matmul (precise: matmul_decode). At one token they take one launch
+// (the one-token or fp32 decode kernel, the matrix picked by the grid's z), which saves one kernel's
+// start and drain at batch 1; otherwise, or for matrices of different types or shapes, two calls.
+void matmul_pair(const QuantMatrix& w1, const QuantMatrix& w2, const float* x, int64_t n_tokens, float* y1, float* y2,
+                 Stream s, bool precise = false);
+
 // Mixture-of-experts products without a host round trip (the expert ids stay on the device):
 // for each pair p < n_pairs, y[p] = W_{ids[p]} x[p / x_div], where W_e is rows
 // [e * rows_per_expert, (e + 1) * rows_per_expert) of w (the experts of a 3-D GGUF tensor).
@@ -90,6 +97,11 @@ void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, floa
 enum class ExpertKernel { kFp32, kTensorCores, kOneToken };
 void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
                     const float* x, int64_t x_div, float* y, Stream s, ExpertKernel kernel = ExpertKernel::kFp32);
+// The experts' gate and up products in one launch (kFp32 and kOneToken; kTensorCores, or matrices of
+// different types or shapes, as two calls): the same bits as two matmul_experts calls.
+void matmul_experts_pair(const QuantMatrix& w1, const QuantMatrix& w2, int64_t rows_per_expert,
+                         const int32_t* expert_ids, int64_t n_pairs, const float* x, int64_t x_div, float* y1,
+                         float* y2, Stream s, ExpertKernel kernel = ExpertKernel::kFp32);
 
 // The experts' products grouped by expert, without a host round trip (cuda::moe_group's output on
 // the device): each expert with pairs reads its weights once for all of them. For every active

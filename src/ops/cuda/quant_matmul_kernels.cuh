@@ -40,7 +40,15 @@ struct MatArgs {
   const int32_t* group_count = nullptr;
   const int32_t* group_perm = nullptr;
   int64_t group_tokens_max = 0;  // the most slots one group can have (sets the tokens per pass)
+  // Pair mode (matmul_pair, matmul_experts_pair; the fp32 and one-token decode kernels): the blocks
+  // of grid z = 1 multiply the second matrix w2 (same shape, type and mode) into y2; the
+  // activations are shared. Each product is summed as it is alone.
+  const uint8_t* w2 = nullptr;
+  float* y2 = nullptr;
 };
+
+// The matrix of this block: the pair's second in grid z = 1.
+__device__ __forceinline__ const uint8_t* block_w(const MatArgs& a) { return blockIdx.z ? a.w2 : a.w; }
 
 // What one block of a decode product reads and writes, by mode: the matrix (or the expert's rows),
 // the activations of its tokens and where their outputs go. Resolved on the device, after
@@ -59,9 +67,9 @@ struct BlockView {
 // The view of the block at grid row blockIdx.y; false when it has nothing to do (an unused
 // expert pair or a grid row past the active groups).
 __device__ __forceinline__ bool block_view(const MatArgs& a, BlockView& v) {
-  v.w = a.w;
+  v.w = block_w(a);
   v.x = a.x;
-  v.y = a.y;
+  v.y = blockIdx.z ? a.y2 : a.y;
   v.n_tokens = a.n_tokens;
   if (a.expert_ids) {  // the pair's expert rows, activation row and output row: a one-token product
     const int64_t pair = blockIdx.y;
