@@ -188,15 +188,18 @@ TEST(CudaAttention, CacheWritesMatchTheCpuConversions) {
 // The fused forms of the decode step (one launch each) against the CPU's norm, rope and cache
 // conversions, and byte for byte against the unfused GPU chain they replace (norm kernel, rope
 // kernel, cache write), so the model's numbers do not move.
+// A RoPE table without scaling: `dims` rotary dims, base theta.
+ops::Rope plain_rope(int dims, float theta) {
+  model::HParams hp;
+  hp.qk_rope = uint32_t(dims);
+  hp.rope_theta = theta;
+  return ops::Rope(hp);
+}
+
 TEST(CudaAttention, FusedCacheWritesMatchTheCpuAndTheUnfusedChain) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(5);
-  model::HParams hp;
-  hp.qk_rope = 64;
-  hp.rope_theta = 1e6f;
-  const ops::Rope rope64(hp);
-  hp.qk_rope = 8;
-  const ops::Rope rope8(hp);
+  const ops::Rope rope64 = plain_rope(64, 1e6f), rope8 = plain_rope(8, 1e6f);
   struct Case {
     bool latent;
     int n_norm, rope_dims;  // latent: kv_lora, rope; keys: dim, rotary dims
@@ -291,10 +294,7 @@ TEST(CudaAttention, FusedCacheWritesMatchTheCpuAndTheUnfusedChain) {
 TEST(CudaAttention, IndexQueriesMatchTheCpu) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(6);
-  model::HParams hp;
-  hp.qk_rope = 64;
-  hp.rope_theta = 1e4f;
-  const ops::Rope rope(hp);
+  const ops::Rope rope = plain_rope(64, 1e4f);
   const cuda::DeviceRope drope(rope);
   for (auto [T, heads, dim] : std::vector<std::tuple<int, int, int>>{{1, 64, 128}, {5, 32, 128}, {3, 8, 64}, {2, 13, 96}})
     for (ops::RopeStyle style : {ops::RopeStyle::HalfSplit, ops::RopeStyle::Interleaved})
