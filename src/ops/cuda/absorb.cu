@@ -38,9 +38,9 @@ unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256
 // weight once, in 16-byte loads. A block computes kHgRows rows of one head for all tokens: its head's
 // activations, rounded to bf16 as the GEMM path rounds them, are staged in shared memory; each of
 // the 4 warps takes 8 rows, its lanes split every row into 8-column chunks (chunk i: lanes i,
-// i + 32, ...), and a butterfly sums the lanes. Launched with programmatic dependent launch: the
-// first chunks of the weights load while the kernel before finishes. A token's sum is formed in the same order whatever
-// the batch size (tokens are taken NT at a time with separate accumulators).
+// i + 32, ...), and a butterfly sums the lanes. A token's sum is formed in the same order whatever
+// the batch size (tokens are taken NT at a time with separate accumulators). Launched with
+// programmatic dependent launch: the first chunks of the weights load while the kernel before ends.
 constexpr int kHgWarps = 4, kHgRowsPerWarp = 8, kHgRows = kHgWarps * kHgRowsPerWarp;
 constexpr int kHgMaxTokens = 16;
 constexpr int kHgMaxStaged = 12288;  // T * cols floats (48 KB of shared memory)

@@ -70,7 +70,9 @@ __global__ void write_rows_kernel(const float* rows, const int64_t* slots, int n
 }
 
 // Threads of a row's block: fp8 one warp per group of 128 (at most 8).
-int store_threads(KvDtype d, int n_fp8) { return d == KvDtype::FP8 ? 32 * std::min(8, std::max(1, fp8_groups(n_fp8))) : 128; }
+int store_threads(KvDtype d, int n_fp8) {
+  return d == KvDtype::FP8 ? 32 * std::min(8, std::max(1, fp8_groups(n_fp8))) : 128;
+}
 
 void write_rows(const float* rows, const int64_t* slots, int64_t T, KvDtype d, int n_fp8, int n_tail, void* cache,
                 int64_t row_bytes, Stream s) {
@@ -136,7 +138,8 @@ void write_normed(const char* op, const float* rows, int64_t in_stride, int n_no
   const int n = n_fp8 + n_tail;
   if (T < 0 || T > INT32_MAX || n_norm < 0 || n_norm > n || in_stride < n)
     fail("cuda::{}: bad shape: {} rows of {} values ({} normalized), row stride {}", op, T, n, n_norm, in_stride);
-  if (n_norm > kMaxCachedRow) fail("cuda::{}: {} values to normalize, more than the {} one block holds", op, n_norm, kMaxCachedRow);
+  if (n_norm > kMaxCachedRow)
+    fail("cuda::{}: {} values to normalize, more than the {} one block holds", op, n_norm, kMaxCachedRow);
   if (rot0 < 0 || rot0 + 2 * rope.half > n)
     fail("cuda::{}: rotary values [{}, {}) outside the row of {}", op, rot0, rot0 + 2 * rope.half, n);
   if (T == 0) return;
@@ -146,8 +149,8 @@ void write_normed(const char* op, const float* rows, int64_t in_stride, int n_no
   const size_t smem = size_t(n) * 4;
   auto launch = [&](auto kernel) {
     allow_smem(kernel, smem);
-    kernel<<<unsigned(T), threads, smem, st>>>(rows, in_stride, n_norm, w, b, eps, rot0, rope, pos, slots, n_fp8, n_tail,
-                                                c, row_bytes);
+    kernel<<<unsigned(T), threads, smem, st>>>(rows, in_stride, n_norm, w, b, eps, rot0, rope, pos, slots, n_fp8,
+                                                n_tail, c, row_bytes);
   };
   if (d == KvDtype::F32) launch(write_normed_kernel<KvDtype::F32, LAYER>);
   else if (d == KvDtype::BF16) launch(write_normed_kernel<KvDtype::BF16, LAYER>);

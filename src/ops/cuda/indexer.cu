@@ -379,7 +379,8 @@ void index_queries(float* q, float* w, int64_t T, int heads, int dim, const Rope
   const dim3 grid{unsigned(T), unsigned(ceil_div(heads, kQueryHeadsPerBlock))};
   const dim3 block(32, kQueryHeadsPerBlock);
   if (index_queries_fp16(keys))
-    index_queries_kernel<__half><<<grid, block, 0, st>>>(q, w, heads, dim, rope, pos, w_scale, reinterpret_cast<__half*>(q16));
+    index_queries_kernel<__half><<<grid, block, 0, st>>>(q, w, heads, dim, rope, pos, w_scale,
+                                                         reinterpret_cast<__half*>(q16));
   else
     index_queries_kernel<__nv_bfloat16><<<grid, block, 0, st>>>(q, w, heads, dim, rope, pos, w_scale,
                                                                 reinterpret_cast<__nv_bfloat16*>(q16));
