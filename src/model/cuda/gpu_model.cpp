@@ -1224,11 +1224,12 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
       if (q && cuda::q8_supported(m.type)) cuda::matmul_experts_q8(m, rows, ids, k, *q, x_div, y, s);
       else cuda::matmul_experts(m, rows, ids, k, x, x_div, y, s, kernel(m));
     };
-    if (qx && (cuda::q8_supported(L.gate_exps.type) || cuda::q8_supported(L.up_exps.type))) {
+    const bool q8 = qx && (cuda::q8_supported(L.gate_exps.type) || cuda::q8_supported(L.up_exps.type));
+    if (!q8 && L.gate_exps.type == L.up_exps.type) {  // gate and up in one launch (one kernel choice)
+      cuda::matmul_experts_pair(L.gate_exps, L.up_exps, Fe, ids, k, w.x, k, w.g, w.u, s, kernel(L.gate_exps));
+    } else {
       experts(L.gate_exps, Fe, w.x, qx, k, w.g);
       experts(L.up_exps, Fe, w.x, qx, k, w.u);
-    } else {  // gate and up in one launch
-      cuda::matmul_experts_pair(L.gate_exps, L.up_exps, Fe, ids, k, w.x, k, w.g, w.u, s, kernel(L.gate_exps));
     }
     cuda::silu_mul(w.g, w.u, k * Fe, s);
     experts(L.down_exps, H, w.g, quantized(w.g, k, Fe, 1), 1, w.oe);
