@@ -168,9 +168,9 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
     cp_async_commit();
   }
   // Launched with programmatic dependent launch (pdl.cuh): the page-table entries and the first
-  // tiles' keys above were written before the kernel this one follows (the step's key row three
-  // launches earlier), so they load while that kernel finishes; its output, the queries' head
-  // weights (and the queries with them), only after the wait.
+  // tiles' keys above were written before the kernel this one follows (the step's key row two
+  // launches earlier: write_index_keys_normed, then index_queries), so they load while that kernel
+  // finishes; its output, the queries and their head weights, only after the wait.
   pdl::wait();
   pdl::launch_dependents();  // the top-k after it may be scheduled (it waits for the scores)
 
