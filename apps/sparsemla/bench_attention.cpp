@@ -197,10 +197,14 @@ int run_bench_attention(const BenchAttentionArgs& a) {
             cuda::top_k(tied.as<float>(), B, sstride, d_n.as<int32_t>(), sh.top_k, sel.as<int32_t>(), st, &topk_ws);
           });
           // Both in one graph, as the model runs them: the top-k's first launch is scheduled while the
-          // indexer drains (programmatic dependent launch).
+          // indexer drains (programmatic dependent launch), and the mma indexer counts the top-k's first
+          // histogram as it writes the scores (top_k_counts).
           const double t_pair = time_us(a.reps, [&](void* st) {
-            ia.seq = next_seq();
-            cuda::indexer_scores(ia, ik, st);
+            cuda::IndexerArgs pa = ia;
+            pa.seq = next_seq();
+            if (ik == cuda::IndexerKernel::Mma)
+              pa.counts = cuda::top_k_counts(scores.as<float>(), B, sstride, sh.top_k, st, &topk_ws);
+            cuda::indexer_scores(pa, ik, st);
             cuda::top_k(scores.as<float>(), B, sstride, d_n.as<int32_t>(), sh.top_k, sel.as<int32_t>(), st, &topk_ws);
           });
           cuda::AttentionArgs aa;

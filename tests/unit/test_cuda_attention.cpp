@@ -625,6 +625,115 @@ void expect_one_long_row_selections(cuda::TopKWorkspace& ws) {
   }
 }
 
+// The mma indexer filling the top-k's first histogram as it writes the scores (top_k_counts): the
+// same scores bit for bit, and the selection the CPU makes on them, on the span and the team path,
+// for rows longer and shorter than k. `spread`: every key scaled by 2^U(-40, 40), so that a block's
+// scores fall in hundreds of first digits, more than its table holds (the straight global adds).
+// Each workspace serves several calls in a row: the state must be left clean for the next.
+void check_counted_top_k(const std::vector<int>& ctx, int block_size, KvDtype dtype, int k, bool spread,
+                         cuda::TopKPath path, std::mt19937& rng) {
+  const int heads = 32, dim = 128, T = int(ctx.size());
+  std::vector<int32_t> seq(static_cast<size_t>(T)), n_ctx(ctx.begin(), ctx.end());
+  std::iota(seq.begin(), seq.end(), 0);
+  Paged pg(ctx, block_size, rng);
+  std::vector<float> keys = random_vec(size_t(pg.n_slots() * dim), rng);
+  if (spread) {
+    std::uniform_int_distribution<int> e(-40, 40);
+    for (int64_t r = 0; r < pg.n_slots(); ++r) {
+      const float f = std::ldexp(1.0f, e(rng));
+      for (int i = 0; i < dim; ++i) keys[size_t(r * dim + i)] *= f;
+    }
+  }
+  GpuCache cache = make_cache(keys, pg.n_slots(), dim, 0, dtype, false);
+  const int64_t stride = *std::max_element(n_ctx.begin(), n_ctx.end()) + 40;
+  DeviceBuffer d_seq = cuda::to_device(seq), d_n = cuda::to_device(n_ctx);
+  cuda::TopKWorkspace ws = topk_workspace(path);
+  ws.count_max = INT64_MAX;  // (past the default bound: the span path, many rows)
+  for (int round = 0; round < 2; ++round) {
+    std::vector<float> q = random_vec(size_t(T) * heads * dim, rng), w = random_vec(size_t(T) * heads, rng, 0.1f);
+    DeviceBuffer d_q = cuda::to_device(q), d_w = cuda::to_device(w), d_plain(size_t(T * stride) * 4),
+                 d_scores(size_t(T * stride) * 4), d_sel(size_t(T) * k * 4);
+    cuda::IndexerArgs a;
+    a.q = d_q.as<float>();
+    a.w = d_w.as<float>();
+    a.T = T;
+    a.heads = heads;
+    a.dim = dim;
+    a.seq = d_seq.as<int32_t>();
+    a.n_ctx = d_n.as<int32_t>();
+    a.max_ctx = stride;
+    a.keys = pg.rows(cache.data, cache.row_bytes);
+    a.dtype = dtype;
+    a.scores = d_plain.as<float>();
+    a.score_stride = stride;
+    cuda::indexer_scores(a, cuda::IndexerKernel::Mma, nullptr);
+    a.scores = d_scores.as<float>();
+    a.counts = cuda::top_k_counts(d_scores.as<float>(), T, stride, k, nullptr, &ws);
+    ASSERT_NE(a.counts.hist, nullptr) << "rows of " << stride << " take a long-row path";
+    cuda::indexer_scores(a, cuda::IndexerKernel::Mma, nullptr);
+    cuda::top_k(d_scores.as<float>(), T, stride, d_n.as<int32_t>(), k, d_sel.as<int32_t>(), nullptr, &ws);
+    EXPECT_TRUE(ws.last_counted);
+    const std::vector<float> plain = cuda::to_host<float>(d_plain, size_t(T * stride));
+    const std::vector<float> got = cuda::to_host<float>(d_scores, size_t(T * stride));
+    for (int t = 0; t < T; ++t)
+      for (int p = 0; p < n_ctx[size_t(t)]; ++p)
+        ASSERT_EQ(got[size_t(t * stride + p)], plain[size_t(t * stride + p)]) << "token " << t << " position " << p;
+    const std::string what = std::string(path == cuda::TopKPath::kTeam ? "team" : "spans") + (spread ? ", spread" : "") +
+                             ", " + cuda::kv_dtype_name(dtype) + ", k " + std::to_string(k) + ", round " +
+                             std::to_string(round);
+    expect_selection(cuda::to_host<int32_t>(d_sel, size_t(T) * k), got, n_ctx, stride, k, what);
+    if (path == cuda::TopKPath::kSpans) EXPECT_EQ(ws.last_path, cuda::TopKPath::kSpans) << what;
+    else EXPECT_EQ(ws.last_path, team_fits(ws, T, stride) ? cuda::TopKPath::kTeam : cuda::TopKPath::kSpans) << what;
+    // The same workspace, counting itself: the same selection (the state was left clean).
+    DeviceBuffer d_sel2(size_t(T) * k * 4);
+    cuda::top_k(d_scores.as<float>(), T, stride, d_n.as<int32_t>(), k, d_sel2.as<int32_t>(), nullptr, &ws);
+    EXPECT_FALSE(ws.last_counted);
+    ASSERT_EQ(cuda::to_host<int32_t>(d_sel2, size_t(T) * k), cuda::to_host<int32_t>(d_sel, size_t(T) * k)) << what;
+  }
+}
+
+TEST(CudaAttention, IndexerCountsTheTopKFirstDigit) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(21);
+  const int len = small_mode() ? 20000 : 70000;
+  for (cuda::TopKPath path : {cuda::TopKPath::kTeam, cuda::TopKPath::kSpans})
+    for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+      // a long row, rows around k (not counted at n <= k), a row of one
+      check_counted_top_k({len, 2047, 2048, 2049, 9000, 1}, 64, d, 2048, false, path, rng);
+      check_counted_top_k({len, 5000}, 64, d, 2048, true, path, rng);
+      check_counted_top_k({9000, 300}, 16, d, 100, true, path, rng);  // pages smaller than a tile, small k
+    }
+}
+
+TEST(CudaAttention, TopKCountsRefuseMismatchedCalls) {
+  SPARSEMLA_REQUIRE_GPU();
+  const int64_t T = 2, stride = 20000;
+  DeviceBuffer scores(size_t(T * stride) * 4), sel(size_t(T) * 2048 * 4);
+  scores.zero();
+  DeviceBuffer d_n = cuda::to_device(std::vector<int32_t>{20000, 100});
+  cuda::TopKWorkspace ws = topk_workspace(cuda::TopKPath::kTeam);
+  EXPECT_EQ(cuda::top_k_counts(scores.as<float>(), T, stride, 2048, nullptr, nullptr).hist, nullptr) << "no workspace";
+  cuda::TopKWorkspace rows = topk_workspace(cuda::TopKPath::kRows);
+  EXPECT_EQ(cuda::top_k_counts(scores.as<float>(), T, stride, 2048, nullptr, &rows).hist, nullptr) << "one-block path";
+  cuda::TopKWorkspace wide = topk_workspace(cuda::TopKPath::kTeam);
+  EXPECT_EQ(cuda::top_k_counts(scores.as<float>(), 16, cuda::kTopKCountMax / 16 + 1, 2048, nullptr, &wide).hist, nullptr)
+      << "more scores than the bound";
+  ASSERT_NE(cuda::top_k_counts(scores.as<float>(), T, stride, 2048, nullptr, &ws).hist, nullptr);
+  EXPECT_THROW(cuda::top_k_counts(scores.as<float>(), T, stride, 2048, nullptr, &ws), Error) << "counted twice";
+  EXPECT_THROW(cuda::top_k(scores.as<float>(), T, stride, d_n.as<int32_t>(), 1024, sel.as<int32_t>(), nullptr, &ws),
+               Error)
+      << "another k";
+  // (Nothing was counted: the scores' kernel never ran, so the state is still clean.)
+  cuda::top_k(scores.as<float>(), T, stride, d_n.as<int32_t>(), 2048, sel.as<int32_t>(), nullptr, &ws);
+  EXPECT_FALSE(ws.last_counted);
+  // The fma indexer does not count.
+  cuda::IndexerArgs a;
+  a.T = 1;
+  a.max_ctx = 1;
+  a.counts = cuda::top_k_counts(scores.as<float>(), T, stride, 2048, nullptr, &ws);
+  EXPECT_THROW(cuda::indexer_scores(a, cuda::IndexerKernel::Fma, nullptr), Error);
+}
+
 // Top-k recall of the fp8 indexer (keys e4m3 with one scale per 128, queries fp16) against exact
 // fp32 scores. Keys are built as a trained indexer's are meant to be: a relevance per position
 // (heavy-tailed: few positions matter much, most little) along a direction the query heads agree on,

@@ -1100,6 +1100,8 @@ void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
     a.dtype = cache.dtype();
     a.scores = w.scores;
     a.score_stride = st.max_ctx;
+    // The top-k's first histogram counted by the mma kernel as it writes the scores (one pass fewer).
+    if (mma) a.counts = cuda::top_k_counts(w.scores, n, st.max_ctx, k, s, &st.topk_ws);
     cuda::indexer_scores(a, st.idx_kernel[fi], s);
     mark("indexer: scores kernel");
     // In ascending position order: the attention sums a token's positions in one order on every run.

@@ -71,6 +71,14 @@ inline bool attention_kernel_named(const std::string& backend, AttentionKernel* 
   return true;
 }
 
+// top_k's first-digit histograms, for the kernel that writes the scores to fill (top_k_counts).
+struct TopKCounts {
+  uint32_t* hist = nullptr;  // [T][row_words]: row t's 2048 bins at hist + t * row_words (zero on entry)
+  int64_t row_words = 0;
+  int min_n = 0;             // only rows with n > min_n are counted (top_k lists the others without a
+                             // select: min_n = k)
+};
+
 // Lightning-indexer scores of T query tokens: score[t][p] = sum_h w[t][h] * relu(q[t][h] . k[p]) for
 // p < n_ctx[t] over the keys of sequence seq[t]; entries p >= n_ctx[t] are left unwritten.
 //   q: [T, heads, dim] fp32   w: [T, heads] fp32 (scales folded in)   scores: [T, score_stride]
@@ -91,6 +99,10 @@ struct IndexerArgs {
   KvDtype dtype = KvDtype::BF16;
   float* scores = nullptr;
   int64_t score_stride = 0;
+  // Where set (top_k_counts), the mma kernel also adds each written score of a row with n_ctx >
+  // counts.min_n into the row's histogram of top_k's first digit, so that the top_k after it skips
+  // that pass.
+  TopKCounts counts;
 };
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
 
@@ -128,9 +140,30 @@ struct TopKWorkspace {
   int team_blocks = 0;  // blocks of the team path's kernel resident at once on the device
   TopKPath path = TopKPath::kAuto;
   TopKPath last_path = TopKPath::kAuto;  // the path the last call took (kSpans, kTeam or kRows)
+  int64_t count_max = -1;  // top_k_counts counts at most this many scores (T * stride; -1: kTopKCountMax)
+  struct Counted {  // top_k_counts' pending call: its histograms are being filled for this top_k
+    const float* scores = nullptr;
+    int64_t T = 0, stride = 0;
+    int k = 0;
+  } counted;
+  bool last_counted = false;  // whether the last call read histograms filled by the scores' kernel
 };
 void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, int32_t* out, Stream s,
            TopKWorkspace* ws = nullptr);
+// The first pass of the next top_k call, done by the kernel that writes its scores: where top_k (same
+// scores, T, stride, k and workspace) will take a long-row path and T * stride <= ws->count_max, the
+// rows' first-digit histograms in the workspace, to be filled with the scores (IndexerArgs::counts:
+// bin order_key(score) >> 21 of each score p < n[t] of the rows with n[t] > min_n). That top_k then
+// reads them instead of counting (the team path: one barrier and one pass over the scores fewer; the
+// span path: one launch fewer). An empty result (short rows, no workspace, more scores than
+// count_max): top_k counts them itself. The next top_k on ws must be that call (else it throws: its
+// rows' state would be wrong).
+// The bound: counting costs the indexer a few percent (a warp match and a shared-memory table per
+// tile), which pays where the top-k's fixed cost dominates (one token at any context up to ~192K,
+// or a few at short ones) and not where the indexer does (batch 8 at 32K and more: 1-6 us slower;
+// batch 128: 5-13%). H200, docs/PERFORMANCE.md.
+constexpr int64_t kTopKCountMax = 196608;
+TopKCounts top_k_counts(const float* scores, int64_t T, int64_t stride, int k, Stream s, TopKWorkspace* ws);
 
 // Attention of T query tokens over latent rows. Per token and head, q = [q_lat (kv_lora) | q_pe (rope)]
 // in fp32; logits are scale * q . row, softmax over the token's positions, output the weighted sum of

@@ -16,6 +16,7 @@
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/rope.cuh"
+#include "ops/cuda/topk_common.cuh"
 
 namespace sparsemla::cuda {
 namespace {
@@ -42,14 +43,39 @@ __host__ __device__ constexpr int heads_padded(int heads) { return (heads + 15) 
 // Cache pages a block's keys can span: tiles * 64 keys starting anywhere in a page.
 __host__ __device__ inline int pages_per_block(int tiles, int block_size) { return (tiles * kKeysPerTile + block_size - 1) / block_size + 1; }
 
+// top_k's first digit counted with the scores (IndexerArgs::counts): a warp's scores of a tile
+// grouped by digit (one match), each group's count added to a table per block of the digits it
+// wrote, open addressing on digit mod kCountSlots (a block's scores usually fall in a few dozen
+// neighbouring digits; a digit that finds no slot within kCountProbes goes straight to the row's
+// histogram), and the table added to the row's histogram at the end, one atomic per digit seen.
+// Straight atomics per score would serialize on the few digits most scores share.
+constexpr int kCountSlots = 128, kCountProbes = 8;
+__device__ __forceinline__ void count_scores(bool valid, float score, uint32_t* sBin, uint32_t* sCnt,
+                                             uint32_t* row_hist) {
+  const uint32_t bin = valid ? topk::order_key(score) >> topk::digit_shift(0) : ~0u;  // (no digit is ~0)
+  const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+  if (!valid || int(threadIdx.x % 32) != __ffs(peers) - 1) return;
+  const uint32_t c = uint32_t(__popc(peers));
+  uint32_t slot = bin % kCountSlots;
+  for (int i = 0; i < kCountProbes; ++i, slot = (slot + 1) % kCountSlots) {
+    const uint32_t old = atomicCAS(&sBin[slot], 0u, bin + 1);  // slots hold digit + 1; 0 is free
+    if (old == 0u || old == bin + 1) {
+      atomicAdd(&sCnt[slot], c);
+      return;
+    }
+  }
+  atomicAdd(&row_hist[bin], c);
+}
+
 // Shared memory of the mma kernel: q [heads_pad][DIM + 8] (16-bit), bf16 key tiles [STAGES][64][DIM + 8]
 // (none for fp8 keys: those are widened in registers), w [heads_pad], the block's page-table entries
-// [pages] (padded to 16 bytes), fp8 rows as stored [STAGES][64][row_bytes].
+// [pages] (padded to 16 bytes), fp8 rows as stored [STAGES][64][row_bytes], and when counting the
+// digit table [2][kCountSlots].
 template <int DIM, bool FP8, int STAGES>
-size_t mma_smem_bytes(int heads, int64_t row_bytes, int pages) {
+size_t mma_smem_bytes(int heads, int64_t row_bytes, int pages, bool count) {
   const size_t str = DIM + 8, hp = size_t(heads_padded(heads));
   return hp * str * 2 + size_t(FP8 ? 0 : STAGES) * kKeysPerTile * str * 2 + hp * 4 + size_t(pages + 3) / 4 * 16 +
-         (FP8 ? size_t(STAGES) * kKeysPerTile * size_t(row_bytes) : 0);
+         (FP8 ? size_t(STAGES) * kKeysPerTile * size_t(row_bytes) : 0) + (count ? 2 * kCountSlots * 4 : 0);
 }
 
 // Four floats as four 16-bit values (T16), little-endian in 8 bytes.
@@ -82,6 +108,8 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
   int32_t* sPage = reinterpret_cast<int32_t*>(sW + heads_pad);               // [pages]
   const int max_pages = pages_per_block(tiles_per_block, a.keys.block_size);
   uint8_t* sRaw = reinterpret_cast<uint8_t*>(sPage + (max_pages + 3) / 4 * 4);  // fp8: [STAGES][64 * RB]
+  uint32_t* sBin = reinterpret_cast<uint32_t*>(sRaw + (FP8 ? STAGES * kKeysPerTile * RB : 0));  // [kCountSlots]
+  uint32_t* sCnt = sBin + kCountSlots;                                                          // [kCountSlots]
 
   const int t = blockIdx.y, tid = threadIdx.x;
   const int n = a.n_ctx[t];
@@ -90,6 +118,10 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
   if (n_tiles <= 0) return;
   const int seq = a.seq[t];
   const uint8_t* keys = static_cast<const uint8_t*>(a.keys.data);
+  // The row's first-digit histogram for top_k, where it asked for one and will select with it.
+  uint32_t* row_hist = a.counts.hist && n > a.counts.min_n ? a.counts.hist + int64_t(t) * a.counts.row_words : nullptr;
+  if (row_hist)
+    for (int i = tid; i < 2 * kCountSlots; i += kThreads) sBin[i] = 0;  // (sCnt follows sBin)
   // The page-table entries of the block's keys, read once: the copies below then need no global
   // load before they can be issued.
   const int bs = a.keys.block_size;
@@ -267,15 +299,22 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
     acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 2);
     acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 1);
     acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 2);
+    const int pa = p0 + r0 + g, pb = pa + 8;
+    if (FP8) {  // the keys' scales, as stored after their DIM values
+      acc_lo *= *reinterpret_cast<const float*>(raw + (r0 + g) * RB + DIM);
+      acc_hi *= *reinterpret_cast<const float*>(raw + (r0 + g + 8) * RB + DIM);
+    }
     if (q4 == 0) {
-      const int pa = p0 + r0 + g, pb = pa + 8;
-      if (FP8) {  // the keys' scales, as stored after their DIM values
-        acc_lo *= *reinterpret_cast<const float*>(raw + (r0 + g) * RB + DIM);
-        acc_hi *= *reinterpret_cast<const float*>(raw + (r0 + g + 8) * RB + DIM);
-      }
       if (pa < n) out[pa] = acc_lo;
       if (pb < n) out[pb] = acc_hi;
     }
+    // The warp's 16 scores, one per lane: lane 4g the key r0 + g, lane 4g + 1 the key r0 + g + 8.
+    if (row_hist) count_scores(q4 < 2 && (q4 ? pb : pa) < n, q4 ? acc_hi : acc_lo, sBin, sCnt, row_hist);
+  }
+  if (row_hist) {
+    __syncthreads();
+    for (int i = tid; i < kCountSlots; i += kThreads)
+      if (const uint32_t b = sBin[i]) atomicAdd(&row_hist[b - 1], sCnt[i]);
   }
 }
 
@@ -304,15 +343,16 @@ void launch_stages(const IndexerArgs& a, int run, cudaStream_t st) {
   // Enough tiles per block that one wave of resident blocks covers the keys, so that each block
   // streams several tiles through its stages.
   const int sms = sm_count();
+  const bool count = a.counts.hist != nullptr;
   const size_t smem_max = mma_smem_bytes<DIM, FP8, STAGES>(a.heads, a.keys.row_bytes,
-                                                           pages_per_block(kMaxTilesPerBlock, a.keys.block_size));
+                                                           pages_per_block(kMaxTilesPerBlock, a.keys.block_size), count);
   allow_smem(kernel, smem_max);
   const int per_sm = blocks_per_sm(kernel, kThreads, smem_max);
   const int64_t tiles = ceil_div(a.max_ctx, kKeysPerTile);
   const int64_t slots = int64_t(std::max(1, sms * per_sm));
   const int per_block = int(std::clamp<int64_t>((tiles * a.T + slots - 1) / slots, 1, kMaxTilesPerBlock));
   const size_t smem = mma_smem_bytes<DIM, FP8, STAGES>(a.heads, a.keys.row_bytes,
-                                                       pages_per_block(per_block, a.keys.block_size));
+                                                       pages_per_block(per_block, a.keys.block_size), count);
   const dim3 grid{unsigned(ceil_div(tiles, per_block)), unsigned(a.T)};
   pdl::launch(kernel, grid, dim3(kThreads), smem, st, a, per_block, run);
 }
@@ -392,6 +432,8 @@ void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s) {
   auto st = static_cast<cudaStream_t>(s);
   const bool fp8 = a.dtype == KvDtype::FP8;
   if (fp8 && a.dim > kFp8Group) fail("indexer: fp8 keys need dim <= {} (one scale per key), got {}", kFp8Group, a.dim);
+  if (a.counts.hist && k != IndexerKernel::Mma)
+    fail("indexer: only the mma kernel counts top_k's first digit (IndexerArgs::counts)");
   if (k == IndexerKernel::Mma) {
     if (a.dtype == KvDtype::F32) fail("indexer: the mma kernel takes bf16 or fp8 keys, not f32");
     if (reinterpret_cast<uintptr_t>(a.q16) % 16 != 0) fail("indexer: 16-bit queries must start 16-byte aligned");

@@ -34,6 +34,10 @@
 //    they wait. Measured on an H200 (docs/PERFORMANCE.md): each dependent step of the last block
 //    costs 0.4-1 us, so that block's serial work (~5 us) and the three launches set a long row's
 //    time.
+// The first histogram can come with the scores (top_k_counts, for few scores in all): the indexer
+// adds each score it writes into the row's first-digit histogram in the workspace (a table per block
+// in shared memory, then one global add per digit it saw), so the team path starts at the first
+// digit's search, one barrier and one histogram pass fewer, and the span path skips its launch 1.
 // Ties cost little on every path: a warp whose keys share a histogram bin adds them with one
 // atomic, and the compaction stops once the k positions are written.
 #include <algorithm>
@@ -305,11 +309,13 @@ __global__ void __launch_bounds__(kThreads) topk_span_first_kernel(const float* 
 }
 
 // Span path, launch 2: thr's first digit, and the row histograms of the second digit over the keys
-// that start with it.
+// that start with it. `counted`: the first histograms were filled by the scores' kernel, launched
+// just before this one (top_k_counts), and launch 1 did not run.
 __global__ void __launch_bounds__(kThreads) topk_span_second_kernel(const float* scores, int64_t stride,
                                                                     const int32_t* nn, int k, int spans_per_block,
-                                                                    RowState* state) {
+                                                                    RowState* state, bool counted) {
   __shared__ SelectSmem sm;
+  if (counted) pdl::wait();  // the scores are the output of the kernel just before
   const int t = blockIdx.y, tid = threadIdx.x;
   const int n = nn[t];
   int begin, end;
@@ -320,7 +326,8 @@ __global__ void __launch_bounds__(kThreads) topk_span_second_kernel(const float*
   uint32_t first = 0;  // thr's first digit, in place
   auto find_first = [&] {
     // Launched after the first histogram's kernel (pdl.cuh): the scores' kernel came before that one,
-    // so the first span's scores were loaded before this wait; the histogram only after it.
+    // so the first span's scores were loaded before this wait; the histogram only after it. (When
+    // counted, the wait above came first.)
     pdl::wait();
     pdl::launch_dependents();
     for (int b = tid; b < kMaxBins; b += kThreads) sm.hist[b] = st.hist0[b];
@@ -538,15 +545,17 @@ bool plan_long_rows(const float* scores, int64_t T, int64_t stride, TopKWorkspac
 // The team path's one cooperative launch, or the span path's three, each one's blocks scheduled while
 // the kernel before it drains (programmatic dependent launch: each waits for the one before it
 // before reading anything).
+// `counted`: the rows' first histograms were filled by the scores' kernel (top_k_counts).
 void launch_long_rows(const float* scores, int64_t stride, const int32_t* n, int k, int32_t* out, const LongRowPlan& p,
-                  cudaStream_t st) {
+                      bool counted, cudaStream_t st) {
   if (p.team)
-    return launch_team(scores, p.grid.y, stride, n, k, p.state, p.masks, p.mask_words, int(p.grid.x), p.list_cap, out,
-                       st);
-  pdl::launch(topk_span_first_kernel, p.grid, dim3(kThreads), 0, st, scores, stride, n, k, p.spans_per_block,
-              p.state);
+    return launch_team(scores, p.grid.y, stride, n, k, p.state, p.masks, p.mask_words, int(p.grid.x), p.list_cap,
+                       counted, out, st);
+  if (!counted)
+    pdl::launch(topk_span_first_kernel, p.grid, dim3(kThreads), 0, st, scores, stride, n, k, p.spans_per_block,
+                p.state);
   pdl::launch(topk_span_second_kernel, p.grid, dim3(kThreads), 0, st, scores, stride, n, k, p.spans_per_block,
-              p.state);
+              p.state, counted);
   pdl::launch(topk_span_last_kernel, p.grid, dim3(kThreads), 0, st, scores, stride, n, k, p.spans_per_block, p.state,
               p.masks, p.mask_words, out);
 }
@@ -558,12 +567,38 @@ void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int
   if (T == 0) return;
   if (k <= 0) fail("top_k: k must be > 0, got {}", k);
   auto st = static_cast<cudaStream_t>(s);
+  bool counted = false;
+  if (ws && ws->counted.scores) {  // top_k_counts' call: its histograms hold these scores' first digits
+    const TopKWorkspace::Counted c = ws->counted;
+    ws->counted = {};
+    if (c.scores != scores || c.T != T || c.stride != stride || c.k != k)
+      fail("top_k: the workspace's first histograms were counted (top_k_counts) for {} rows of stride {}, k = {}, "
+           "at another address; this call has {} rows of stride {}, k = {}",
+           c.T, c.stride, c.k, T, stride, k);
+    counted = true;
+  }
   LongRowPlan plan;
   const bool long_rows = plan_long_rows(scores, T, stride, ws, st, &plan);
-  if (ws) ws->last_path = !long_rows ? TopKPath::kRows : plan.team ? TopKPath::kTeam : TopKPath::kSpans;
-  if (long_rows) return launch_long_rows(scores, stride, n, k, out, plan, st);
+  if (ws) {
+    ws->last_path = !long_rows ? TopKPath::kRows : plan.team ? TopKPath::kTeam : TopKPath::kSpans;
+    ws->last_counted = counted;
+  }
+  if (counted && !long_rows) fail("top_k: the workspace's first histograms were counted, but the rows take the one-block path");
+  if (long_rows) return launch_long_rows(scores, stride, n, k, out, plan, counted, st);
   topk_rows_kernel<<<unsigned(T), kThreads, 0, st>>>(scores, stride, n, k, out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+TopKCounts top_k_counts(const float* scores, int64_t T, int64_t stride, int k, Stream s, TopKWorkspace* ws) {
+  if (!ws) return {};
+  if (ws->counted.scores)
+    fail("top_k_counts: the histograms counted for the last call ({} rows) were never read by its top_k", ws->counted.T);
+  if (T == 0 || k <= 0 || !scores || T * stride > (ws->count_max < 0 ? kTopKCountMax : ws->count_max)) return {};
+  LongRowPlan plan;
+  if (!plan_long_rows(scores, T, stride, ws, static_cast<cudaStream_t>(s), &plan)) return {};
+  ws->counted = {scores, T, stride, k};
+  static_assert(sizeof(RowState) % sizeof(uint32_t) == 0);
+  return {plan.state->hist0, int64_t(sizeof(RowState) / sizeof(uint32_t)), k};
 }
 
 }  // namespace sparsemla::cuda

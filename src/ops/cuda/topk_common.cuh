@@ -126,8 +126,10 @@ struct RowState {
 int team_blocks_per_sm();
 // One cooperative launch for T rows of `stride` scores, `parts` blocks per row: per row, RowState
 // state[t] and the 2 * mask_words words at masks + 2 * mask_words * t (the blocks' counts, then a
-// boundary list of up to list_cap entries).   out: [T, k]
+// boundary list of up to list_cap entries). `counted`: the rows' first histograms were filled by the
+// scores' kernel (top_k_counts).   out: [T, k]
 void launch_team(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, RowState* state,
-                 uint32_t* masks, int64_t mask_words, int parts, int list_cap, int32_t* out, cudaStream_t st);
+                 uint32_t* masks, int64_t mask_words, int parts, int list_cap, bool counted, int32_t* out,
+                 cudaStream_t st);
 
 }  // namespace sparsemla::cuda::topk

@@ -44,7 +44,9 @@ __device__ void team_leave(RowState& st, uint32_t end) {
 // P; after the third barrier every block finds thr's last digit from the list and its own output
 // offset from the list and the counts of the blocks before it. Otherwise a third barrier after the
 // last digit's histogram, and a fourth after the blocks' counts above and equal to thr. Each block
-// then writes its own selected positions at their ranks (its offset plus a block scan). Every step is
+// then writes its own selected positions at their ranks (its offset plus a block scan). When the
+// scores' kernel filled the first histogram (counted), the first barrier is not needed: every block
+// starts at the first digit's search. Every step is
 // spread over the row's blocks: nothing waits on one block's serial work. Each histogram is zeroed,
 // a share per block, once every block has read it (after the next barrier).
 //   counts: [T, counts_stride] per block (above P; or above | equal to thr << 32)
@@ -52,7 +54,7 @@ __device__ void team_leave(RowState& st, uint32_t end) {
 __global__ void __launch_bounds__(kThreads, 1)
     topk_team_kernel(const float* scores, int64_t stride, const int32_t* nn, int k, RowState* state,
                      uint64_t* counts, int64_t counts_stride, uint32_t* list, int64_t list_stride, int list_cap,
-                     int32_t* out) {
+                     bool counted, int32_t* out) {
   __shared__ SelectSmem sm;
   __shared__ uint64_t s_base;
   const int t = blockIdx.y, x = blockIdx.x, tid = threadIdx.x;
@@ -118,7 +120,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int b = x * kThreads + tid; b < nb; b += int(parts) * kThreads) g[b] = 0;
   };
 
-  count_digit(0, st.hist0);
+  if (!counted) count_digit(0, st.hist0);  // (else the scores' kernel filled it: top_k_counts)
   select_digit(0, st.hist0);
   count_digit(1, st.hist1);
   zero_share(st.hist0, digit_bins(0));
@@ -220,10 +222,11 @@ int team_blocks_per_sm() {
 }
 
 void launch_team(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, RowState* state,
-                 uint32_t* masks, int64_t mask_words, int parts, int list_cap, int32_t* out, cudaStream_t st) {
+                 uint32_t* masks, int64_t mask_words, int parts, int list_cap, bool counted, int32_t* out,
+                 cudaStream_t st) {
   pdl::launch_as(pdl::Cooperative::kYes, topk_team_kernel, dim3{unsigned(parts), unsigned(T)}, dim3(kThreads), 0, st,
                  scores, stride, n, k, state, reinterpret_cast<uint64_t*>(masks), mask_words, masks + 2 * parts,
-                 2 * mask_words, list_cap, out);
+                 2 * mask_words, list_cap, counted, out);
 }
 
 }  // namespace sparsemla::cuda::topk
