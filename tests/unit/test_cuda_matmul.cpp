@@ -487,6 +487,44 @@ TEST_P(CudaMatmul, PairsOfProductsEqualTheProductsAlone) {
   }
 }
 
+// Up to four products of one input (an attention's q_a, kv_a and index-key products): at one token
+// those of one type share a launch whatever their row counts (a grid over the most rows, the blocks
+// past a product's rows leaving), and each output has the bits of its matrix's own product by the
+// same entry (matmul, or matmul_decode when precise); a product of another type runs alone; more
+// tokens take a call each. More than four are refused.
+TEST_P(CudaMatmul, ManyProductsEqualTheProductsAlone) {
+  SPARSEMLA_REQUIRE_GPU();
+  const Shape sh = shapes_for(type())[0];
+  const TestWeight a(type(), sh.n_rows, sh.n_cols, 61), b(type(), 3, sh.n_cols, 62),
+      c(type(), 2 * sh.n_rows + 16, sh.n_cols, 63), other(GgmlType::F32, 40, sh.n_cols, 64);
+  const std::vector<const TestWeight*> ws = {&a, &b, &other, &c};
+  for (const int64_t T : {int64_t(1), int64_t(2)})
+    for (const bool precise : {false, true})
+      for (const int n : {3, 4}) {  // three of one type; then the other type among them
+        std::vector<QuantMatrix> mats;
+        for (int i = 0; i < 4 && int(mats.size()) < n; ++i)
+          if (n == 4 || ws[size_t(i)] != &other) mats.push_back(ws[size_t(i)]->mat);
+        const std::vector<float> x = randn(size_t(T * sh.n_cols), uint32_t(70 + T));
+        const DeviceBuffer dx = to_device(x);
+        std::vector<DeviceBuffer> ys;
+        std::vector<float*> yp;
+        for (const QuantMatrix& m : mats) {
+          ys.push_back(to_device(std::vector<float>(size_t(T * m.n_rows), kUnwritten)));
+          yp.push_back(ys.back().as<float>());
+        }
+        matmul_many(mats.data(), yp.data(), int(mats.size()), dx.as<float>(), T, nullptr, precise);
+        synchronize();
+        const ProductFn alone = precise ? &matmul_decode : &matmul;
+        for (size_t i = 0; i < mats.size(); ++i)
+          EXPECT_EQ(to_host<float>(ys[i], size_t(T * mats[i].n_rows)), gpu_product(alone, mats[i], x, T))
+              << GetParam() << " T=" << T << (precise ? " precise" : "") << ", " << mats.size() << " products: product "
+              << i << " (" << mats[i].n_rows << " rows of " << gguf::type_name(mats[i].type) << ")";
+      }
+  const std::vector<QuantMatrix> five(5, a.mat);
+  std::vector<float*> y5(5, nullptr);
+  EXPECT_THROW(matmul_many(five.data(), y5.data(), 5, nullptr, 1, nullptr), Error);
+}
+
 // Grouped by expert on the device (moe_group, then matmul_expert_groups): every grouped slot has
 // the bits of its pair's matmul_experts row (so of the one-token product); slots of left-out pairs
 // (id -1) are -1 in perm and their rows untouched; activations already in grouped order (no perm)

@@ -989,19 +989,25 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   // input quantized once (slot 0: x, until the output projection; slot 1: qr): products in a row
   // overlap each other's start (pdl.cuh), the small operations on their outputs follow.
   const bool index = sparse && L.indexer;
+  // (At one token those of one type share a launch: product_many.)
   const cuda::Q8Activations* qx = quantized(w.x, T, hp.n_embd, 0);
-  if (hp.q_lora_rank > 0) product(L.q_a, w.x, T, w.qr, qx);
-  product(L.kv_a_mqa, w.x, T, w.kv, qx);
-  if (index) {
-    product(L.idx_k, w.x, T, w.ik, qx);
-    product(L.idx_proj, w.x, T, w.iw, qx);
+  {
+    const QuantMatrix* mats[3];
+    float* outs[3];
+    int n = 0;
+    if (hp.q_lora_rank > 0) mats[n] = &L.q_a, outs[n++] = w.qr;
+    mats[n] = &L.kv_a_mqa, outs[n++] = w.kv;
+    if (index) mats[n] = &L.idx_k, outs[n++] = w.ik;
+    product_many(mats, outs, n, w.x, T, qx);
   }
+  if (index) product(L.idx_proj, w.x, T, w.iw, qx);
   if (hp.q_lora_rank > 0) {
     const int64_t ql = hp.q_lora_rank;
     cuda::rms_norm(w.qr, ql, L.q_a_norm, T, ql, hp.rms_eps, w.qr, ql, s);
     const cuda::Q8Activations* qqr = quantized(w.qr, T, ql, 1);
-    product(L.q_b, w.qr, T, w.q, qqr);
-    if (index) product(L.idx_q_b, w.qr, T, w.iq, qqr);
+    const QuantMatrix* mats[2] = {&L.q_b, &L.idx_q_b};
+    float* outs[2] = {w.q, w.iq};
+    product_many(mats, outs, index ? 2 : 1, w.qr, T, qqr);
   } else {
     product(L.q, w.x, T, w.q, qx);  // no q_a, so no indexer (hparams refuses one)
   }
@@ -1119,15 +1125,19 @@ void GpuModel::product(const QuantMatrix& w, const float* x, int64_t T, float* y
     cuda::matmul(w, x, T, y, st_->s());
 }
 
-// gate and up of one input: one launch at one token (cuda::matmul_pair), the same bits as two products.
-void GpuModel::product_pair(const QuantMatrix& w1, const QuantMatrix& w2, const float* x, int64_t T, float* y1,
-                            float* y2, const cuda::Q8Activations* q) {
-  if (q && q->n_tokens == T && q->n_cols == w1.n_cols && (cuda::q8_supported(w1.type) || cuda::q8_supported(w2.type))) {
-    product(w1, x, T, y1, q);
-    product(w2, x, T, y2, q);
-  } else {
-    cuda::matmul_pair(w1, w2, x, T, y1, y2, st_->s(), opts_.precise);
+// Products of one input: at one token one launch per type (cuda::matmul_many), the same bits as one
+// product each.
+void GpuModel::product_many(const QuantMatrix* const* w, float* const* y, int n, const float* x, int64_t T,
+                            const cuda::Q8Activations* q) {
+  bool q8 = false;
+  for (int i = 0; i < n; ++i) q8 |= q && q->n_tokens == T && q->n_cols == w[i]->n_cols && cuda::q8_supported(w[i]->type);
+  if (q8 || n > cuda::kMaxProducts) {
+    for (int i = 0; i < n; ++i) product(*w[i], x, T, y[i], q);
+    return;
   }
+  QuantMatrix ws[cuda::kMaxProducts];
+  for (int i = 0; i < n; ++i) ws[i] = *w[i];
+  cuda::matmul_many(ws, y, n, x, T, st_->s(), opts_.precise);
 }
 
 const cuda::Q8Activations* GpuModel::quantized(const float* x, int64_t T, int64_t n_cols, int slot) {
@@ -1152,7 +1162,9 @@ void GpuModel::mlp(const QuantMatrix& gate, const QuantMatrix& up, const QuantMa
     return;
   }
   if (!qy) qy = quantized(y, T, gate.n_cols, 0);
-  product_pair(gate, up, y, T, st.ws.g, st.ws.u, qy);
+  const QuantMatrix* mats[2] = {&gate, &up};
+  float* outs[2] = {st.ws.g, st.ws.u};
+  product_many(mats, outs, 2, y, T, qy);
   cuda::silu_mul(st.ws.g, st.ws.u, T * F, s);
   product(down, st.ws.g, T, out, quantized(st.ws.g, T, F, 1));
 }

@@ -207,8 +207,9 @@ class GpuModel {
   // With q (x quantized by quantized()), the int8-activation product where W's type has one.
   void product(const cuda::QuantMatrix& w, const float* x, int64_t T, float* y,
                const cuda::Q8Activations* q = nullptr);
-  void product_pair(const cuda::QuantMatrix& w1, const cuda::QuantMatrix& w2, const float* x, int64_t T, float* y1,
-                    float* y2, const cuda::Q8Activations* q);
+  // y_i = x W_i^T for the n products of one input (at one token, one launch per type).
+  void product_many(const cuda::QuantMatrix* const* w, float* const* y, int n, const float* x, int64_t T,
+                    const cuda::Q8Activations* q);
   // x [T, n_cols] quantized to int8 blocks into workspace slot `slot` (0 or 1), for the products
   // that read x; null where the fp32 products run (precise mode, int8 activations off, T past the
   // decode size, or n_cols not whole blocks of 32).

@@ -75,13 +75,15 @@ __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) 
   __shared__ float partial[kGemvMaxThreads / 32][R * NT];  // per warp: [row][token]
   const int n_units = int(a.n_cols / V::kUnit);
   const int64_t row0 = int64_t(blockIdx.x) * R;
+  const BlockMat m = block_mat(a);
+  if (row0 >= m.n_rows) return;  // (several products: the grid covers the one with the most rows)
   // The weights of an expert or grouped product depend on the routing: no prefetch there.
-  gemv_prologue<R>(a.prefetch && !a.expert_ids && !a.group_offsets, block_w(a), a.row_bytes, row0, a.n_rows);
+  gemv_prologue<R>(a.prefetch && !a.expert_ids && !a.group_offsets, m.w, m.row_bytes, row0, m.n_rows);
   BlockView v;
   if (!block_view(a, v)) return;
   const uint8_t* w[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) w[r] = v.w + uint64_t(min(row0 + r, a.n_rows - 1)) * a.row_bytes;
+  for (int r = 0; r < R; ++r) w[r] = v.w + uint64_t(min(row0 + r, v.n_rows - 1)) * v.row_bytes;
 
   for (int64_t t0 = 0; t0 < v.n_tokens; t0 += NT) {
     // Tokens past the end repeat the last one; their sums are not stored.
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(kGemvMaxThreads) gemv_kernel(const MatArgs a) 
 
     for_each_unit<U>(n_units, [&](int iu) { gemv_unit<V, R, NT>(w, x, iu, acc, a.tables); });
 
-    block_sum_store(acc, partial, row0, a.n_rows, t0, v.n_tokens, v.y);
+    block_sum_store(acc, partial, row0, v.n_rows, t0, v.n_tokens, v.y);
   }
 }
 
@@ -150,16 +152,16 @@ void launch_gemv(const MatArgs& a, cudaStream_t s) {
   using V = typename dq::GemvUnits<D>::type;
   constexpr int R = kGemvRows, U = kGemvUnroll<V>;
   const int threads = gemv_threads<V>(a.n_cols);
-  const unsigned blocks = unsigned(ceil_div(a.n_rows, int64_t(R)));
-  const unsigned z = a.w2 ? 2u : 1u;  // pair mode: the second matrix in grid z = 1
-  if (a.w2 && (a.group_offsets || (!a.expert_ids && a.n_tokens != 1)))
-    fail("cuda::launch_gemv: a pair of products takes one token or expert pairs");
+  const unsigned blocks = unsigned(ceil_div(a.max_rows(), int64_t(R)));
+  const unsigned z = 1u + unsigned(a.n_more);  // several products: product i in grid z = i
+  if (a.n_more && (a.group_offsets || (!a.expert_ids && a.n_tokens != 1)))
+    fail("cuda::launch_gemv: several products take one token or expert pairs");
   if (a.expert_ids)
     pdl::launch(gemv_kernel<V, 1, R, U>, dim3(blocks, unsigned(a.n_tokens), z), threads, 0, s, a);
   else if (a.group_offsets)
     launch_gemv_groups<V, R, U>(a, blocks, threads, s);
   else if (kOneRowBlocks<V> && a.n_tokens == 1 && blocks < unsigned(2 * sm_count()))
-    pdl::launch(gemv_kernel<V, 1, 1, U>, dim3(unsigned(a.n_rows), 1, z), threads, 0, s, a);
+    pdl::launch(gemv_kernel<V, 1, 1, U>, dim3(unsigned(a.max_rows()), 1, z), threads, 0, s, a);
   else if (a.n_tokens == 1)
     pdl::launch(gemv_kernel<V, 1, R, U>, dim3(blocks, 1, z), threads, 0, s, a);
   else if (a.n_tokens == 2)

@@ -44,12 +44,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_kernel(con
   __shared__ float part[kMmaWarps][kMmaRows][kMmaTokens];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
   const int64_t row0 = int64_t(blockIdx.x) * kMmaRows;
-  gemv_prologue<kMmaRows>(a.prefetch && !a.expert_ids && !a.group_offsets, block_w(a), a.row_bytes, row0, a.n_rows);
+  gemv_prologue<kMmaRows>(a.prefetch && !a.expert_ids && !a.group_offsets, a.w, a.row_bytes, row0, a.n_rows);
   BlockView v;
   if (!block_view(a, v)) return;
   const int n_blocks = int(a.n_cols / 256);
   const uint8_t* w[2];
-  block_rows(v.w, a, row0, g, w);
+  block_rows(v.w, v.n_rows, v.row_bytes, row0, g, w);
   for (int64_t t0 = 0; t0 < v.n_tokens; t0 += kMmaTokens) {
     const bool has = t0 + g < v.n_tokens;  // this thread's token g of the pass exists
     const float* x = v.token(a, min(t0 + g, v.n_tokens - 1));
@@ -89,7 +89,7 @@ void launch(const MatArgs& a, cudaStream_t s) {
 }  // namespace
 
 void launch_gemv_mma(gguf::GgmlType t, const MatArgs& a, cudaStream_t s) {
-  if (a.w2) fail("cuda::launch_gemv_mma: the multi-token tensor-core kernel takes no pair of products");
+  if (a.n_more) fail("cuda::launch_gemv_mma: the multi-token tensor-core kernel takes one product at a time");
   if (t == gguf::GgmlType::Q4_K)
     launch<Q4KMma>(a, s);
   else if (t == gguf::GgmlType::Q6_K)

@@ -171,10 +171,10 @@ struct Q6KMma {
 
 // Thread (g, c)'s NR weight rows g + 8 i (two per 16-row tile; rows past the end read the last).
 template <int NR>
-__device__ __forceinline__ void block_rows(const uint8_t* base, const MatArgs& a, int64_t row0, int g,
-                                           const uint8_t* (&w)[NR]) {
+__device__ __forceinline__ void block_rows(const uint8_t* base, int64_t n_rows, uint64_t row_bytes, int64_t row0,
+                                           int g, const uint8_t* (&w)[NR]) {
 #pragma unroll
-  for (int i = 0; i < NR; ++i) w[i] = base + uint64_t(min(row0 + g + 8 * i, a.n_rows - 1)) * a.row_bytes;
+  for (int i = 0; i < NR; ++i) w[i] = base + uint64_t(min(row0 + g + 8 * i, n_rows - 1)) * row_bytes;
 }
 
 // Thread c's part of 256-block kb of each of its rows.

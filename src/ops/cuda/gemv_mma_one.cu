@@ -146,14 +146,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel
   // overlaps the staging and its barrier. Outside expert mode they are loaded even before the wait
   // for the kernel before (the weights are not its output; the expert ids are).
   Raw first[U][NR];
+  const BlockMat m = block_mat(a);
+  if (row0 >= m.n_rows) return;  // (several products: the grid covers the one with the most rows)
   const auto load_first = [&](const uint8_t* base) {
-    block_rows(base, a, row0, g, w);
+    block_rows(base, m.n_rows, m.row_bytes, row0, g, w);
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (warp + u * kMmaWarps < n_blocks) load_rows<Q4KMma>(w, warp + u * kMmaWarps, c, first[u]);
   };
-  if (!a.expert_ids) load_first(block_w(a));
-  gemv_prologue<ROWS>(a.prefetch && !a.expert_ids, block_w(a), a.row_bytes, row0, a.n_rows);
+  if (!a.expert_ids) load_first(m.w);
+  gemv_prologue<ROWS>(a.prefetch && !a.expert_ids, m.w, m.row_bytes, row0, m.n_rows);
   BlockView v;
   if (!block_view(a, v)) return;
   if (a.expert_ids) load_first(v.w);
@@ -177,7 +179,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel
     float sum = part[0][threadIdx.x];
 #pragma unroll
     for (int k = 1; k < kMmaWarps; ++k) sum += part[k][threadIdx.x];
-    if (row0 + threadIdx.x < a.n_rows) v.y[row0 + threadIdx.x] = sum;
+    if (row0 + threadIdx.x < v.n_rows) v.y[row0 + threadIdx.x] = sum;
   }
 }
 
@@ -189,19 +191,19 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel
 // 5.0 -> 4.7; kept at one: 6144 x 16384 (23.8 against 26.9), 2048 x 6144 (6.0 / 7.1), 4096^2
 // (5.7 / 5.9). The tile count does not change any row's sum (same passes, same order).
 bool two_tiles(const MatArgs& a) {
-  const int64_t items = (a.expert_ids ? a.n_tokens : 1) * (a.w2 ? 2 : 1);  // blocks per row tile
-  return a.n_cols <= 256 * kMmaWarps || ceil_div(a.n_rows, 2 * int64_t(kMmaRows)) * items >= 2 * int64_t(a.sm_count);
+  const int64_t items = a.expert_ids ? a.n_tokens : 1;  // blocks per row tile of each product
+  return a.n_cols <= 256 * kMmaWarps || a.blocks_of_all(2 * kMmaRows) * items >= 2 * int64_t(a.sm_count);
 }
 
 template <int NT>
 void launch_tiles(const MatArgs& a, cudaStream_t s) {
-  const int64_t items = (a.expert_ids ? a.n_tokens : 1) * (a.w2 ? 2 : 1);  // blocks per row tile
-  const dim3 grid{unsigned(ceil_div(a.n_rows, int64_t(kMmaRows) * NT)), unsigned(a.expert_ids ? a.n_tokens : 1),
-                  a.w2 ? 2u : 1u};
+  const int64_t items = a.expert_ids ? a.n_tokens : 1;  // blocks per row tile of each product
+  const dim3 grid{unsigned(ceil_div(a.max_rows(), int64_t(kMmaRows) * NT)), unsigned(items), 1u + unsigned(a.n_more)};
   const size_t smem = bf16_staged_bytes(a.n_cols);
   // Three blocks per multiprocessor (80 registers) where the grid fills them; a grid of one wave
   // or less (the 2048-row shapes: 128 blocks) keeps the uncapped kernel, faster there (session 7).
-  if (int64_t(grid.x) * items >= 2 * int64_t(a.sm_count))
+  // (Blocks past a product's rows leave at once: only the others count.)
+  if (a.blocks_of_all(int64_t(kMmaRows) * NT) * items >= 2 * int64_t(a.sm_count))
     pdl::launch(gemv_mma_one_kernel<NT, NT == 1 ? 3 : 2>, grid, kMmaWarps * 32, smem, s, a);
   else
     pdl::launch(gemv_mma_one_kernel<NT, 1>, grid, kMmaWarps * 32, smem, s, a);

@@ -220,32 +220,52 @@ bool same_shape(const QuantMatrix& a, const QuantMatrix& b) {
   return a.type == b.type && a.n_rows == b.n_rows && a.n_cols == b.n_cols && a.row_bytes == b.row_bytes;
 }
 
-// a (checked for w1, x, y1) with the pair's second product (checked for w2, x, y2) added.
-MatArgs with_second(MatArgs a, const QuantMatrix& w2, const float* x, int64_t n, float* y2, const char* op) {
-  const MatArgs b = checked_product(w2, x, n, y2, op);
-  a.w2 = b.w;
-  a.y2 = b.y;
+static_assert(kMaxProducts == MatArgs::kMaxMore + 1, "matmul_many's products fit one launch");
+
+// a with b's product (checked as a's: same activations, type and columns) added to its launch.
+MatArgs with_product(MatArgs a, const MatArgs& b) {
+  if (a.n_more == MatArgs::kMaxMore) fail("cuda: at most {} products in one launch", MatArgs::kMaxMore + 1);
+  a.more[a.n_more++] = {b.w, b.y, b.n_rows, b.row_bytes};
   return a;
 }
 
 }  // namespace
 
+void matmul_many(const QuantMatrix* w, float* const* y, int n, const float* x, int64_t n_tokens, Stream s,
+                 bool precise) {
+  if (n < 0 || n > kMaxProducts) fail("cuda::matmul_many: {} products (at most {})", n, kMaxProducts);
+  auto alone = [&](int i) {
+    if (precise) matmul_decode(w[i], x, n_tokens, y[i], s);
+    else matmul(w[i], x, n_tokens, y[i], s);
+  };
+  bool done[kMaxProducts] = {};
+  for (int i = 0; i < n; ++i) {
+    if (done[i]) continue;
+    done[i] = true;
+    // At one token, the later products of w[i]'s type and columns join its launch.
+    MatArgs a;
+    int joined = 0;
+    for (int j = i + 1; j < n && n_tokens == 1; ++j) {
+      if (done[j] || w[j].type != w[i].type || w[j].n_cols != w[i].n_cols) continue;
+      if (joined == 0) a = checked_product(w[i], x, 1, y[i], "matmul_many");
+      a = with_product(a, checked_product(w[j], x, 1, y[j], "matmul_many"));
+      done[j] = true;
+      ++joined;
+    }
+    if (joined == 0) {
+      alone(i);
+      continue;
+    }
+    if (!precise && mma_one_token_takes(w[i])) launch_gemv_mma_one(w[i].type, a, static_cast<cudaStream_t>(s));
+    else kernels_for(w[i].type, "matmul_many").decode(a, static_cast<cudaStream_t>(s));
+  }
+}
+
 void matmul_pair(const QuantMatrix& w1, const QuantMatrix& w2, const float* x, int64_t n_tokens, float* y1, float* y2,
                  Stream s, bool precise) {
-  if (n_tokens != 1 || !same_shape(w1, w2)) {
-    if (precise) {
-      matmul_decode(w1, x, n_tokens, y1, s);
-      matmul_decode(w2, x, n_tokens, y2, s);
-    } else {
-      matmul(w1, x, n_tokens, y1, s);
-      matmul(w2, x, n_tokens, y2, s);
-    }
-    return;
-  }
-  const TypeKernels& k = kernels_for(w1.type, "matmul_pair");
-  const MatArgs a = with_second(checked_product(w1, x, 1, y1, "matmul_pair"), w2, x, 1, y2, "matmul_pair");
-  if (!precise && mma_one_token_takes(w1)) launch_gemv_mma_one(w1.type, a, static_cast<cudaStream_t>(s));
-  else k.decode(a, static_cast<cudaStream_t>(s));
+  const QuantMatrix w[2] = {w1, w2};
+  float* const y[2] = {y1, y2};
+  matmul_many(w, y, 2, x, n_tokens, s, precise);
 }
 
 namespace {
@@ -299,8 +319,10 @@ void matmul_experts_pair(const QuantMatrix& w1, const QuantMatrix& w2, int64_t r
     return;
   }
   const TypeKernels& k = kernels_for(w1.type, "matmul_experts_pair");
-  const MatArgs a = expert_args(w1, rows_per_expert, expert_ids, n_pairs, x, x_div, y1, kernel, "matmul_experts_pair");
-  launch_experts(k, with_second(a, w2, x, n_pairs, y2, "matmul_experts_pair"), kernel, s);
+  const char* op = "matmul_experts_pair";
+  const MatArgs a = expert_args(w1, rows_per_expert, expert_ids, n_pairs, x, x_div, y1, kernel, op);
+  launch_experts(k, with_product(a, expert_args(w2, rows_per_expert, expert_ids, n_pairs, x, x_div, y2, kernel, op)),
+                 kernel, s);
 }
 
 void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g, const float* x,

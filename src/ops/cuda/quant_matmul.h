@@ -78,10 +78,16 @@ void matmul_decode_mma_one(const QuantMatrix& w, const float* x, float* y, Strea
 void matmul_decode_mma(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 
-// Two products of one input (an MLP's gate and up: same type and shape), y1 = W1 x and y2 = W2 x,
-// the same bits as two calls of matmul (precise: matmul_decode). At one token they take one launch
-// (the one-token or fp32 decode kernel, the matrix picked by the grid's z), which saves one kernel's
-// start and drain at batch 1; otherwise, or for matrices of different types or shapes, two calls.
+// Several products of one input (an attention's q_a, kv_a and index-key products; an MLP's gate and
+// up), y_i = W_i x for i < n <= kMaxProducts, the same bits as n calls of matmul (precise:
+// matmul_decode). At one token the products that share a type and a column count take one launch
+// (the one-token or fp32 decode kernel, the product picked by the grid's z; any row counts), which
+// saves kernels' starts and drains at batch 1 and fills the device where each alone would not (a
+// 128-row product is 8 blocks); otherwise one call each.
+constexpr int kMaxProducts = 4;
+void matmul_many(const QuantMatrix* w, float* const* y, int n, const float* x, int64_t n_tokens, Stream s,
+                 bool precise = false);
+// matmul_many of two.
 void matmul_pair(const QuantMatrix& w1, const QuantMatrix& w2, const float* x, int64_t n_tokens, float* y1, float* y2,
                  Stream s, bool precise = false);
 

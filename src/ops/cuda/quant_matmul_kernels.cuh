@@ -40,21 +40,58 @@ struct MatArgs {
   const int32_t* group_count = nullptr;
   const int32_t* group_perm = nullptr;
   int64_t group_tokens_max = 0;  // the most slots one group can have (sets the tokens per pass)
-  // Pair mode (matmul_pair, matmul_experts_pair; the fp32 and one-token decode kernels): the blocks
-  // of grid z = 1 multiply the second matrix w2 (same shape, type and mode) into y2; the
-  // activations are shared. Each product is summed as it is alone.
-  const uint8_t* w2 = nullptr;
-  float* y2 = nullptr;
+  // Several products of one input (matmul_many, matmul_pair, matmul_experts_pair; the fp32 and
+  // one-token decode kernels, one token or expert pairs): the blocks of grid z = i >= 1 multiply
+  // more[i - 1] (same type and columns; its own rows and row stride, equal to the first's in expert
+  // mode) into its own output; the activations are shared. Each product is summed as it is alone.
+  struct Mat {
+    const uint8_t* w = nullptr;
+    float* y = nullptr;
+    int64_t n_rows = 0;
+    uint64_t row_bytes = 0;
+  };
+  static constexpr int kMaxMore = 3;
+  Mat more[kMaxMore];
+  int n_more = 0;
+  // Host: the rows of product i (0: the first) and the most rows of any.
+  int64_t rows_of(int i) const { return i == 0 ? n_rows : more[i - 1].n_rows; }
+  int64_t max_rows() const {
+    int64_t m = n_rows;
+    for (int i = 0; i < n_more; ++i) m = m > more[i].n_rows ? m : more[i].n_rows;
+    return m;
+  }
+  // Blocks of `rows_per_block` rows over every product's rows.
+  int64_t blocks_of_all(int64_t rows_per_block) const {
+    int64_t b = 0;
+    for (int i = 0; i <= n_more; ++i) b += (rows_of(i) + rows_per_block - 1) / rows_per_block;
+    return b;
+  }
 };
 
-// The matrix of this block: the pair's second in grid z = 1.
-__device__ __forceinline__ const uint8_t* block_w(const MatArgs& a) { return blockIdx.z ? a.w2 : a.w; }
+// The product of this block (grid z): its matrix, output, rows and row stride.
+struct BlockMat {
+  const uint8_t* w;
+  float* y;
+  int64_t n_rows;
+  uint64_t row_bytes;
+};
+__device__ __forceinline__ BlockMat block_mat(const MatArgs& a) {
+  static_assert(MatArgs::kMaxMore == 3, "one case per product");
+  switch (blockIdx.z) {  // (constant indices: the arguments stay in the parameter bank)
+    case 0: return {a.w, a.y, a.n_rows, a.row_bytes};
+    case 1: return {a.more[0].w, a.more[0].y, a.more[0].n_rows, a.more[0].row_bytes};
+    case 2: return {a.more[1].w, a.more[1].y, a.more[1].n_rows, a.more[1].row_bytes};
+    default: return {a.more[2].w, a.more[2].y, a.more[2].n_rows, a.more[2].row_bytes};
+  }
+}
 
 // What one block of a decode product reads and writes, by mode: the matrix (or the expert's rows),
 // the activations of its tokens and where their outputs go. Resolved on the device, after
 // pdl::wait() (the expert ids and groups are the previous kernels' outputs).
 struct BlockView {
   const uint8_t* w = nullptr;      // row 0 of the matrix or of the block's expert
+  int64_t n_rows = 0;              // the product's rows (its output row stride) and row stride
+  uint64_t row_bytes = 0;
   const float* x = nullptr;        // token j's activations at x + j * n_cols (when xrows is null)
   const int32_t* xrows = nullptr;  // grouped with a permutation: token j's row is xrows[j] / x_div of a.x
   float* y = nullptr;              // token j's outputs at y + j * n_rows
@@ -67,26 +104,29 @@ struct BlockView {
 // The view of the block at grid row blockIdx.y; false when it has nothing to do (an unused
 // expert pair or a grid row past the active groups).
 __device__ __forceinline__ bool block_view(const MatArgs& a, BlockView& v) {
-  v.w = block_w(a);
+  const BlockMat m = block_mat(a);
+  v.w = m.w;
+  v.n_rows = m.n_rows;
+  v.row_bytes = m.row_bytes;
   v.x = a.x;
-  v.y = blockIdx.z ? a.y2 : a.y;
+  v.y = m.y;
   v.n_tokens = a.n_tokens;
   if (a.expert_ids) {  // the pair's expert rows, activation row and output row: a one-token product
     const int64_t pair = blockIdx.y;
     const int32_t e = a.expert_ids[pair];
     if (e < 0) return false;  // an unused slot: its output row is not written
-    v.w += uint64_t(e) * uint64_t(a.n_rows) * a.row_bytes;
+    v.w += uint64_t(e) * uint64_t(v.n_rows) * v.row_bytes;
     v.x += (pair / a.x_div) * a.n_cols;
-    v.y += pair * a.n_rows;
+    v.y += pair * v.n_rows;
     v.n_tokens = 1;
   }
   if (a.group_offsets) {  // the group's expert, its slots' activation rows and output rows
     if (int(blockIdx.y) >= *a.group_count) return false;
     const int32_t e = a.group_active[blockIdx.y];
     const int32_t j0 = a.group_offsets[e];
-    v.w += uint64_t(e) * uint64_t(a.n_rows) * a.row_bytes;
+    v.w += uint64_t(e) * uint64_t(v.n_rows) * v.row_bytes;
     v.n_tokens = a.group_offsets[e + 1] - j0;
-    v.y += int64_t(j0) * a.n_rows;
+    v.y += int64_t(j0) * v.n_rows;
     if (a.group_perm) v.xrows = a.group_perm + j0;
     else v.x += int64_t(j0) * a.n_cols;
   }
