@@ -340,6 +340,27 @@ struct IndexerCase {
   int block_size;
 };
 
+// The indexer's arguments for T tokens of `heads` x `dim` fp32 queries and head weights, scoring into
+// rows of max_ctx scores.
+cuda::IndexerArgs indexer_args(const DeviceBuffer& q, const DeviceBuffer& w, int T, int heads, int dim,
+                               const DeviceBuffer& seq, const DeviceBuffer& n_ctx, int64_t max_ctx,
+                               cuda::PagedRows keys, KvDtype dtype, DeviceBuffer& scores) {
+  cuda::IndexerArgs a;
+  a.q = q.as<float>();
+  a.w = w.as<float>();
+  a.T = T;
+  a.heads = heads;
+  a.dim = dim;
+  a.seq = seq.as<int32_t>();
+  a.n_ctx = n_ctx.as<int32_t>();
+  a.max_ctx = max_ctx;
+  a.keys = keys;
+  a.dtype = dtype;
+  a.scores = scores.as<float>();
+  a.score_stride = max_ctx;
+  return a;
+}
+
 // GPU scores vs model::indexer_score on the values the GPU reads (keys decoded from the cache; the
 // mma kernel also rounds q to bf16, or to fp16 for fp8 keys).
 void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kernel, std::mt19937& rng) {
@@ -358,19 +379,8 @@ void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kern
   const int64_t max_ctx = *std::max_element(n_ctx.begin(), n_ctx.end());
   DeviceBuffer d_q = cuda::to_device(q), d_w = cuda::to_device(w), d_seq = cuda::to_device(seq),
                d_n = cuda::to_device(n_ctx), d_scores(size_t(T * max_ctx) * 4);
-  cuda::IndexerArgs a;
-  a.q = d_q.as<float>();
-  a.w = d_w.as<float>();
-  a.T = T;
-  a.heads = c.heads;
-  a.dim = c.dim;
-  a.seq = d_seq.as<int32_t>();
-  a.n_ctx = d_n.as<int32_t>();
-  a.max_ctx = max_ctx;
-  a.keys = pg.rows(cache.data, cache.row_bytes);
-  a.dtype = dtype;
-  a.scores = d_scores.as<float>();
-  a.score_stride = max_ctx;
+  const cuda::IndexerArgs a =
+      indexer_args(d_q, d_w, T, c.heads, c.dim, d_seq, d_n, max_ctx, pg.rows(cache.data, cache.row_bytes), dtype, d_scores);
   cuda::indexer_scores(a, kernel, nullptr);
   const std::vector<float> got = cuda::to_host<float>(d_scores, size_t(T * max_ctx));
   std::vector<float> qr = q;
@@ -653,19 +663,8 @@ void check_counted_top_k(const std::vector<int>& ctx, int block_size, KvDtype dt
     std::vector<float> q = random_vec(size_t(T) * heads * dim, rng), w = random_vec(size_t(T) * heads, rng, 0.1f);
     DeviceBuffer d_q = cuda::to_device(q), d_w = cuda::to_device(w), d_plain(size_t(T * stride) * 4),
                  d_scores(size_t(T * stride) * 4), d_sel(size_t(T) * k * 4);
-    cuda::IndexerArgs a;
-    a.q = d_q.as<float>();
-    a.w = d_w.as<float>();
-    a.T = T;
-    a.heads = heads;
-    a.dim = dim;
-    a.seq = d_seq.as<int32_t>();
-    a.n_ctx = d_n.as<int32_t>();
-    a.max_ctx = stride;
-    a.keys = pg.rows(cache.data, cache.row_bytes);
-    a.dtype = dtype;
-    a.scores = d_plain.as<float>();
-    a.score_stride = stride;
+    cuda::IndexerArgs a =
+        indexer_args(d_q, d_w, T, heads, dim, d_seq, d_n, stride, pg.rows(cache.data, cache.row_bytes), dtype, d_plain);
     cuda::indexer_scores(a, cuda::IndexerKernel::Mma, nullptr);
     a.scores = d_scores.as<float>();
     a.counts = cuda::top_k_counts(d_scores.as<float>(), T, stride, k, nullptr, &ws);
@@ -763,19 +762,8 @@ double fp8_recall(int len, int k, bool peaked, std::mt19937& rng) {
   GpuCache cache = make_cache(keys, pg.n_slots(), dim, 0, KvDtype::FP8, false);
   DeviceBuffer d_q = cuda::to_device(q), d_w = cuda::to_device(w), d_seq = cuda::to_device(std::vector<int32_t>{0}),
                d_n = cuda::to_device(std::vector<int32_t>{len}), d_scores(size_t(len) * 4), d_sel(size_t(k) * 4);
-  cuda::IndexerArgs a;
-  a.q = d_q.as<float>();
-  a.w = d_w.as<float>();
-  a.T = 1;
-  a.heads = heads;
-  a.dim = dim;
-  a.seq = d_seq.as<int32_t>();
-  a.n_ctx = d_n.as<int32_t>();
-  a.max_ctx = len;
-  a.keys = pg.rows(cache.data, cache.row_bytes);
-  a.dtype = KvDtype::FP8;
-  a.scores = d_scores.as<float>();
-  a.score_stride = len;
+  const cuda::IndexerArgs a = indexer_args(d_q, d_w, 1, heads, dim, d_seq, d_n, len, pg.rows(cache.data, cache.row_bytes),
+                                           KvDtype::FP8, d_scores);
   cuda::indexer_scores(a, cuda::IndexerKernel::Mma, nullptr);
   cuda::top_k(d_scores.as<float>(), 1, len, d_n.as<int32_t>(), k, d_sel.as<int32_t>(), nullptr);
   const std::vector<int32_t> sel = cuda::to_host<int32_t>(d_sel, size_t(k));
