@@ -434,6 +434,54 @@ TEST_P(CudaMatmul, ExpertPairsEqualOneTokenProductsOnTheExpertRows) {
   }
 }
 
+// A shared expert run as one more pair (SharedPair): the routed pairs' rows are those of the call
+// without it, and its row n_pairs has the bits of its own one-token product by the kernel's entry
+// (matmul_decode, matmul_decode_mma, the one-token kernel) on activation row x_row; the same in the
+// gate/up pair form. A shared matrix of another shape is refused.
+TEST_P(CudaMatmul, SharedExpertPairEqualsItsOneTokenProduct) {
+  SPARSEMLA_REQUIRE_GPU();
+  const int64_t E = 4, F = 18, H = 768, k = 3;
+  const TestWeight w(type(), E * F, H, 81), w2(type(), E * F, H, 82), sh(type(), F, H, 83), sh2(type(), F, H, 84),
+      wrong(type(), F + 1, H, 85);
+  const std::vector<int32_t> ids = {3, -1, 1};  // one token's k pairs, one slot unused
+  const std::vector<float> x = randn(size_t(2 * H), 86);  // the shared expert reads row 1
+  const DeviceBuffer dx = to_device(x), dids = to_device(ids);
+  const std::vector<float> x1(x.begin() + H, x.end());
+  for (const ExpertKernel kernel : {ExpertKernel::kFp32, ExpertKernel::kTensorCores, ExpertKernel::kOneToken}) {
+    if (kernel == ExpertKernel::kTensorCores && !mma_decode_supported(type())) continue;
+    if (kernel == ExpertKernel::kOneToken && !mma_one_token_supported(type())) continue;
+    const std::string what = GetParam() + " kernel " + std::to_string(int(kernel));
+    auto alone = [&](const QuantMatrix& m) {
+      return kernel == ExpertKernel::kFp32          ? gpu_product(&matmul_decode, m, x1, 1)
+             : kernel == ExpertKernel::kTensorCores ? gpu_product(&matmul_decode_mma, m, x1, 1)
+                                                    : one_token_product(m, x1);
+    };
+    const std::vector<float> unwritten(size_t((k + 1) * F), kUnwritten);
+    DeviceBuffer y = to_device(unwritten), y2 = to_device(unwritten), plain = to_device(unwritten);
+    const SharedPair one{&sh.mat, nullptr, 1}, two{&sh.mat, &sh2.mat, 1};
+    matmul_experts(w.mat, F, dids.as<int32_t>(), k, dx.as<float>(), k, plain.as<float>(), nullptr, kernel);
+    matmul_experts(w.mat, F, dids.as<int32_t>(), k, dx.as<float>(), k, y.as<float>(), nullptr, kernel, &one);
+    synchronize();
+    const std::vector<float> got = to_host<float>(y, size_t((k + 1) * F));
+    const std::vector<float> routed = to_host<float>(plain, size_t(k * F));
+    EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + k * F), routed) << what << ": routed rows";
+    EXPECT_EQ(std::vector<float>(got.begin() + k * F, got.end()), alone(sh.mat)) << what << ": shared row";
+    // The gate/up form: both outputs, each with its shared matrix.
+    DeviceBuffer g = to_device(unwritten);
+    matmul_experts_pair(w.mat, w2.mat, F, dids.as<int32_t>(), k, dx.as<float>(), k, g.as<float>(), y2.as<float>(),
+                        nullptr, kernel, &two);
+    synchronize();
+    const std::vector<float> g1 = to_host<float>(g, size_t((k + 1) * F)), g2 = to_host<float>(y2, size_t((k + 1) * F));
+    EXPECT_EQ(g1, got) << what << ": pair, first";
+    EXPECT_EQ(std::vector<float>(g2.begin() + k * F, g2.end()), alone(sh2.mat)) << what << ": pair, second shared row";
+    EXPECT_EQ(g2[size_t(F)], kUnwritten) << what << ": the unused slot was written";
+    const SharedPair bad{&wrong.mat, nullptr, 1};
+    EXPECT_THROW(matmul_experts(w.mat, F, dids.as<int32_t>(), k, dx.as<float>(), k, y.as<float>(), nullptr, kernel, &bad),
+                 Error)
+        << what << ": a shared expert of another shape";
+  }
+}
+
 // A pair of products of one input (an MLP's gate and up) in one launch: each output has the bits of
 // its matrix's own product by the same entry (matmul, matmul_decode, matmul_experts), at one token
 // (one launch) and where the pair falls back to two calls (more tokens, different shapes, the

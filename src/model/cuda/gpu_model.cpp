@@ -311,10 +311,11 @@ uint64_t layout_workspace(const HParams& hp, bool sparse, const WsDims& d, char*
   take(ws.iq16, T * ih * id);
   take(ws.iw, T * ih);
   take(ws.scores, sparse ? d.score_rows * d.max_ctx : 0);
-  take(ws.g, T * ffn_width);
-  take(ws.u, T * ffn_width);
+  // (One token's routed pairs and, as pair k, its shared expert: ffn's one-token path.)
+  take(ws.g, std::max(T * ffn_width, (k + 1) * hp.n_ff_exp));
+  take(ws.u, std::max(T * ffn_width, (k + 1) * hp.n_ff_exp));
   take(ws.ye, T * k * H);
-  take(ws.oe, T * k * H);
+  take(ws.oe, std::max(T * k, k + 1) * H);
   take(ws.rlog, T * E);
   take(ws.rw, T * k);
   take(ws.rows_h, d.R * H);
@@ -426,7 +427,6 @@ struct GpuModel::State {
       graph_buffers = buffers();
     }
   }
-  cuda::DeviceBuffer iota;           // [k] 0, 1, 2, ...: the one-token MoE path's identity permutation
   cuda::Stream s() const { return stream.get(); }
 };
 
@@ -1227,9 +1227,21 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
   };
   if (T == 1) {
     const cuda::Q8Activations* qx = quantized(w.x, 1, H, 0);
-    if (L.shared) mlp(L.gate_shexp, L.up_shexp, L.down_shexp, w.x, T, w.attn, qx);
-    else gpu::fill_bytes(w.attn, 0, size_t(T * H) * sizeof(float), s);
+    // The shared expert as pair k of the routed products (no launches of its own; the combine adds
+    // its output row first, as it adds the shared MLP's output otherwise), where it has one routed
+    // expert's types and shapes and the float products run (the same bits either way).
+    const bool fold = L.shared && !qx && L.gate_exps.type == L.up_exps.type &&
+                      L.gate_shexp.type == L.gate_exps.type && L.up_shexp.type == L.up_exps.type &&
+                      L.down_shexp.type == L.down_exps.type && L.gate_shexp.n_rows == Fe &&
+                      L.up_shexp.n_rows == Fe && L.gate_shexp.n_cols == L.gate_exps.n_cols &&
+                      L.down_shexp.n_rows == H && L.down_shexp.n_cols == L.down_exps.n_cols &&
+                      L.gate_shexp.row_bytes == L.gate_exps.row_bytes &&
+                      L.up_shexp.row_bytes == L.up_exps.row_bytes && L.down_shexp.row_bytes == L.down_exps.row_bytes;
+    if (L.shared && !fold) mlp(L.gate_shexp, L.up_shexp, L.down_shexp, w.x, T, w.attn, qx);
+    else if (!L.shared) gpu::fill_bytes(w.attn, 0, size_t(T * H) * sizeof(float), s);
     mark("moe: shared expert");
+    const cuda::SharedPair up_pair{&L.gate_shexp, &L.up_shexp, 0}, down_pair{&L.down_shexp, nullptr, k};
+    const int64_t pairs = fold ? k + 1 : k;
     const auto kernel = [&](const QuantMatrix& m) {
       return !opts_.precise && cuda::mma_one_token_takes(m) ? cuda::ExpertKernel::kOneToken : cuda::ExpertKernel::kFp32;
     };
@@ -1240,20 +1252,19 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     };
     const bool q8 = qx && (cuda::q8_supported(L.gate_exps.type) || cuda::q8_supported(L.up_exps.type));
     if (!q8 && L.gate_exps.type == L.up_exps.type) {  // gate and up in one launch (one kernel choice)
-      cuda::matmul_experts_pair(L.gate_exps, L.up_exps, Fe, ids, k, w.x, k, w.g, w.u, s, kernel(L.gate_exps));
+      cuda::matmul_experts_pair(L.gate_exps, L.up_exps, Fe, ids, k, w.x, k, w.g, w.u, s, kernel(L.gate_exps),
+                                fold ? &up_pair : nullptr);
     } else {
       experts(L.gate_exps, Fe, w.x, qx, k, w.g);
       experts(L.up_exps, Fe, w.x, qx, k, w.u);
     }
-    cuda::silu_mul(w.g, w.u, k * Fe, s);
-    experts(L.down_exps, H, w.g, quantized(w.g, k, Fe, 1), 1, w.oe);
-    // Outputs are in pair order: the combine's permutation is the identity, uploaded once.
-    if (st.iota.bytes() < size_t(k) * sizeof(int32_t)) {
-      std::vector<int32_t> iota(static_cast<size_t>(k));
-      for (size_t i = 0; i < iota.size(); ++i) iota[i] = int32_t(i);
-      st.iota = cuda::to_device(iota);
-    }
-    gpu::moe_combine(w.oe, st.iota.as<int32_t>(), k, ids, w.rw, T, int(k), H, w.inv, w.attn, s);
+    cuda::silu_mul(w.g, w.u, pairs * Fe, s);
+    if (fold)
+      cuda::matmul_experts(L.down_exps, H, ids, k, w.g, 1, w.oe, s, kernel(L.down_exps), &down_pair);
+    else
+      experts(L.down_exps, H, w.g, quantized(w.g, k, Fe, 1), 1, w.oe);
+    // Outputs are in pair order: the combine's permutation is the identity (null).
+    gpu::moe_combine(w.oe, nullptr, k, ids, w.rw, T, int(k), H, w.inv, w.attn, s, fold ? w.oe + k * H : nullptr);
     mark("moe: routed experts (one token)");
     return;
   }

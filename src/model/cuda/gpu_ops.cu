@@ -46,7 +46,8 @@ constexpr int kMaxSlots = 64;  // moe_route takes at most 64 experts per token
 // order: the sum's bits do not depend on the chunking).
 __global__ void moe_combine_kernel(const float* __restrict__ expert_out, const int32_t* __restrict__ ids,
                                    const float* __restrict__ weights, const int32_t* __restrict__ inv, int k,
-                                   int64_t width, float* __restrict__ out) {
+                                   int64_t n_routed, int64_t width, const float* __restrict__ first,
+                                   float* __restrict__ out) {
   cuda::pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   __shared__ int32_t order[kMaxSlots], row[kMaxSlots];
   __shared__ float weight[kMaxSlots];
@@ -64,15 +65,15 @@ __global__ void moe_combine_kernel(const float* __restrict__ expert_out, const i
   __syncthreads();
   if (threadIdx.x < k) {
     const int64_t j = t * k + order[threadIdx.x];
-    const int32_t p = inv[j];
-    row[threadIdx.x] = p >= 0 && ids[j] >= 0 ? p : -1;  // -1: not routed here
+    const int64_t p = inv ? inv[j] : j < n_routed ? j : -1;  // (null inv: the identity)
+    row[threadIdx.x] = p >= 0 && ids[j] >= 0 ? int32_t(p) : -1;  // -1: not routed here
     weight[threadIdx.x] = weights[j];
   }
   __syncthreads();
   const int64_t c = int64_t(blockIdx.y) * kColumnThreads + threadIdx.x;
   if (c >= width) return;
   float* dst = out + t * width;
-  float acc = dst[c];
+  float acc = first ? first[t * width + c] : dst[c];
   for (int s = 0; s < k; ++s)
     if (row[s] >= 0) acc += weight[s] * expert_out[int64_t(row[s]) * width + c];
   dst[c] = acc;
@@ -272,19 +273,21 @@ void gather_rows(const float* x, int64_t width, const int32_t* idx, int32_t divi
 }
 
 void moe_combine(const float* expert_out, const int32_t* perm, int64_t n_routed, const int32_t* ids,
-                 const float* weights, int64_t T, int k, int64_t width, int32_t* inv, float* out, cuda::Stream s) {
+                 const float* weights, int64_t T, int k, int64_t width, int32_t* inv, float* out, cuda::Stream s,
+                 const float* first) {
   if (T == 0) return;
   if (k <= 0 || k > kMaxSlots || T > INT32_MAX) fail("moe_combine: {} tokens with {} experts each", T, k);
-  fill_bytes(inv, 0xff, size_t(T) * size_t(k) * sizeof(int32_t), s);  // -1: not routed
-  if (n_routed > 0) {
+  if (!perm) inv = nullptr;  // the identity: nothing to invert
+  else fill_bytes(inv, 0xff, size_t(T) * size_t(k) * sizeof(int32_t), s);  // -1: not routed
+  if (perm && n_routed > 0) {
     inverse_perm_kernel<<<blocks_for(n_routed, 256), 256, 0, st(s)>>>(perm, n_routed, inv);
     SPARSEMLA_CUDA_LAUNCH_CHECK();
   }
   if (width <= 0) return;
   const unsigned chunks = unsigned((width + kColumnThreads - 1) / kColumnThreads);
   if (chunks > 65535) fail("moe_combine: rows of {} values", width);
-  moe_combine_kernel<<<dim3(unsigned(T), chunks), kColumnThreads, 0, st(s)>>>(expert_out, ids, weights, inv, k, width,
-                                                                           out);
+  moe_combine_kernel<<<dim3(unsigned(T), chunks), kColumnThreads, 0, st(s)>>>(expert_out, ids, weights, inv, k,
+                                                                           n_routed, width, first, out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 

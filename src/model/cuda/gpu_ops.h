@@ -106,10 +106,14 @@ void gather_rows(const float* x, int64_t width, const int32_t* idx, int32_t divi
 // moe_forward adds them: out[t] += sum_slot weights[t][slot] * expert_out[pos(t * k + slot)], where
 // pos inverts perm (perm[pos] = entry) over its first n_routed entries (perm entries of -1 are
 // skipped); entries outside it, and entries whose id is negative (an expert another rank holds),
-// add nothing.   expert_out: [n_routed, width] (grouped by expert)   perm: [n_routed]
+// add nothing. A null perm is the identity (the outputs in entry order: one launch, inv unused).
+// With `first` ([T, width]: the shared experts' outputs computed with the routed ones), out[t] =
+// first[t] + ... instead of out[t] + ..., the same sum.
+//   expert_out: [n_routed, width] (grouped by expert)   perm: [n_routed]
 //   ids, weights: [T, k]   inv: [T * k] int32 scratch   out: [T, width]
 void moe_combine(const float* expert_out, const int32_t* perm, int64_t n_routed, const int32_t* ids,
-                 const float* weights, int64_t T, int k, int64_t width, int32_t* inv, float* out, cuda::Stream s);
+                 const float* weights, int64_t T, int k, int64_t width, int32_t* inv, float* out, cuda::Stream s,
+                 const float* first = nullptr);
 
 // Expert ids of the whole model to a rank's own: out[i] = ids[i] - first when that is in
 // [0, count), else -1 (an expert another rank computes).   ids, out: [n]

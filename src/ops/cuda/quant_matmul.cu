@@ -225,7 +225,7 @@ static_assert(kMaxProducts == MatArgs::kMaxMore + 1, "matmul_many's products fit
 // a with b's product (checked as a's: same activations, type and columns) added to its launch.
 MatArgs with_product(MatArgs a, const MatArgs& b) {
   if (a.n_more == MatArgs::kMaxMore) fail("cuda: at most {} products in one launch", MatArgs::kMaxMore + 1);
-  a.more[a.n_more++] = {b.w, b.y, b.n_rows, b.row_bytes};
+  a.more[a.n_more++] = {b.w, b.y, b.n_rows, b.row_bytes, b.shared_w};
   return a;
 }
 
@@ -280,18 +280,31 @@ void launch_decode(const TypeKernels& k, const MatArgs& a, bool tensor_cores, St
 
 namespace {
 
+// `shared`: the shared expert's matrix run as pair n_pairs (null: none), from activation row x_row.
 MatArgs expert_args(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
-                    const float* x, int64_t x_div, float* y, ExpertKernel kernel, const char* op) {
+                    const float* x, int64_t x_div, float* y, ExpertKernel kernel, const char* op,
+                    const QuantMatrix* shared = nullptr, int64_t x_row = 0) {
   if (kernel == ExpertKernel::kOneToken && !mma_one_token_supported(w.type))
     fail("cuda::{}: no one-token tensor-core kernel for {} (q4_K has one)", op, gguf::type_name(w.type));
   if (rows_per_expert <= 0 || w.n_rows % rows_per_expert != 0)
     fail("cuda::{}: {} rows are not whole experts of {} rows", op, w.n_rows, rows_per_expert);
   if (x_div <= 0) fail("cuda::{}: x_div must be > 0, got {}", op, x_div);
-  if (n_pairs < 0 || n_pairs > 65535) fail("cuda::{}: {} pairs (at most 65535 per call)", op, n_pairs);
-  MatArgs a = checked_product(w, x, n_pairs, y, op);
+  const int64_t grid_rows = n_pairs + (shared ? 1 : 0);
+  if (n_pairs < 0 || grid_rows > 65535) fail("cuda::{}: {} pairs (at most 65535 per call)", op, grid_rows);
+  MatArgs a = checked_product(w, x, grid_rows, y, op);
   a.n_rows = rows_per_expert;
   a.expert_ids = expert_ids;
   a.x_div = x_div;
+  if (shared) {
+    if (shared->type != w.type || shared->n_cols != w.n_cols || shared->n_rows != rows_per_expert ||
+        shared->row_bytes != w.row_bytes)
+      fail("cuda::{}: the shared expert ({} x {} {}) is not of the experts' shape ({} x {} {})", op, shared->n_rows,
+           shared->n_cols, gguf::type_name(shared->type), rows_per_expert, w.n_cols, gguf::type_name(w.type));
+    if (x_row < 0) fail("cuda::{}: the shared expert's activation row {} < 0", op, x_row);
+    a.shared_w = checked_product(*shared, x, 1, y, op).w;
+    a.shared_pair = n_pairs;
+    a.shared_x_row = x_row;
+  }
   return a;
 }
 
@@ -304,24 +317,34 @@ void launch_experts(const TypeKernels& k, const MatArgs& a, ExpertKernel kernel,
 }  // namespace
 
 void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
-                    const float* x, int64_t x_div, float* y, Stream s, ExpertKernel kernel) {
+                    const float* x, int64_t x_div, float* y, Stream s, ExpertKernel kernel, const SharedPair* shared) {
   const TypeKernels& k = kernels_for(w.type, "matmul_experts");
-  launch_experts(k, expert_args(w, rows_per_expert, expert_ids, n_pairs, x, x_div, y, kernel, "matmul_experts"), kernel,
-                 s);
+  if (shared && (!shared->w || shared->w2)) fail("cuda::matmul_experts: a shared expert is one matrix (SharedPair::w)");
+  launch_experts(k,
+                 expert_args(w, rows_per_expert, expert_ids, n_pairs, x, x_div, y, kernel, "matmul_experts",
+                             shared ? shared->w : nullptr, shared ? shared->x_row : 0),
+                 kernel, s);
 }
 
 void matmul_experts_pair(const QuantMatrix& w1, const QuantMatrix& w2, int64_t rows_per_expert,
                          const int32_t* expert_ids, int64_t n_pairs, const float* x, int64_t x_div, float* y1,
-                         float* y2, Stream s, ExpertKernel kernel) {
+                         float* y2, Stream s, ExpertKernel kernel, const SharedPair* shared) {
+  const char* op = "matmul_experts_pair";
+  if (shared && (!shared->w || !shared->w2)) fail("cuda::{}: a shared expert pair has two matrices (w, w2)", op);
   if (kernel == ExpertKernel::kTensorCores || !same_shape(w1, w2)) {
-    matmul_experts(w1, rows_per_expert, expert_ids, n_pairs, x, x_div, y1, s, kernel);
-    matmul_experts(w2, rows_per_expert, expert_ids, n_pairs, x, x_div, y2, s, kernel);
+    const SharedPair s1{shared ? shared->w : nullptr, nullptr, shared ? shared->x_row : 0};
+    const SharedPair s2{shared ? shared->w2 : nullptr, nullptr, s1.x_row};
+    matmul_experts(w1, rows_per_expert, expert_ids, n_pairs, x, x_div, y1, s, kernel, shared ? &s1 : nullptr);
+    matmul_experts(w2, rows_per_expert, expert_ids, n_pairs, x, x_div, y2, s, kernel, shared ? &s2 : nullptr);
     return;
   }
-  const TypeKernels& k = kernels_for(w1.type, "matmul_experts_pair");
-  const char* op = "matmul_experts_pair";
-  const MatArgs a = expert_args(w1, rows_per_expert, expert_ids, n_pairs, x, x_div, y1, kernel, op);
-  launch_experts(k, with_product(a, expert_args(w2, rows_per_expert, expert_ids, n_pairs, x, x_div, y2, kernel, op)),
+  const TypeKernels& k = kernels_for(w1.type, op);
+  const int64_t x_row = shared ? shared->x_row : 0;
+  const MatArgs a = expert_args(w1, rows_per_expert, expert_ids, n_pairs, x, x_div, y1, kernel, op,
+                                shared ? shared->w : nullptr, x_row);
+  launch_experts(k,
+                 with_product(a, expert_args(w2, rows_per_expert, expert_ids, n_pairs, x, x_div, y2, kernel, op,
+                                             shared ? shared->w2 : nullptr, x_row)),
                  kernel, s);
 }
 

@@ -101,13 +101,24 @@ void matmul_pair(const QuantMatrix& w1, const QuantMatrix& w2, const float* x, i
 // one-token product sums it (so equal to matmul_expert_groups with tensor_cores); or the one-token
 // tensor-core kernel (mma_one_token_supported types; the fast mode's choice at batch 1).
 enum class ExpertKernel { kFp32, kTensorCores, kOneToken };
+// A shared expert run as one more pair of the call (so that its product is no launch of its own):
+// pair n_pairs multiplies w (matmul_experts_pair: w for the first product, w2 for the second; each of
+// one expert's shape and type: rows_per_expert rows) with activation row x_row of x, into output row
+// n_pairs, summed as the one-token product sums it. It reads no expert id.
+struct SharedPair {
+  const QuantMatrix* w = nullptr;
+  const QuantMatrix* w2 = nullptr;
+  int64_t x_row = 0;
+};
 void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
-                    const float* x, int64_t x_div, float* y, Stream s, ExpertKernel kernel = ExpertKernel::kFp32);
+                    const float* x, int64_t x_div, float* y, Stream s, ExpertKernel kernel = ExpertKernel::kFp32,
+                    const SharedPair* shared = nullptr);
 // The experts' gate and up products in one launch (kFp32 and kOneToken; kTensorCores, or matrices of
 // different types or shapes, as two calls): the same bits as two matmul_experts calls.
 void matmul_experts_pair(const QuantMatrix& w1, const QuantMatrix& w2, int64_t rows_per_expert,
                          const int32_t* expert_ids, int64_t n_pairs, const float* x, int64_t x_div, float* y1,
-                         float* y2, Stream s, ExpertKernel kernel = ExpertKernel::kFp32);
+                         float* y2, Stream s, ExpertKernel kernel = ExpertKernel::kFp32,
+                         const SharedPair* shared = nullptr);
 
 // The experts' products grouped by expert, without a host round trip (cuda::moe_group's output on
 // the device): each expert with pairs reads its weights once for all of them. For every active

@@ -31,6 +31,11 @@ struct MatArgs {
   // output row p. n_tokens is then the number of pairs.
   const int32_t* expert_ids = nullptr;
   int64_t x_div = 1;
+  // ... with a shared expert (matmul_experts' SharedPair): grid row shared_pair (the routed pairs'
+  // count) multiplies the shared matrix (shared_w; more[i].shared_w for product i; one expert's
+  // shape) with activation row shared_x_row into output row shared_pair; it reads no id.
+  const uint8_t* shared_w = nullptr;
+  int64_t shared_pair = -1, shared_x_row = 0;
   // Grouped mode (matmul_expert_groups, decode kernel only): grid row g is the expert
   // group_active[g] (rows g >= *group_count return); its grouped slots j in [offsets[e],
   // offsets[e + 1]) read activation row group_perm[j] / x_div (row j when group_perm is null) and
@@ -49,6 +54,7 @@ struct MatArgs {
     float* y = nullptr;
     int64_t n_rows = 0;
     uint64_t row_bytes = 0;
+    const uint8_t* shared_w = nullptr;
   };
   static constexpr int kMaxMore = 3;
   Mat more[kMaxMore];
@@ -74,14 +80,15 @@ struct BlockMat {
   float* y;
   int64_t n_rows;
   uint64_t row_bytes;
+  const uint8_t* shared_w;
 };
 __device__ __forceinline__ BlockMat block_mat(const MatArgs& a) {
   static_assert(MatArgs::kMaxMore == 3, "one case per product");
   switch (blockIdx.z) {  // (constant indices: the arguments stay in the parameter bank)
-    case 0: return {a.w, a.y, a.n_rows, a.row_bytes};
-    case 1: return {a.more[0].w, a.more[0].y, a.more[0].n_rows, a.more[0].row_bytes};
-    case 2: return {a.more[1].w, a.more[1].y, a.more[1].n_rows, a.more[1].row_bytes};
-    default: return {a.more[2].w, a.more[2].y, a.more[2].n_rows, a.more[2].row_bytes};
+    case 0: return {a.w, a.y, a.n_rows, a.row_bytes, a.shared_w};
+    case 1: return {a.more[0].w, a.more[0].y, a.more[0].n_rows, a.more[0].row_bytes, a.more[0].shared_w};
+    case 2: return {a.more[1].w, a.more[1].y, a.more[1].n_rows, a.more[1].row_bytes, a.more[1].shared_w};
+    default: return {a.more[2].w, a.more[2].y, a.more[2].n_rows, a.more[2].row_bytes, a.more[2].shared_w};
   }
 }
 
@@ -113,10 +120,15 @@ __device__ __forceinline__ bool block_view(const MatArgs& a, BlockView& v) {
   v.n_tokens = a.n_tokens;
   if (a.expert_ids) {  // the pair's expert rows, activation row and output row: a one-token product
     const int64_t pair = blockIdx.y;
-    const int32_t e = a.expert_ids[pair];
-    if (e < 0) return false;  // an unused slot: its output row is not written
-    v.w += uint64_t(e) * uint64_t(v.n_rows) * v.row_bytes;
-    v.x += (pair / a.x_div) * a.n_cols;
+    if (pair == a.shared_pair) {  // the shared expert's matrix
+      v.w = m.shared_w;
+      v.x += a.shared_x_row * a.n_cols;
+    } else {
+      const int32_t e = a.expert_ids[pair];
+      if (e < 0) return false;  // an unused slot: its output row is not written
+      v.w += uint64_t(e) * uint64_t(v.n_rows) * v.row_bytes;
+      v.x += (pair / a.x_div) * a.n_cols;
+    }
     v.y += pair * v.n_rows;
     v.n_tokens = 1;
   }
