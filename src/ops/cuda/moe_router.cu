@@ -94,18 +94,21 @@ __global__ void route_kernel(RouterShape sh, const float* __restrict__ logits, c
     __syncthreads();
   }
 
-  // k rounds of block argmax. Each thread only reads and marks its own experts (e = tid + j * blockDim),
-  // so `taken` needs no barrier between rounds.
+  // k rounds of argmax by the first warp alone (no block barrier per round: 8 rounds of two block
+  // barriers each were most of the kernel's time). Each lane only reads and marks its own experts
+  // (e = lane + 32 j), so `taken` needs no barrier between rounds.
+  if (threadIdx.x >= 32) return;
+  const int lane = int(threadIdx.x);
   for (int r = 0; r < sh.k; ++r) {
     ArgMax a{-INFINITY, INT32_MAX};
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
+    for (int e = lane; e < E; e += 32)
       if (!taken[e] && better(ArgMax{choice[e], e}, a)) a = ArgMax{choice[e], e};
-    a = block_argmax(a);
-    if (a.index < E && a.index % int(blockDim.x) == int(threadIdx.x)) taken[a.index] = true;
-    if (threadIdx.x == 0) chosen[r] = a.index;
+    a = warp_argmax(a);
+    if (a.index < E && a.index % 32 == lane) taken[a.index] = true;
+    if (lane == 0) chosen[r] = a.index;
   }
 
-  if (threadIdx.x == 0) {  // as route(): the sum in selection order
+  if (lane == 0) {  // as route(): the sum in selection order
     float sum = 0.0f;
     for (int r = 0; r < sh.k; ++r) sum += score[chosen[r]];
     for (int r = 0; r < sh.k; ++r) {
