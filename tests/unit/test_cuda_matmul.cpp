@@ -484,8 +484,9 @@ TEST_P(CudaMatmul, SharedExpertPairEqualsItsOneTokenProduct) {
 
 // A pair of products of one input (an MLP's gate and up) in one launch: each output has the bits of
 // its matrix's own product by the same entry (matmul, matmul_decode, matmul_experts), at one token
-// (one launch) and where the pair falls back to two calls (more tokens, different shapes, the
-// tensor-core expert kernel). Skipped expert slots (id -1) are left unwritten in both outputs.
+// (one launch, also for different row counts) and where the pair falls back to two calls (more
+// tokens; experts of different shapes or the tensor-core expert kernel). Skipped expert slots (id
+// -1) are left unwritten in both outputs.
 TEST_P(CudaMatmul, PairsOfProductsEqualTheProductsAlone) {
   SPARSEMLA_REQUIRE_GPU();
   for (const Shape sh : {shapes_for(type())[0], shapes_for(type())[2]}) {
