@@ -221,21 +221,22 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
       else *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
     }
     cp_async_commit();
-  }
-  const float* q = a.q + int64_t(t) * a.heads * DIM;
-  constexpr int V4 = DIM / 4;  // float4 per head
-  const int q_vec = a.heads * V4;
-  for (int i0 = 0; !a.q16 && i0 < heads_pad * V4; i0 += 8 * kThreads) {
-    float4 v[8];
+  } else {
+    const float* q = a.q + int64_t(t) * a.heads * DIM;
+    constexpr int V4 = DIM / 4;  // float4 per head
+    const int q_vec = a.heads * V4;
+    for (int i0 = 0; i0 < heads_pad * V4; i0 += 8 * kThreads) {
+      float4 v[8];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int i = i0 + u * kThreads + tid;
-      v[u] = i < q_vec ? reinterpret_cast<const float4*>(q)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+      for (int u = 0; u < 8; ++u) {
+        const int i = i0 + u * kThreads + tid;
+        v[u] = i < q_vec ? reinterpret_cast<const float4*>(q)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int i = i0 + u * kThreads + tid;
-      if (i / V4 < heads_pad) *reinterpret_cast<uint2*>(sQ + i / V4 * STR + i % V4 * 4) = pack4<T16>(v[u]);
+      for (int u = 0; u < 8; ++u) {
+        const int i = i0 + u * kThreads + tid;
+        if (i / V4 < heads_pad) *reinterpret_cast<uint2*>(sQ + i / V4 * STR + i % V4 * 4) = pack4<T16>(v[u]);
+      }
     }
   }
   for (int h = tid; h < heads_pad; h += kThreads) sW[h] = h < a.heads ? a.w[int64_t(t) * a.heads + h] : 0.0f;
