@@ -704,7 +704,7 @@ TEST(CudaAttention, IndexerCountsTheTopKFirstDigit) {
     }
 }
 
-TEST(CudaAttention, TopKCountsRefuseMismatchedCalls) {
+TEST(CudaAttention, TopKCountsRefuseMismatchedCallsAndDropUnreadCounts) {
   SPARSEMLA_REQUIRE_GPU();
   const int64_t T = 2, stride = 20000;
   DeviceBuffer scores(size_t(T * stride) * 4), sel(size_t(T) * 2048 * 4);
@@ -718,13 +718,33 @@ TEST(CudaAttention, TopKCountsRefuseMismatchedCalls) {
   EXPECT_EQ(cuda::top_k_counts(scores.as<float>(), 16, cuda::kTopKCountMax / 16 + 1, 2048, nullptr, &wide).hist, nullptr)
       << "more scores than the bound";
   ASSERT_NE(cuda::top_k_counts(scores.as<float>(), T, stride, 2048, nullptr, &ws).hist, nullptr);
-  EXPECT_THROW(cuda::top_k_counts(scores.as<float>(), T, stride, 2048, nullptr, &ws), Error) << "counted twice";
   EXPECT_THROW(cuda::top_k(scores.as<float>(), T, stride, d_n.as<int32_t>(), 1024, sel.as<int32_t>(), nullptr, &ws),
                Error)
       << "another k";
-  // (Nothing was counted: the scores' kernel never ran, so the state is still clean.)
   cuda::top_k(scores.as<float>(), T, stride, d_n.as<int32_t>(), 2048, sel.as<int32_t>(), nullptr, &ws);
   EXPECT_FALSE(ws.last_counted);
+  // Counts that reached the histograms but were never read (a call in between failed, as an indexer
+  // would have left them; written here by hand): the next top_k_counts drops them (zeroes the rows'
+  // state), and so does a top_k that refuses its call; a plain top_k after it selects as the CPU.
+  const std::vector<uint32_t> junk(2048, 77), zeros(2048, 0);
+  std::vector<uint32_t> back(2048);
+  ASSERT_NE(cuda::top_k_counts(scores.as<float>(), T, stride, 2048, nullptr, &ws).hist, nullptr);
+  ASSERT_EQ(cuda::top_k_counts(scores.as<float>(), T, stride, 2048, nullptr, &ws).hist,
+            ws.candidates.as<uint32_t>());  // row 0's first histogram
+  ws.candidates.upload(junk.data(), junk.size() * 4);
+  ASSERT_NE(cuda::top_k_counts(scores.as<float>(), T, stride, 2048, nullptr, &ws).hist, nullptr) << "counted twice";
+  ws.candidates.download(back.data(), back.size() * 4);
+  EXPECT_EQ(back, zeros) << "the unread counts were not dropped";
+  ws.candidates.upload(junk.data(), junk.size() * 4);
+  EXPECT_THROW(cuda::top_k(scores.as<float>(), T, stride, d_n.as<int32_t>(), 7, sel.as<int32_t>(), nullptr, &ws), Error);
+  ws.candidates.download(back.data(), back.size() * 4);
+  EXPECT_EQ(back, zeros) << "a refused call left its counts";
+  std::mt19937 rng(5);
+  const std::vector<float> sh = random_vec(size_t(T * stride), rng);
+  const std::vector<int32_t> n_host = {20000, 100};
+  DeviceBuffer d_s = cuda::to_device(sh);
+  cuda::top_k(d_s.as<float>(), T, stride, d_n.as<int32_t>(), 2048, sel.as<int32_t>(), nullptr, &ws);
+  expect_selection(cuda::to_host<int32_t>(sel, size_t(T) * 2048), sh, n_host, stride, 2048, "after dropped counts");
   // The fma indexer does not count.
   cuda::IndexerArgs a;
   a.T = 1;

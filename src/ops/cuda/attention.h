@@ -156,8 +156,9 @@ void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int
 // bin order_key(score) >> 21 of each score p < n[t] of the rows with n[t] > min_n). That top_k then
 // reads them instead of counting (the team path: one barrier and one pass over the scores fewer; the
 // span path: one launch fewer). An empty result (short rows, no workspace, more scores than
-// count_max): top_k counts them itself. The next top_k on ws must be that call (else it throws: its
-// rows' state would be wrong).
+// count_max): top_k counts them itself. The next top_k on ws must be that call (else it throws,
+// leaving the rows' state zeroed); a top_k_counts before it was read (an error in between) zeroes
+// the state and starts over.
 // The bound: counting costs the indexer a few percent (a warp match and a shared-memory table per
 // tile), which pays where the top-k's fixed cost dominates (one token at any context up to ~192K,
 // or a few at short ones) and not where the indexer does (batch 8 at 32K and more: 1-6 us slower;

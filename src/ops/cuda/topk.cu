@@ -560,6 +560,14 @@ void launch_long_rows(const float* scores, int64_t stride, const int32_t* n, int
               p.masks, p.mask_words, out);
 }
 
+// Forgets top_k_counts' pending call and zeroes every row's state: what the scores' kernel may have
+// counted into the histograms for a top_k that will not read them (so no later call sees them).
+void drop_counted(TopKWorkspace& ws, cudaStream_t st) {
+  ws.counted = {};
+  if (ws.rows > 0)
+    SPARSEMLA_CUDA_CHECK(cudaMemsetAsync(ws.candidates.get(), 0, size_t(ws.rows) * sizeof(RowState), st));
+}
+
 }  // namespace
 
 void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, int32_t* out, Stream s,
@@ -571,10 +579,12 @@ void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int
   if (ws && ws->counted.scores) {  // top_k_counts' call: its histograms hold these scores' first digits
     const TopKWorkspace::Counted c = ws->counted;
     ws->counted = {};
-    if (c.scores != scores || c.T != T || c.stride != stride || c.k != k)
+    if (c.scores != scores || c.T != T || c.stride != stride || c.k != k) {
+      drop_counted(*ws, st);  // (the next calls start clean)
       fail("top_k: the workspace's first histograms were counted (top_k_counts) for {} rows of stride {}, k = {}, "
            "at another address; this call has {} rows of stride {}, k = {}",
            c.T, c.stride, c.k, T, stride, k);
+    }
     counted = true;
   }
   LongRowPlan plan;
@@ -591,8 +601,8 @@ void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int
 
 TopKCounts top_k_counts(const float* scores, int64_t T, int64_t stride, int k, Stream s, TopKWorkspace* ws) {
   if (!ws) return {};
-  if (ws->counted.scores)
-    fail("top_k_counts: the histograms counted for the last call ({} rows) were never read by its top_k", ws->counted.T);
+  // A pending call whose top_k never ran (an error in between): its counts are dropped.
+  if (ws->counted.scores) drop_counted(*ws, static_cast<cudaStream_t>(s));
   if (T == 0 || k <= 0 || !scores || T * stride > (ws->count_max < 0 ? kTopKCountMax : ws->count_max)) return {};
   LongRowPlan plan;
   if (!plan_long_rows(scores, T, stride, ws, static_cast<cudaStream_t>(s), &plan)) return {};
