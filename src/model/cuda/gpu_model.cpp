@@ -1231,12 +1231,8 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     // its output row first, as it adds the shared MLP's output otherwise), where it has one routed
     // expert's types and shapes and the float products run (the same bits either way).
     const bool fold = L.shared && !qx && L.gate_exps.type == L.up_exps.type &&
-                      L.gate_shexp.type == L.gate_exps.type && L.up_shexp.type == L.up_exps.type &&
-                      L.down_shexp.type == L.down_exps.type && L.gate_shexp.n_rows == Fe &&
-                      L.up_shexp.n_rows == Fe && L.gate_shexp.n_cols == L.gate_exps.n_cols &&
-                      L.down_shexp.n_rows == H && L.down_shexp.n_cols == L.down_exps.n_cols &&
-                      L.gate_shexp.row_bytes == L.gate_exps.row_bytes &&
-                      L.up_shexp.row_bytes == L.up_exps.row_bytes && L.down_shexp.row_bytes == L.down_exps.row_bytes;
+                      cuda::expert_shaped(L.gate_exps, Fe, L.gate_shexp) &&
+                      cuda::expert_shaped(L.up_exps, Fe, L.up_shexp) && cuda::expert_shaped(L.down_exps, H, L.down_shexp);
     if (L.shared && !fold) mlp(L.gate_shexp, L.up_shexp, L.down_shexp, w.x, T, w.attn, qx);
     else if (!L.shared) gpu::fill_bytes(w.attn, 0, size_t(T * H) * sizeof(float), s);
     mark("moe: shared expert");

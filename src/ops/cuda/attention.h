@@ -75,8 +75,7 @@ inline bool attention_kernel_named(const std::string& backend, AttentionKernel* 
 struct TopKCounts {
   uint32_t* hist = nullptr;  // [T][row_words]: row t's 2048 bins at hist + t * row_words (zero on entry)
   int64_t row_words = 0;
-  int min_n = 0;             // only rows with n > min_n are counted (top_k lists the others without a
-                             // select: min_n = k)
+  int k = 0;                 // only rows with n > k are counted (top_k lists the others without a select)
 };
 
 // Lightning-indexer scores of T query tokens: score[t][p] = sum_h w[t][h] * relu(q[t][h] . k[p]) for
@@ -100,8 +99,8 @@ struct IndexerArgs {
   float* scores = nullptr;
   int64_t score_stride = 0;
   // Where set (top_k_counts), the mma kernel also adds each written score of a row with n_ctx >
-  // counts.min_n into the row's histogram of top_k's first digit, so that the top_k after it skips
-  // that pass.
+  // counts.k into the row's histogram of top_k's first digit, so that the top_k after it skips that
+  // pass.
   TopKCounts counts;
 };
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
@@ -153,7 +152,7 @@ void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int
 // The first pass of the next top_k call, done by the kernel that writes its scores: where top_k (same
 // scores, T, stride, k and workspace) will take a long-row path and T * stride <= ws->count_max, the
 // rows' first-digit histograms in the workspace, to be filled with the scores (IndexerArgs::counts:
-// bin order_key(score) >> 21 of each score p < n[t] of the rows with n[t] > min_n). That top_k then
+// bin order_key(score) >> 21 of each score p < n[t] of the rows with n[t] > k). That top_k then
 // reads them instead of counting (the team path: one barrier and one pass over the scores fewer; the
 // span path: one launch fewer). An empty result (short rows, no workspace, more scores than
 // count_max): top_k counts them itself. The next top_k on ws must be that call (else it throws,

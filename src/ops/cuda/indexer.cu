@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
   const int seq = a.seq[t];
   const uint8_t* keys = static_cast<const uint8_t*>(a.keys.data);
   // The row's first-digit histogram for top_k, where it asked for one and will select with it.
-  uint32_t* row_hist = a.counts.hist && n > a.counts.min_n ? a.counts.hist + int64_t(t) * a.counts.row_words : nullptr;
+  uint32_t* row_hist = a.counts.hist && n > a.counts.k ? a.counts.hist + int64_t(t) * a.counts.row_words : nullptr;
   if (row_hist)
     for (int i = tid; i < 2 * kCountSlots; i += kThreads) sBin[i] = 0;  // (sCnt follows sBin)
   // The page-table entries of the block's keys, read once: the copies below then need no global

@@ -296,8 +296,7 @@ MatArgs expert_args(const QuantMatrix& w, int64_t rows_per_expert, const int32_t
   a.expert_ids = expert_ids;
   a.x_div = x_div;
   if (shared) {
-    if (shared->type != w.type || shared->n_cols != w.n_cols || shared->n_rows != rows_per_expert ||
-        shared->row_bytes != w.row_bytes)
+    if (!expert_shaped(w, rows_per_expert, *shared))
       fail("cuda::{}: the shared expert ({} x {} {}) is not of the experts' shape ({} x {} {})", op, shared->n_rows,
            shared->n_cols, gguf::type_name(shared->type), rows_per_expert, w.n_cols, gguf::type_name(w.type));
     if (x_row < 0) fail("cuda::{}: the shared expert's activation row {} < 0", op, x_row);
@@ -315,6 +314,11 @@ void launch_experts(const TypeKernels& k, const MatArgs& a, ExpertKernel kernel,
 }
 
 }  // namespace
+
+bool expert_shaped(const QuantMatrix& experts, int64_t rows_per_expert, const QuantMatrix& m) {
+  return m.type == experts.type && m.n_cols == experts.n_cols && m.n_rows == rows_per_expert &&
+         m.row_bytes == experts.row_bytes;
+}
 
 void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
                     const float* x, int64_t x_div, float* y, Stream s, ExpertKernel kernel, const SharedPair* shared) {

@@ -110,6 +110,9 @@ struct SharedPair {
   const QuantMatrix* w2 = nullptr;
   int64_t x_row = 0;
 };
+// Whether m has the shape of one expert of `experts` (rows_per_expert rows; type, columns and row
+// stride equal): what a SharedPair's matrix must be.
+bool expert_shaped(const QuantMatrix& experts, int64_t rows_per_expert, const QuantMatrix& m);
 void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
                     const float* x, int64_t x_div, float* y, Stream s, ExpertKernel kernel = ExpertKernel::kFp32,
                     const SharedPair* shared = nullptr);

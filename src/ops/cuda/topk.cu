@@ -575,25 +575,24 @@ void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int
   if (T == 0) return;
   if (k <= 0) fail("top_k: k must be > 0, got {}", k);
   auto st = static_cast<cudaStream_t>(s);
+  LongRowPlan plan;
+  const bool long_rows = plan_long_rows(scores, T, stride, ws, st, &plan);
   bool counted = false;
   if (ws && ws->counted.scores) {  // top_k_counts' call: its histograms hold these scores' first digits
     const TopKWorkspace::Counted c = ws->counted;
-    ws->counted = {};
-    if (c.scores != scores || c.T != T || c.stride != stride || c.k != k) {
+    if (c.scores != scores || c.T != T || c.stride != stride || c.k != k || !long_rows) {
       drop_counted(*ws, st);  // (the next calls start clean)
-      fail("top_k: the workspace's first histograms were counted (top_k_counts) for {} rows of stride {}, k = {}, "
-           "at another address; this call has {} rows of stride {}, k = {}",
-           c.T, c.stride, c.k, T, stride, k);
+      fail("top_k: the workspace's first histograms were counted (top_k_counts) for {} rows of stride {}, k = {}; "
+           "this call has {} rows of stride {}, k = {}{}",
+           c.T, c.stride, c.k, T, stride, k, c.scores != scores ? ", at another address" : "");
     }
+    ws->counted = {};
     counted = true;
   }
-  LongRowPlan plan;
-  const bool long_rows = plan_long_rows(scores, T, stride, ws, st, &plan);
   if (ws) {
     ws->last_path = !long_rows ? TopKPath::kRows : plan.team ? TopKPath::kTeam : TopKPath::kSpans;
     ws->last_counted = counted;
   }
-  if (counted && !long_rows) fail("top_k: the workspace's first histograms were counted, but the rows take the one-block path");
   if (long_rows) return launch_long_rows(scores, stride, n, k, out, plan, counted, st);
   topk_rows_kernel<<<unsigned(T), kThreads, 0, st>>>(scores, stride, n, k, out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
