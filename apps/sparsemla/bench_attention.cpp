@@ -38,6 +38,7 @@ struct BenchAttentionArgs {
   int smem_limit = 0;       // attention: shared memory per block to fit into (0: the device's)
   int smem_per_sm = 0;      // attention: shared memory per SM to emulate (blocks per SM; 0: the device's)
   int reps = 5;
+  std::string topk_path = "auto";  // auto, block, rows, team, spans: the top-k path (cuda::TopKPath)
 };
 
 #if SPARSEMLA_HAVE_CUDA
@@ -142,6 +143,11 @@ int run_bench_attention(const BenchAttentionArgs& a) {
       }
       ws.smem_per_sm = a.smem_per_sm;
       cuda::TopKWorkspace topk_ws;
+      topk_ws.path = a.topk_path == "rows"    ? cuda::TopKPath::kRows
+                     : a.topk_path == "block" ? cuda::TopKPath::kBlock
+                     : a.topk_path == "team"  ? cuda::TopKPath::kTeam
+                     : a.topk_path == "spans" ? cuda::TopKPath::kSpans
+                                              : cuda::TopKPath::kAuto;
       for (int B : a.batches)
         for (int ctx : a.contexts) {
           const int sets = sets_of(B);
@@ -236,7 +242,11 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           // flight, split-KV blocks per token.
           const std::string ran = fmt::format("{}{}, {}x{}, {} split{}", ws.last.kernel, ws.last_cluster == 2 ? " pairs" : "",
                                               ws.last.heads_per_block, ws.last.stages, ws.last.splits,
-                                              ws.last.splits == 1 ? "" : "s");
+                                              ws.last.splits == 1 ? "" : "s") +
+                                  (topk_ws.last_path == cuda::TopKPath::kTeam    ? "; top-k team"
+                                   : topk_ws.last_path == cuda::TopKPath::kSpans ? "; top-k spans"
+                                   : topk_ws.last_path == cuda::TopKPath::kBlock ? "; top-k block"
+                                                                                 : "; top-k rows");
           std::printf("%-6s %-4s %5d %7d | %7.1fus %7.0f %4.0f%% | %6.1fus %6.1fus | %7.1fus | %7.1fus %7.0f %4.0f%% %7.1f "
                       "%4.0f%% | %7.1fus %4.0f%% | %s\n",
                       sh.name, dname.c_str(), B, ctx, t_idx, idx_bytes / t_idx * 1e-3,
@@ -293,6 +303,11 @@ Runner add_bench_attention(CLI::App& bench) {
       ->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--rotate", a->rotate, "sets of sequences the timed calls cycle through (0: 8 / batch, at least 1)");
   cmd->add_option("--reps", a->reps, "timed repetitions (best is reported)");
+  cmd->add_option("--topk-path", a->topk_path,
+                  "the top-k's path: auto (the engine's choice), block (one block per row, its keys in registers: "
+                  "rows up to 16K), rows (one block per row, reading the row on every pass), team (one cooperative "
+                  "launch, where the row's blocks fit on the device), spans (three launches)")
+      ->check(CLI::IsMember({"auto", "block", "rows", "team", "spans"}));
   return [a] { return run_bench_attention(*a); };
 }
 

@@ -505,6 +505,55 @@ void expect_same_selection(const std::vector<float>& scores, const std::vector<i
   cuda::TopKWorkspace spans = topk_workspace(cuda::TopKPath::kSpans), team = topk_workspace(cuda::TopKPath::kTeam);
   expect_selection(gpu_top_k(scores, n, stride, k, &spans), scores, n, stride, k, std::string(what) + ", spans");
   expect_selection(gpu_top_k(scores, n, stride, k, &team), scores, n, stride, k, std::string(what) + ", team");
+  cuda::TopKWorkspace block = topk_workspace(cuda::TopKPath::kBlock);  // (rows over 16K: as kAuto)
+  expect_selection(gpu_top_k(scores, n, stride, k, &block), scores, n, stride, k, std::string(what) + ", block");
+}
+
+// The block path (one block per row, its keys in registers: 4, 8 or 16 per thread) on strides at
+// the edges of each width, odd ones so that rows start off a 16-byte boundary, over random scores,
+// few levels (ties at the boundary), all equal and rising ones, rows around k, and many rows at
+// once; past 16K scores a row takes another path.
+TEST(CudaAttention, TopKBlockPathEqualsTheCpuSelection) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  // The longest rows it takes: 16K - 3 (rows may start up to 3 scores past a 16-byte boundary), or
+  // 16K where every row starts on one (an aligned buffer, a stride of whole 16 bytes: the model's).
+  const auto block_takes = [](int64_t stride) { return stride <= 16 * 1024 - (stride % 4 ? 3 : 0); };
+  for (int64_t stride : {int64_t(2053), int64_t(4093), int64_t(4094), int64_t(8189), int64_t(8190), int64_t(12001),
+                         int64_t(16381), int64_t(16382), int64_t(16384), int64_t(16388)}) {
+    const int k = 2048;
+    const std::vector<int32_t> n = {int32_t(stride), k + 1, k, k - 1, 1, int32_t(stride) - 1, int32_t(stride / 2 + 3)};
+    const int64_t T = int64_t(n.size());
+    const std::string at = "stride " + std::to_string(stride);
+    std::vector<float> s = random_vec(size_t(T * stride), rng);
+    for (int kk : {k, 1, 12}) {
+      cuda::TopKWorkspace ws = topk_workspace(cuda::TopKPath::kAuto);
+      expect_selection(gpu_top_k(s, n, stride, kk, &ws), s, n, stride, kk, at + ", random, k " + std::to_string(kk));
+      EXPECT_EQ(ws.last_path == cuda::TopKPath::kBlock, block_takes(stride)) << at;
+    }
+    std::vector<float> lv(s.size());
+    for (size_t i = 0; i < s.size(); ++i) lv[i] = std::round(s[i] * 4.0f);  // few levels: ties at every boundary
+    expect_selection(gpu_top_k(lv, n, stride, k, nullptr), lv, n, stride, k, at + ", ties");
+    std::vector<float> eq(s.size(), 0.0f);
+    for (size_t i = 0; i < eq.size(); i += 3) eq[i] = -0.0f;
+    expect_selection(gpu_top_k(eq, n, stride, k, nullptr), eq, n, stride, k, at + ", all equal");
+    std::vector<float> up(s.size());
+    for (size_t i = 0; i < up.size(); ++i) up[i] = float(i % size_t(stride));
+    expect_selection(gpu_top_k(up, n, stride, k, nullptr), up, n, stride, k, at + ", rising");
+  }
+  {  // many rows (a prefill chunk), causal lengths
+    const int64_t T = 257, stride = 6001;
+    std::vector<int32_t> n(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) n[size_t(t)] = int32_t(1 + t * (stride - 1) / (T - 1));
+    std::vector<float> s = random_vec(size_t(T * stride), rng);
+    cuda::TopKWorkspace ws = topk_workspace(cuda::TopKPath::kBlock);
+    expect_selection(gpu_top_k(s, n, stride, 2048, &ws), s, n, stride, 2048, "many rows");
+    EXPECT_EQ(ws.last_path, cuda::TopKPath::kBlock);
+    cuda::TopKWorkspace counting = topk_workspace(cuda::TopKPath::kAuto);
+    EXPECT_EQ(cuda::top_k_counts(nullptr, T, stride, 2048, nullptr, &counting).hist, nullptr);
+    EXPECT_EQ(cuda::top_k_counts(s.data(), 1, stride, 2048, nullptr, &counting).hist, nullptr)
+        << "the block path counts its own first digit";
+  }
 }
 
 TEST(CudaAttention, TopKEqualsTheCpuSelectionIncludingTies) {

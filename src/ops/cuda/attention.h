@@ -119,14 +119,17 @@ void index_queries(float* q, float* w, int64_t T, int heads, int dim, const Rope
 // Indices of the k largest of scores[t][0 .. n[t]) per row, in ascending order (so the attention
 // sums a token's positions in one order on every run); ties at the boundary go to the lower index
 // (the CPU top_k's rule). Rows with n[t] <= k list 0 .. n[t]-1. Unused entries are -1.   out: [T, k]
-// With a workspace, long rows are shared among many blocks, the row's histograms in global memory:
+// Rows of up to 16K scores (stride) take one block each, their keys in registers (block path). With a
+// workspace, longer rows are shared among many blocks, the row's histograms in global memory:
 // for few rows one launch whose blocks, all resident at once, meet at barriers (team path), else
 // three launches and the row's last block compacting bit masks of the selection (span path).
 enum class TopKPath {
-  kAuto,   // the team path where the rows' blocks fit on the device at once, else the span path
+  kAuto,   // the block path for rows up to 16K scores; longer ones: the team path where the rows'
+           // blocks fit on the device at once, else the span path
   kSpans,  // the span path for every long row
-  kTeam,   // as kAuto, also when SPARSEMLA_TOPK_TEAM=0 is set
-  kRows,   // one block per row
+  kTeam,   // the team path for every long row where it fits (else spans), also when SPARSEMLA_TOPK_TEAM=0 is set
+  kRows,   // one block per row, reading the row from global memory on every pass
+  kBlock,  // one block per row holding its keys in registers, where the rows fit it (else as kAuto)
 };
 struct TopKWorkspace {
   // [rows] per-row state (three histograms and two counters, zero between calls), then [rows, 2, cap]
@@ -138,7 +141,7 @@ struct TopKWorkspace {
   int sm_count = 0;
   int team_blocks = 0;  // blocks of the team path's kernel resident at once on the device
   TopKPath path = TopKPath::kAuto;
-  TopKPath last_path = TopKPath::kAuto;  // the path the last call took (kSpans, kTeam or kRows)
+  TopKPath last_path = TopKPath::kAuto;  // the path the last call took (kSpans, kTeam, kRows or kBlock)
   int64_t count_max = -1;  // top_k_counts counts at most this many scores (T * stride; -1: kTopKCountMax)
   struct Counted {  // top_k_counts' pending call: its histograms are being filled for this top_k
     const float* scores = nullptr;

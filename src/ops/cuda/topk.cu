@@ -6,8 +6,11 @@
 // scan of per-thread counts), so the attention reads a token's positions in one order on every run
 // without a sort.
 //
-// Three paths:
-//  - rows: one block per row runs the whole selection (many rows, or short ones).
+// Four paths:
+//  - block (topk_block.cu; rows of up to 16K scores, 16384 where rows start 16-byte aligned): one
+//    block per row holds the row's keys in registers and runs the whole selection in shared memory.
+//  - rows: one block per row runs the whole selection, reading the row once per pass (many long
+//    rows without a workspace).
 //  - team (topk_team.cu; with a workspace, long rows, few enough that one block per span of every
 //    row fits on the device at once): one cooperative launch; each block holds its keys in
 //    registers, the row's blocks add each digit's histogram in global memory and meet at a barrier
@@ -560,6 +563,13 @@ void launch_long_rows(const float* scores, int64_t stride, const int32_t* n, int
               p.masks, p.mask_words, out);
 }
 
+// Whether rows of `stride` scores take the block path: rows up to 16K scores, unless the workspace
+// asks for another path.
+bool takes_block(const float* scores, int64_t stride, const TopKWorkspace* ws) {
+  const TopKPath p = ws ? ws->path : TopKPath::kAuto;
+  return (p == TopKPath::kAuto || p == TopKPath::kBlock) && block_path_per_thread(scores, stride) > 0;
+}
+
 // Forgets top_k_counts' pending call and zeroes every row's state: what the scores' kernel may have
 // counted into the histograms for a top_k that will not read them (so no later call sees them).
 void drop_counted(TopKWorkspace& ws, cudaStream_t st) {
@@ -575,8 +585,9 @@ void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int
   if (T == 0) return;
   if (k <= 0) fail("top_k: k must be > 0, got {}", k);
   auto st = static_cast<cudaStream_t>(s);
+  const bool block = takes_block(scores, stride, ws);
   LongRowPlan plan;
-  const bool long_rows = plan_long_rows(scores, T, stride, ws, st, &plan);
+  const bool long_rows = !block && plan_long_rows(scores, T, stride, ws, st, &plan);
   bool counted = false;
   if (ws && ws->counted.scores) {  // top_k_counts' call: its histograms hold these scores' first digits
     const TopKWorkspace::Counted c = ws->counted;
@@ -590,9 +601,10 @@ void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int
     counted = true;
   }
   if (ws) {
-    ws->last_path = !long_rows ? TopKPath::kRows : plan.team ? TopKPath::kTeam : TopKPath::kSpans;
+    ws->last_path = block ? TopKPath::kBlock : !long_rows ? TopKPath::kRows : plan.team ? TopKPath::kTeam : TopKPath::kSpans;
     ws->last_counted = counted;
   }
+  if (block) return launch_block(scores, T, stride, n, k, out, st);
   if (long_rows) return launch_long_rows(scores, stride, n, k, out, plan, counted, st);
   topk_rows_kernel<<<unsigned(T), kThreads, 0, st>>>(scores, stride, n, k, out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
@@ -602,7 +614,9 @@ TopKCounts top_k_counts(const float* scores, int64_t T, int64_t stride, int k, S
   if (!ws) return {};
   // A pending call whose top_k never ran (an error in between): its counts are dropped.
   if (ws->counted.scores) drop_counted(*ws, static_cast<cudaStream_t>(s));
-  if (T == 0 || k <= 0 || !scores || T * stride > (ws->count_max < 0 ? kTopKCountMax : ws->count_max)) return {};
+  if (T == 0 || k <= 0 || !scores || T * stride > (ws->count_max < 0 ? kTopKCountMax : ws->count_max) ||
+      takes_block(scores, stride, ws))
+    return {};
   LongRowPlan plan;
   if (!plan_long_rows(scores, T, stride, ws, static_cast<cudaStream_t>(s), &plan)) return {};
   ws->counted = {scores, T, stride, k};

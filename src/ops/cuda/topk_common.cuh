@@ -122,6 +122,13 @@ struct RowState {
   uint32_t pad[2];       // the masks after the states stay 16-byte aligned
 };
 
+// The block path (topk_block.cu): scores per thread for rows of `stride` at `scores` (4, 8 or 16; 0
+// where a row with its shift to the 16-byte boundary before it is longer than 16 * kThreads), and
+// its one launch for T rows.
+int block_path_per_thread(const float* scores, int64_t stride);
+void launch_block(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, int32_t* out,
+                  cudaStream_t st);
+
 // The team path (topk_team.cu). Blocks of its kernel resident at once per multiprocessor.
 int team_blocks_per_sm();
 // One cooperative launch for T rows of `stride` scores, `parts` blocks per row: per row, RowState

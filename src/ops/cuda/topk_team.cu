@@ -139,21 +139,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     before = block_exclusive_sum(uint64_t(c_gt) | uint64_t(c_eq) << 32, sm.totals, &total);
   };
   if (n_on_p <= uint32_t(list_cap)) {
-    // The boundary list: this block's keys with prefix P, at slots taken one atomic per warp.
+    // The boundary list: this block's keys with prefix P, at slots taken by one atomic per warp for
+    // all its keys (one per key's round of ballots cost a dependent round trip each).
     uint32_t* row_list = list + int64_t(t) * list_stride;
-    uint32_t above = 0;
+    uint32_t above = 0, on_warp[kPerThread], n_warp = 0;
     const int lane = tid % 32;
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
       const uint32_t p = key[j] & prefix_mask(2);
       above += live[j] && p > prefix;
-      const bool on = live[j] && p == prefix;
-      const uint32_t m = __ballot_sync(0xffffffffu, on);
-      const int leader = m ? __ffs(m) - 1 : 0;
-      uint32_t slot = 0;
-      if (m && lane == leader) slot = atomicAdd(&st.list_n, uint32_t(__popc(m)));
-      slot = __shfl_sync(0xffffffffu, slot, leader) + uint32_t(__popc(m & ((1u << lane) - 1u)));
-      if (on) row_list[slot] = uint32_t(i0 + j - a) << 10 | (key[j] & 1023u);
+      on_warp[j] = __ballot_sync(0xffffffffu, live[j] && p == prefix);
+      n_warp += uint32_t(__popc(on_warp[j]));
+    }
+    uint32_t slot = 0;
+    if (n_warp && lane == 0) slot = atomicAdd(&st.list_n, n_warp);
+    slot = __shfl_sync(0xffffffffu, slot, 0);
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      if ((on_warp[j] >> lane) & 1u)
+        row_list[slot + uint32_t(__popc(on_warp[j] & ((1u << lane) - 1u)))] = uint32_t(i0 + j - a) << 10 | (key[j] & 1023u);
+      slot += uint32_t(__popc(on_warp[j]));
     }
     uint64_t n_above;
     block_exclusive_sum(uint64_t(above), sm.totals, &n_above);

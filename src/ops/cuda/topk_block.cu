@@ -1,0 +1,124 @@
+// The top-k's block path (topk.cu describes the paths): one block per row of up to 16K scores, every
+// key in registers, the whole selection in shared memory.
+//
+// Thread j holds the PER consecutive scores at PER j of the row (taken from the 16-byte boundary at
+// or before its start, shifted by a = row start mod 4, as the team path does), read once. Three
+// radix passes (11 + 11 + 10 bits) count the keys on thr's prefix into a shared histogram and find
+// the next digit by one block scan each; a thread zeroes the bins it read as it reads them, so a
+// pass costs two barriers and no clearing loop. A last block scan of each thread's counts above and
+// equal to thr gives every thread the ranks of its own selected positions, which it writes in
+// order: no second read of the row, no global memory between the passes. The row and span paths
+// read the row from global memory once per pass and the team path meets at global barriers; on an
+// H200 each of those dependent round trips costs ~0.5-1 us, which made ~11 us the floor of every
+// path at any length (docs/PERFORMANCE.md, session 16).
+#include "ops/cuda/check.cuh"
+#include "ops/cuda/pdl.cuh"
+#include "ops/cuda/topk_common.cuh"
+
+namespace sparsemla::cuda::topk {
+namespace {
+
+// PER (4, 8 or 16) scores per thread: rows of up to PER * kThreads scores from their 16-byte boundary.
+template <int PER>
+__global__ void __launch_bounds__(kThreads) topk_block_kernel(const float* scores, int64_t stride, const int32_t* nn,
+                                                              int k, int32_t* out) {
+  __shared__ SelectSmem sm;
+  const int t = blockIdx.x, tid = threadIdx.x;
+  for (int b = tid; b < kMaxBins; b += kThreads) sm.hist[b] = 0;
+  pdl::wait();  // the scores come from the kernel just before (pdl.cuh)
+  pdl::launch_dependents();
+  const int n = nn[t];
+  int32_t* o = out + int64_t(t) * k;
+  if (n <= k) return write_short_row(n, k, o, 0, 1);
+  const float* start = scores + int64_t(t) * stride;
+  const int a = int((reinterpret_cast<uintptr_t>(start) / sizeof(float)) & 3);
+  const float* row = start - a;  // 16-byte aligned; shifted index i is position i - a
+  const int i0 = PER * tid;                // shifted index of this thread's first score
+
+  uint32_t key[PER];
+  uint32_t live = 0;  // bit j: score j of this thread is one of the row's
+#pragma unroll
+  for (int q = 0; q < PER / 4; ++q) {
+    const int i = i0 + 4 * q;
+    if (i >= a && i + 4 <= n + a) {
+      const float4 v = *reinterpret_cast<const float4*>(row + i);
+      const float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) key[4 * q + j] = order_key(f[j]);
+      live |= 0xFu << (4 * q);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bool in = i + j >= a && i + j < n + a;
+        key[4 * q + j] = in ? order_key(row[i + j]) : 0u;
+        live |= uint32_t(in) << (4 * q + j);
+      }
+    }
+  }
+  __syncthreads();  // (the histogram's zeros)
+
+  uint32_t prefix = 0, rank = uint32_t(k);  // thr's digits found so far; its rank among their keys
+#pragma unroll 1
+  for (int pass = 0; pass < 3; ++pass) {
+    const int nb = digit_bins(pass), shift = digit_shift(pass);
+    const uint32_t mask = prefix_mask(pass);
+#pragma unroll
+    for (int j = 0; j < PER; ++j)
+      count_bin(sm.hist, (key[j] >> shift) & uint32_t(nb - 1), ((live >> j) & 1u) && (key[j] & mask) == prefix);
+    __syncthreads();
+    const int hi = top_bin_of(nb);
+    const uint32_t c_hi = sm.hist[hi], c_lo = nb == 2 * kThreads ? sm.hist[hi - 1] : 0u;
+    sm.hist[hi] = 0;  // (read by this thread alone; the next pass counts after find_bucket_of's barrier)
+    if (nb == 2 * kThreads) sm.hist[hi - 1] = 0;
+    find_bucket_of(sm, nb, c_hi, c_lo, rank);
+    rank -= sm.above;
+    prefix |= sm.bucket << shift;
+    __syncthreads();  // sm.bucket and sm.above are written again by the next search
+  }
+  const uint32_t thr = prefix, need_eq = rank;  // take the keys above thr and the first need_eq equal to it
+
+  uint32_t c_gt = 0, c_eq = 0;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    c_gt += ((live >> j) & 1u) && key[j] > thr;
+    c_eq += ((live >> j) & 1u) && key[j] == thr;
+  }
+  uint64_t total;
+  const uint64_t before = block_exclusive_sum(uint64_t(c_gt) | uint64_t(c_eq) << 32, sm.totals, &total);
+  uint32_t r_gt = uint32_t(before), r_eq = uint32_t(before >> 32);
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    if (!((live >> j) & 1u)) continue;
+    const int32_t pos = i0 + j - a;
+    if (key[j] > thr) {
+      o[r_gt + min(r_eq, need_eq)] = pos;
+      ++r_gt;
+    } else if (key[j] == thr) {
+      if (r_eq < need_eq) o[r_gt + r_eq] = pos;
+      ++r_eq;
+    }
+  }
+}
+
+}  // namespace
+
+int block_path_per_thread(const float* scores, int64_t stride) {
+  // Every row starts on a 16-byte boundary where the scores and the stride allow; else a row may be
+  // shifted by up to 3.
+  const int64_t slack = reinterpret_cast<uintptr_t>(scores) % 16 == 0 && stride % 4 == 0 ? 0 : 3;
+  for (int per : {4, 8, 16})
+    if (stride + slack <= int64_t(per) * kThreads) return per;
+  return 0;
+}
+
+void launch_block(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, int32_t* out,
+                  cudaStream_t st) {
+  const int per = block_path_per_thread(scores, stride);
+  const dim3 grid{unsigned(T)};
+  if (per == 4) pdl::launch(topk_block_kernel<4>, grid, dim3(kThreads), 0, st, scores, stride, n, k, out);
+  else if (per == 8) pdl::launch(topk_block_kernel<8>, grid, dim3(kThreads), 0, st, scores, stride, n, k, out);
+  else if (per == 16) pdl::launch(topk_block_kernel<16>, grid, dim3(kThreads), 0, st, scores, stride, n, k, out);
+  else fail("top_k: rows of {} scores are longer than the block path takes ({})", stride, 16 * kThreads);
+}
+
+}  // namespace sparsemla::cuda::topk
