@@ -124,8 +124,8 @@ void index_queries(float* q, float* w, int64_t T, int heads, int dim, const Rope
 // for few rows one launch whose blocks, all resident at once, meet at barriers (team path), else
 // three launches and the row's last block compacting bit masks of the selection (span path).
 enum class TopKPath {
-  kAuto,   // the block path for rows up to 16K scores; longer ones: the team path where the rows'
-           // blocks fit on the device at once, else the span path
+  kAuto,   // the block path for rows up to 16K scores (SPARSEMLA_TOPK_BLOCK=0: not taken); longer
+           // ones: the team path where the rows' blocks fit on the device at once, else the span path
   kSpans,  // the span path for every long row
   kTeam,   // the team path for every long row where it fits (else spans), also when SPARSEMLA_TOPK_TEAM=0 is set
   kRows,   // one block per row, reading the row from global memory on every pass

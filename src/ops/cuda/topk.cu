@@ -564,10 +564,12 @@ void launch_long_rows(const float* scores, int64_t stride, const int32_t* n, int
 }
 
 // Whether rows of `stride` scores take the block path: rows up to 16K scores, unless the workspace
-// asks for another path.
+// asks for another path (kAuto also asks the environment: SPARSEMLA_TOPK_BLOCK=0 turns it off, to
+// compare the paths in a benchmark).
 bool takes_block(const float* scores, int64_t stride, const TopKWorkspace* ws) {
+  static const bool off = env_off("SPARSEMLA_TOPK_BLOCK");
   const TopKPath p = ws ? ws->path : TopKPath::kAuto;
-  return (p == TopKPath::kAuto || p == TopKPath::kBlock) && block_path_per_thread(scores, stride) > 0;
+  return (p == TopKPath::kBlock || (p == TopKPath::kAuto && !off)) && block_path_per_thread(scores, stride) > 0;
 }
 
 // Forgets top_k_counts' pending call and zeroes every row's state: what the scores' kernel may have

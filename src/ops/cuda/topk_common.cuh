@@ -1,7 +1,7 @@
 // The top-k's shared pieces: the keys and their digits, a block's histogram, scan and bucket
-// search, the per-row state in global memory, and the team path's host side. topk.cu holds the
-// rows and span paths and the choice among the paths; topk_team.cu the team path (the paths are
-// described at the top of topk.cu).
+// search, the per-row state in global memory, and the block and team paths' host sides. topk.cu
+// holds the rows and span paths and the choice among the paths; topk_block.cu the block path,
+// topk_team.cu the team path (the paths are described at the top of topk.cu).
 #pragma once
 #include <cuda_runtime.h>
 

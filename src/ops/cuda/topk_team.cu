@@ -1,4 +1,4 @@
-// The top-k's team path (topk.cu describes the three paths): a few long rows in one cooperative
+// The top-k's team path (topk.cu describes the paths): a few long rows in one cooperative
 // launch, the row's blocks meeting at barriers in global memory.
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/pdl.cuh"
