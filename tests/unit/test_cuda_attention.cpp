@@ -517,8 +517,9 @@ TEST(CudaAttention, TopKBlockPathEqualsTheCpuSelection) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(31);
   // The longest rows it takes: 16K - 3 (rows may start up to 3 scores past a 16-byte boundary), or
-  // 16K where every row starts on one (an aligned buffer, a stride of whole 16 bytes: the model's).
-  const auto block_takes = [](int64_t stride) { return stride <= 16 * 1024 - (stride % 4 ? 3 : 0); };
+  // 16K where every row starts on one (an aligned buffer, a stride of whole 16 bytes: the model's);
+  // unasked (kAuto), rows of 4 scores per thread (4K, likewise).
+  const auto fits = [](int64_t stride, int64_t cap) { return stride <= cap - (stride % 4 ? 3 : 0); };
   for (int64_t stride : {int64_t(2053), int64_t(4093), int64_t(4094), int64_t(8189), int64_t(8190), int64_t(12001),
                          int64_t(16381), int64_t(16382), int64_t(16384), int64_t(16388)}) {
     const int k = 2048;
@@ -527,19 +528,23 @@ TEST(CudaAttention, TopKBlockPathEqualsTheCpuSelection) {
     const std::string at = "stride " + std::to_string(stride);
     std::vector<float> s = random_vec(size_t(T * stride), rng);
     for (int kk : {k, 1, 12}) {
-      cuda::TopKWorkspace ws = topk_workspace(cuda::TopKPath::kAuto);
+      cuda::TopKWorkspace ws = topk_workspace(cuda::TopKPath::kBlock);
       expect_selection(gpu_top_k(s, n, stride, kk, &ws), s, n, stride, kk, at + ", random, k " + std::to_string(kk));
-      EXPECT_EQ(ws.last_path == cuda::TopKPath::kBlock, block_takes(stride)) << at;
+      EXPECT_EQ(ws.last_path == cuda::TopKPath::kBlock, fits(stride, 16384)) << at;
+      cuda::TopKWorkspace unasked = topk_workspace(cuda::TopKPath::kAuto);
+      gpu_top_k(s, n, stride, kk, &unasked);
+      EXPECT_EQ(unasked.last_path == cuda::TopKPath::kBlock, fits(stride, 4096)) << at << ", kAuto";
     }
+    cuda::TopKWorkspace ws = topk_workspace(cuda::TopKPath::kBlock);
     std::vector<float> lv(s.size());
     for (size_t i = 0; i < s.size(); ++i) lv[i] = std::round(s[i] * 4.0f);  // few levels: ties at every boundary
-    expect_selection(gpu_top_k(lv, n, stride, k, nullptr), lv, n, stride, k, at + ", ties");
+    expect_selection(gpu_top_k(lv, n, stride, k, &ws), lv, n, stride, k, at + ", ties");
     std::vector<float> eq(s.size(), 0.0f);
     for (size_t i = 0; i < eq.size(); i += 3) eq[i] = -0.0f;
-    expect_selection(gpu_top_k(eq, n, stride, k, nullptr), eq, n, stride, k, at + ", all equal");
+    expect_selection(gpu_top_k(eq, n, stride, k, &ws), eq, n, stride, k, at + ", all equal");
     std::vector<float> up(s.size());
     for (size_t i = 0; i < up.size(); ++i) up[i] = float(i % size_t(stride));
-    expect_selection(gpu_top_k(up, n, stride, k, nullptr), up, n, stride, k, at + ", rising");
+    expect_selection(gpu_top_k(up, n, stride, k, &ws), up, n, stride, k, at + ", rising");
   }
   {  // many rows (a prefill chunk), causal lengths
     const int64_t T = 257, stride = 6001;
@@ -549,8 +554,7 @@ TEST(CudaAttention, TopKBlockPathEqualsTheCpuSelection) {
     cuda::TopKWorkspace ws = topk_workspace(cuda::TopKPath::kBlock);
     expect_selection(gpu_top_k(s, n, stride, 2048, &ws), s, n, stride, 2048, "many rows");
     EXPECT_EQ(ws.last_path, cuda::TopKPath::kBlock);
-    cuda::TopKWorkspace counting = topk_workspace(cuda::TopKPath::kAuto);
-    EXPECT_EQ(cuda::top_k_counts(nullptr, T, stride, 2048, nullptr, &counting).hist, nullptr);
+    cuda::TopKWorkspace counting = topk_workspace(cuda::TopKPath::kBlock);
     EXPECT_EQ(cuda::top_k_counts(s.data(), 1, stride, 2048, nullptr, &counting).hist, nullptr)
         << "the block path counts its own first digit";
   }

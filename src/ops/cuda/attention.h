@@ -119,17 +119,17 @@ void index_queries(float* q, float* w, int64_t T, int heads, int dim, const Rope
 // Indices of the k largest of scores[t][0 .. n[t]) per row, in ascending order (so the attention
 // sums a token's positions in one order on every run); ties at the boundary go to the lower index
 // (the CPU top_k's rule). Rows with n[t] <= k list 0 .. n[t]-1. Unused entries are -1.   out: [T, k]
-// Rows of up to 16K scores (stride) take one block each, their keys in registers (block path). With a
+// Rows of up to 4K scores (stride) take one block each, their keys in registers (block path). With a
 // workspace, longer rows are shared among many blocks, the row's histograms in global memory:
 // for few rows one launch whose blocks, all resident at once, meet at barriers (team path), else
 // three launches and the row's last block compacting bit masks of the selection (span path).
 enum class TopKPath {
-  kAuto,   // the block path for rows up to 16K scores (SPARSEMLA_TOPK_BLOCK=0: not taken); longer
+  kAuto,   // the block path for rows up to 4K scores (SPARSEMLA_TOPK_BLOCK=0: not taken); longer
            // ones: the team path where the rows' blocks fit on the device at once, else the span path
   kSpans,  // the span path for every long row
   kTeam,   // the team path for every long row where it fits (else spans), also when SPARSEMLA_TOPK_TEAM=0 is set
   kRows,   // one block per row, reading the row from global memory on every pass
-  kBlock,  // one block per row holding its keys in registers, where the rows fit it (else as kAuto)
+  kBlock,  // one block per row holding its keys in registers, rows up to 16K scores (longer: as kAuto)
 };
 struct TopKWorkspace {
   // [rows] per-row state (three histograms and two counters, zero between calls), then [rows, 2, cap]

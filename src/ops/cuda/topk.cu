@@ -7,8 +7,8 @@
 // without a sort.
 //
 // Four paths:
-//  - block (topk_block.cu; rows of up to 16K scores, 16384 where rows start 16-byte aligned): one
-//    block per row holds the row's keys in registers and runs the whole selection in shared memory.
+//  - block (topk_block.cu; rows of up to 4K scores, or 16K when asked for): one block per row holds
+//    the row's keys in registers and runs the whole selection in shared memory.
 //  - rows: one block per row runs the whole selection, reading the row once per pass (many long
 //    rows without a workspace).
 //  - team (topk_team.cu; with a workspace, long rows, few enough that one block per span of every
@@ -563,13 +563,16 @@ void launch_long_rows(const float* scores, int64_t stride, const int32_t* n, int
               p.masks, p.mask_words, out);
 }
 
-// Whether rows of `stride` scores take the block path: rows up to 16K scores, unless the workspace
-// asks for another path (kAuto also asks the environment: SPARSEMLA_TOPK_BLOCK=0 turns it off, to
-// compare the paths in a benchmark).
+// Whether rows of `stride` scores take the block path: kBlock, rows up to 16K scores; kAuto (unless
+// SPARSEMLA_TOPK_BLOCK=0, to compare the paths in a benchmark), rows of 4 scores per thread (4K).
+// Measured on an H200 (docs/PERFORMANCE.md, session 16), one row, top-k alone: 4K 8.6 us against
+// 11.2 for the team path; 16K (16 per thread) 14.2 against 10.7: the serial per-thread counting of
+// 16 keys per pass outweighs the team's global barriers there.
 bool takes_block(const float* scores, int64_t stride, const TopKWorkspace* ws) {
   static const bool off = env_off("SPARSEMLA_TOPK_BLOCK");
   const TopKPath p = ws ? ws->path : TopKPath::kAuto;
-  return (p == TopKPath::kBlock || (p == TopKPath::kAuto && !off)) && block_path_per_thread(scores, stride) > 0;
+  const int per = block_path_per_thread(scores, stride);
+  return (p == TopKPath::kBlock && per > 0) || (p == TopKPath::kAuto && !off && per == 4);
 }
 
 // Forgets top_k_counts' pending call and zeroes every row's state: what the scores' kernel may have

@@ -7,10 +7,11 @@
 // the next digit by one block scan each; a thread zeroes the bins it read as it reads them, so a
 // pass costs two barriers and no clearing loop. A last block scan of each thread's counts above and
 // equal to thr gives every thread the ranks of its own selected positions, which it writes in
-// order: no second read of the row, no global memory between the passes. The row and span paths
-// read the row from global memory once per pass and the team path meets at global barriers; on an
-// H200 each of those dependent round trips costs ~0.5-1 us, which made ~11 us the floor of every
-// path at any length (docs/PERFORMANCE.md, session 16).
+// order: no second read of the row, no global memory between the passes. The row path reads the
+// row once per pass and the team path meets at global barriers. Measured on an H200 (one row, top-k
+// alone; docs/PERFORMANCE.md, session 16): 4K 8.6 us against 11.2 for the team path, so top_k takes
+// it for rows of up to 4K; at 16K (16 keys per thread counted one after another per pass) 14.2
+// against 10.7, so longer rows take it only when asked for (TopKPath::kBlock).
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/topk_common.cuh"

@@ -106,7 +106,7 @@ const Impl kImpls[] = {
     {"indexer", "cuda-fma", 2, idx_fma, "one warp per key, any head count and dim"},
     {"indexer", "cpu", 1, any, "CPU reference (fp32 keys)"},
     {"top-k", "cuda-radix", 3, need_cuda,
-     "radix select, lowest index on ties; rows up to 16K: one block each, keys in registers; a few longer rows: one "
+     "radix select, lowest index on ties; rows up to 4K: one block each, keys in registers; a few longer rows: one "
      "launch whose blocks meet at barriers, more: three launches over many blocks per row"},
     {"top-k", "cpu", 1, any, "CPU partial sort"},
     {"attention", "cuda-wgmma-sm90", 4, attn_wgmma,
