@@ -90,14 +90,7 @@ __global__ void __launch_bounds__(kThreads) topk_block_kernel(const float* score
 #pragma unroll
   for (int j = 0; j < PER; ++j) {
     if (!((live >> j) & 1u)) continue;
-    const int32_t pos = i0 + j - a;
-    if (key[j] > thr) {
-      o[r_gt + min(r_eq, need_eq)] = pos;
-      ++r_gt;
-    } else if (key[j] == thr) {
-      if (r_eq < need_eq) o[r_gt + r_eq] = pos;
-      ++r_eq;
-    }
+    write_selected(key[j], i0 + j - a, thr, need_eq, r_gt, r_eq, o);
   }
 }
 

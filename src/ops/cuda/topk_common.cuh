@@ -106,6 +106,20 @@ __device__ inline void find_bucket(SelectSmem& sm, const uint32_t* hist, int nb,
   find_bucket_of(sm, nb, hist[hi], nb == 2 * kThreads ? hist[hi - 1] : 0u, rank);
 }
 
+// The ordered write of the block and team paths: position pos with key `key` at its rank among the
+// selected (the keys above thr and the first need_eq equal to it), r_gt / r_eq counting those above
+// / equal to thr before it in the row.
+__device__ __forceinline__ void write_selected(uint32_t key, int32_t pos, uint32_t thr, uint32_t need_eq,
+                                               uint32_t& r_gt, uint32_t& r_eq, int32_t* out) {
+  if (key > thr) {
+    out[r_gt + min(r_eq, need_eq)] = pos;
+    ++r_gt;
+  } else if (key == thr) {
+    if (r_eq < need_eq) out[r_gt + r_eq] = pos;
+    ++r_eq;
+  }
+}
+
 // Rows with n <= k list 0 .. n-1, then -1; `part` of `parts` blocks of the row writes its share.
 __device__ inline void write_short_row(int n, int k, int32_t* out, int part, int parts) {
   for (int i = part * kThreads + threadIdx.x; i < k; i += parts * kThreads) out[i] = i < n ? i : -1;

@@ -207,14 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) {
     if (!live[j]) continue;
-    const int32_t pos = i0 + j - a;
-    if (key[j] > thr) {
-      o[r_gt + min(r_eq, need_eq)] = pos;
-      ++r_gt;
-    } else if (key[j] == thr) {
-      if (r_eq < need_eq) o[r_gt + r_eq] = pos;
-      ++r_eq;
-    }
+    write_selected(key[j], i0 + j - a, thr, need_eq, r_gt, r_eq, o);
   }
 }
 
