@@ -1,11 +1,11 @@
 // The DSA lightning indexer: every visible key of a token's sequence scored by a few cheap heads,
 //   score[t][p] = sum_h w[t][h] * relu(q[t][h] . k[p]).
 // Mma: tensor cores (mma.sync m16n8k16: bf16 keys, or fp8 keys widened exactly to fp16), tiles of
-// 64 keys (16 per warp) against all heads of the token. A block streams a run of tiles through a
-// small ring of shared-memory stages (cp.async), the next tile's keys in flight while one is
-// scored, with one wave of blocks covering the keys: a decode token at long context is a pure
-// stream of its keys. Fp8 keys (132-byte rows) are copied 16 bytes at a time as the runs of
-// consecutive slots that a cache page holds.
+// 64 keys (16 per warp for bf16 keys, 32 for fp8: launch_mma) against all heads of the token. A
+// block streams a run of tiles through a small ring of shared-memory stages (cp.async), the next
+// tile's keys in flight while one is scored, with one wave of blocks covering the keys: a decode
+// token at long context is a pure stream of its keys. Fp8 keys (132-byte rows) are copied 16 bytes
+// at a time as the runs of consecutive slots that a cache page holds.
 // Fma: one warp per key, any shape.
 #include <algorithm>
 #include <type_traits>
@@ -21,8 +21,7 @@
 namespace sparsemla::cuda {
 namespace {
 
-constexpr int kKeysPerTile = 64;  // keys per tile (16 per warp)
-constexpr int kThreads = 128;
+constexpr int kKeysPerTile = 64;  // keys per tile: 16 x MT per warp, 4 / MT warps
 constexpr int kMaxTilesPerBlock = 32;
 
 // Value c of a key row stored as `D` (KvDtype).
@@ -93,9 +92,11 @@ __device__ __forceinline__ uint2 pack4(float4 v) {
 // 16 bytes at a time; otherwise row by row, 4 bytes at a time. TILE_RUN (fp8, run = 64): every
 // tile is one run, its 8,448 bytes copied from one address (no per-chunk offsets: 80 registers
 // instead of 95, six blocks per SM).
-template <int DIM, bool FP8, int STAGES, bool TILE_RUN>
-__global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, int tiles_per_block, int run) {
+template <int DIM, bool FP8, int STAGES, bool TILE_RUN, int MT>
+__global__ void __launch_bounds__(128 / MT) indexer_mma_kernel(IndexerArgs a, int tiles_per_block, int run) {
   static_assert(STAGES >= 2, "one tile in flight while another is scored");
+  static_assert(MT == 1 || MT == 2, "a warp scores 16 or 32 keys of a tile");
+  constexpr int kThreads = 128 / MT;
   using T16 = typename std::conditional<FP8, __half, __nv_bfloat16>::type;
   constexpr int STR = DIM + 8;  // row stride in smem (16-byte aligned, staggers banks)
   constexpr int KSTEPS = DIM / 16;
@@ -242,7 +243,7 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
   for (int h = tid; h < heads_pad; h += kThreads) sW[h] = h < a.heads ? a.w[int64_t(t) * a.heads + h] : 0.0f;
 
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, q4 = lane % 4;
-  const int r0 = warp * 16;
+  const int r0 = warp * 16 * MT;
   const int mi = lane / 8, ri = lane % 8;
   float* out = a.scores + int64_t(t) * a.score_stride;
   for (int it = 0; it < n_tiles; ++it) {
@@ -256,61 +257,85 @@ __global__ void __launch_bounds__(kThreads) indexer_mma_kernel(IndexerArgs a, in
     const uint8_t* raw = sRaw + size_t(st) * kKeysPerTile * RB;  // (fp8: the rows as stored)
     const int p0 = (tile0 + it) * kKeysPerTile;
     if (p0 + r0 >= n) continue;
-    uint32_t fa[KSTEPS][4];  // this warp's 16 keys (A, rows = keys)
-    if constexpr (FP8) {
-      // Straight from the stored rows into the A fragments (rows g and g + 8, columns 2 q4 and
-      // 2 q4 + 8 of each 16): e4m3 pairs widened exactly to fp16 pairs in registers.
-      const uint8_t* ra = raw + (r0 + g) * RB + 2 * q4;
-      const uint8_t* rb = ra + 8 * RB;
-      auto pair = [](const uint8_t* p) {
-        const __half2_raw h =
-            __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(*reinterpret_cast<const uint16_t*>(p)), __NV_E4M3);
-        return uint32_t(h.x) | (uint32_t(h.y) << 16);
-      };
+    uint32_t fa[MT][KSTEPS][4];  // this warp's 16 x MT keys (A, rows = keys), 16 per m-tile
 #pragma unroll
-      for (int ks = 0; ks < KSTEPS; ++ks) {
-        fa[ks][0] = pair(ra + ks * 16);
-        fa[ks][1] = pair(rb + ks * 16);
-        fa[ks][2] = pair(ra + ks * 16 + 8);
-        fa[ks][3] = pair(rb + ks * 16 + 8);
+    for (int mt = 0; mt < MT; ++mt) {
+      if constexpr (FP8) {
+        // Straight from the stored rows into the A fragments (rows g and g + 8, columns 2 q4 and
+        // 2 q4 + 8 of each 16): e4m3 pairs widened exactly to fp16 pairs in registers.
+        const uint8_t* ra = raw + (r0 + mt * 16 + g) * RB + 2 * q4;
+        const uint8_t* rb = ra + 8 * RB;
+        auto pair = [](const uint8_t* p) {
+          const __half2_raw h =
+              __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(*reinterpret_cast<const uint16_t*>(p)), __NV_E4M3);
+          return uint32_t(h.x) | (uint32_t(h.y) << 16);
+        };
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+          fa[mt][ks][0] = pair(ra + ks * 16);
+          fa[mt][ks][1] = pair(rb + ks * 16);
+          fa[mt][ks][2] = pair(ra + ks * 16 + 8);
+          fa[mt][ks][3] = pair(rb + ks * 16 + 8);
+        }
+      } else {
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks)
+          ldmatrix_x4(fa[mt][ks], tK + (r0 + mt * 16 + (mi % 2) * 8 + ri) * STR + ks * 16 + (mi / 2) * 8);
       }
-    } else {
-#pragma unroll
-      for (int ks = 0; ks < KSTEPS; ++ks) ldmatrix_x4(fa[ks], tK + (r0 + (mi % 2) * 8 + ri) * STR + ks * 16 + (mi / 2) * 8);
     }
-    float acc_lo = 0.0f, acc_hi = 0.0f;  // keys r0+g and r0+g+8, this lane's heads
+    // v[2 mt]: key r0 + 16 mt + g, v[2 mt + 1]: key r0 + 16 mt + g + 8; this lane's heads. Each
+    // B fragment of the queries (ldmatrix from shared memory) serves the MT m-tiles: 32 keys per
+    // warp read the queries half as often per key as 16.
+    float v[2 * MT];
+#pragma unroll
+    for (int j = 0; j < 2 * MT; ++j) v[j] = 0.0f;
     for (int nh = 0; nh < heads_pad / 16; ++nh) {
-      float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+      float c[MT][2][4] = {};
       const T16* qb = sQ + (nh * 16 + (mi / 2) * 8 + ri) * STR + (mi % 2) * 8;
 #pragma unroll
       for (int ks = 0; ks < KSTEPS; ++ks) {
         uint32_t fb[4];  // B ([head][dim]): heads nh*16 .. +7 in fb[0..1], +8 .. +15 in fb[2..3]
         ldmatrix_x4(fb, qb + ks * 16);
-        mma_16816(c[0], fa[ks], fb, T16());
-        mma_16816(c[1], fa[ks], fb + 2, T16());
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816(c[mt][0], fa[mt][ks], fb, T16());
+          mma_16816(c[mt][1], fa[mt][ks], fb + 2, T16());
+        }
       }
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const float w0 = sW[nh * 16 + u * 8 + q4 * 2], w1 = sW[nh * 16 + u * 8 + q4 * 2 + 1];
-        acc_lo += w0 * fmaxf(c[u][0], 0.0f) + w1 * fmaxf(c[u][1], 0.0f);
-        acc_hi += w0 * fmaxf(c[u][2], 0.0f) + w1 * fmaxf(c[u][3], 0.0f);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          v[2 * mt] += w0 * fmaxf(c[mt][u][0], 0.0f) + w1 * fmaxf(c[mt][u][1], 0.0f);
+          v[2 * mt + 1] += w0 * fmaxf(c[mt][u][2], 0.0f) + w1 * fmaxf(c[mt][u][3], 0.0f);
+        }
       }
     }
-    acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 1);
-    acc_lo += __shfl_xor_sync(0xffffffffu, acc_lo, 2);
-    acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 1);
-    acc_hi += __shfl_xor_sync(0xffffffffu, acc_hi, 2);
-    const int pa = p0 + r0 + g, pb = pa + 8;
-    if (FP8) {  // the keys' scales, as stored after their DIM values
-      acc_lo *= *reinterpret_cast<const float*>(raw + (r0 + g) * RB + DIM);
-      acc_hi *= *reinterpret_cast<const float*>(raw + (r0 + g + 8) * RB + DIM);
+    // Sums over the quad's four lanes; lane 4g + j keeps the key r0 + 8 j + g (j < 2 MT). Every
+    // key's sum is (its v of lanes 4g, 4g+1) + (4g+2, 4g+3) whichever lane keeps it: the same
+    // bits for MT = 1 and 2.
+    float score;
+    if constexpr (MT == 1) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        v[j] += __shfl_xor_sync(0xffffffffu, v[j], 1);
+        v[j] += __shfl_xor_sync(0xffffffffu, v[j], 2);
+      }
+      score = q4 == 1 ? v[1] : v[0];
+    } else {  // a transpose: each step keeps the half of the values the lane's bit selects
+      const bool b0 = q4 & 1, b1 = q4 & 2;
+      float k0 = b0 ? v[1] : v[0], k1 = b0 ? v[3] : v[2];
+      k0 += __shfl_xor_sync(0xffffffffu, b0 ? v[0] : v[1], 1);
+      k1 += __shfl_xor_sync(0xffffffffu, b0 ? v[2] : v[3], 1);
+      score = b1 ? k1 : k0;
+      score += __shfl_xor_sync(0xffffffffu, b1 ? k0 : k1, 2);
     }
-    if (q4 == 0) {
-      if (pa < n) out[pa] = acc_lo;
-      if (pb < n) out[pb] = acc_hi;
-    }
-    // The warp's 16 scores, one per lane: lane 4g the key r0 + g, lane 4g + 1 the key r0 + g + 8.
-    if (row_hist) count_scores(q4 < 2 && (q4 ? pb : pa) < n, q4 ? acc_hi : acc_lo, sBin, sCnt, row_hist);
+    const int r = r0 + 8 * q4 + g;  // this lane's key in the tile
+    const bool mine = q4 < 2 * MT && p0 + r < n;
+    if (FP8 && q4 < 2 * MT) score *= *reinterpret_cast<const float*>(raw + r * RB + DIM);  // its scale
+    if (mine) out[p0 + r] = score;
+    if (row_hist) count_scores(mine, score, sBin, sCnt, row_hist);
   }
   if (row_hist) {
     __syncthreads();
@@ -338,9 +363,10 @@ __global__ void indexer_fma_kernel(IndexerArgs a) {
   if (lane == 0) a.scores[int64_t(t) * a.score_stride + p] = score;
 }
 
-template <int DIM, bool FP8, int STAGES, bool TILE_RUN>
+template <int DIM, bool FP8, int STAGES, bool TILE_RUN, int MT>
 void launch_stages(const IndexerArgs& a, int run, cudaStream_t st) {
-  auto kernel = indexer_mma_kernel<DIM, FP8, STAGES, TILE_RUN>;
+  auto kernel = indexer_mma_kernel<DIM, FP8, STAGES, TILE_RUN, MT>;
+  constexpr int kThreads = 128 / MT;
   // Enough tiles per block that one wave of resident blocks covers the keys, so that each block
   // streams several tiles through its stages.
   const int sms = sm_count();
@@ -374,9 +400,19 @@ void launch_mma(const IndexerArgs& a, cudaStream_t st) {
         reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0)
       run = r;
   }
-  if constexpr (FP8)
-    if (run == kKeysPerTile) return launch_stages<DIM, FP8, 2, true>(a, run, st);
-  launch_stages<DIM, FP8, 2, false>(a, run, st);
+  // Fp8 keys: a warp scores 32 keys (MT = 2), each query fragment read from shared memory serving
+  // twice the keys; their A fragments are built from scalar loads and widened, so the warp's issue
+  // slots, not the bytes, bound it. Measured on an H200 (one binary, two rounds): fp8 indexer alone
+  // -12 to -22% at 32K-128K for 1 and 8 tokens (DeepSeek-V3.2 one token at 128K 12.8 -> 11.4 us,
+  // GLM-5 10.2 -> 8.4) and -15 to -18% at 128 tokens x 128K; GLM-5 at 128 x 4K +17% (30.8 -> 35.9).
+  // Bf16 keys (ldmatrix A fragments; 64-92% of the copy rate from 8 tokens at 128K) lost 2-18% with
+  // 32 keys per warp (half the warps per SM), so they keep 16.
+  if constexpr (FP8) {
+    if (run == kKeysPerTile) return launch_stages<DIM, FP8, 2, true, 2>(a, run, st);
+    return launch_stages<DIM, FP8, 2, false, 2>(a, run, st);
+  } else {
+    launch_stages<DIM, FP8, 2, false, 1>(a, run, st);
+  }
 }
 
 // index_queries: block (token, 8 heads), one warp per head.
