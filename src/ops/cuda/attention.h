@@ -102,6 +102,9 @@ struct IndexerArgs {
   // counts.k into the row's histogram of top_k's first digit, so that the top_k after it skips that
   // pass.
   TopKCounts counts;
+  // Bf16 keys, up to 64 heads: the mma kernel reads the keys straight into registers (no shared-memory
+  // stage) from this many scores per call (T * max_ctx) on; -1: the measured default (64K).
+  int64_t regs_from = -1;
 };
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
 

@@ -1,11 +1,14 @@
 // The DSA lightning indexer: every visible key of a token's sequence scored by a few cheap heads,
 //   score[t][p] = sum_h w[t][h] * relu(q[t][h] . k[p]).
 // Mma: tensor cores (mma.sync m16n8k16: bf16 keys, or fp8 keys widened exactly to fp16), tiles of
-// 64 keys (16 per warp for bf16 keys, 32 for fp8: launch_mma) against all heads of the token. A
-// block streams a run of tiles through a small ring of shared-memory stages (cp.async), the next
-// tile's keys in flight while one is scored, with one wave of blocks covering the keys: a decode
-// token at long context is a pure stream of its keys. Fp8 keys (132-byte rows) are copied 16 bytes
-// at a time as the runs of consecutive slots that a cache page holds.
+// 64 keys against all heads of the token, with one wave of blocks covering the keys: a decode
+// token at long context is a pure stream of its keys. Two kernels (launch_mma chooses):
+//   staged: a block streams a run of tiles through a small ring of shared-memory stages (cp.async),
+//     the next tile's keys in flight while one is scored; 16 keys per warp for bf16 keys, 32 for
+//     fp8. Fp8 keys (132-byte rows) are copied 16 bytes at a time as the runs of consecutive slots
+//     that a cache page holds.
+//   regs (bf16 keys, up to 64 heads, from 64K scores per call): each warp loads its keys straight
+//     into its A fragments, the next tile's while one is scored; only the queries in shared memory.
 // Fma: one warp per key, any shape.
 #include <algorithm>
 #include <type_traits>
@@ -344,6 +347,167 @@ __global__ void __launch_bounds__(128 / MT) indexer_mma_kernel(IndexerArgs a, in
   }
 }
 
+// Regs (bf16 keys, up to 64 heads): a warp's 16 keys of a tile go from global memory straight
+// into its A fragments, with no shared-memory stage: lane (g, q4) loads the 16-byte chunks q4,
+// q4 + 4, ... of key rows g and g + 8, and the queries' columns are stored permuted to match
+// (qcol_of), so each chunk is the lane's fragments of two k-steps. The k-steps run outermost over
+// all heads (accumulators of every head live, HP16 groups of 16), so a chunk's registers are free
+// once its two k-steps are done and the next tile's chunk is loaded into them at once: one tile in
+// flight per warp, no barrier in the loop, and only the queries' B fragments read from shared
+// memory (the cp.async kernel also writes and reads every key there).
+constexpr int kRegThreads = 128;
+constexpr int64_t kRegsMinScores = 65536;  // launch_mma
+
+// The column of the queries' shared row (fragment order) that holds dimension d.
+__device__ __forceinline__ int qcol_of(int d) {
+  const int c = d / 8, pr = (d % 8) / 2, e = d % 2;  // 16-byte chunk, pair in it, value in the pair
+  const int q4 = c % 4, i = c / 4;                  // the lane quarter that loads it, its chunk index
+  return 16 * (2 * i + pr / 2) + 8 * (pr % 2) + 2 * q4 + e;
+}
+
+template <int DIM, int HP16>
+__global__ void __launch_bounds__(kRegThreads, HP16 <= 2 ? 7 : 5) indexer_regs_kernel(IndexerArgs a, int tiles_per_block) {
+  constexpr int STR = DIM + 8, KSTEPS = DIM / 16, CHUNKS = DIM / 32;  // CHUNKS: a lane's chunks per row
+  constexpr int HP = HP16 * 16;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(smem);  // [HP][STR], columns in fragment order
+  float* sW = reinterpret_cast<float*>(sQ + HP * STR);         // [HP]
+  int32_t* sPage = reinterpret_cast<int32_t*>(sW + HP);        // [pages]
+  const int max_pages = pages_per_block(tiles_per_block, a.keys.block_size);
+  uint32_t* sBin = reinterpret_cast<uint32_t*>(sPage + (max_pages + 3) / 4 * 4);  // [kCountSlots]
+  uint32_t* sCnt = sBin + kCountSlots;                                             // [kCountSlots]
+
+  const int t = blockIdx.y, tid = threadIdx.x;
+  const int n = a.n_ctx[t];
+  const int tile0 = blockIdx.x * tiles_per_block;
+  const int n_tiles = min(tiles_per_block, (n + kKeysPerTile - 1) / kKeysPerTile - tile0);
+  if (n_tiles <= 0) return;
+  const int seq = a.seq[t];
+  const uint8_t* keys = static_cast<const uint8_t*>(a.keys.data);
+  uint32_t* row_hist = a.counts.hist && n > a.counts.k ? a.counts.hist + int64_t(t) * a.counts.row_words : nullptr;
+  if (row_hist)
+    for (int i = tid; i < 2 * kCountSlots; i += kRegThreads) sBin[i] = 0;
+  const int bs = a.keys.block_size;
+  const int page0 = tile0 * kKeysPerTile / bs;
+  const int n_pages = (min(n, (tile0 + n_tiles) * kKeysPerTile) - 1) / bs - page0 + 1;
+  for (int i = tid; i < n_pages; i += kRegThreads) sPage[i] = a.keys.block_tables[int64_t(seq) * a.keys.max_blocks + page0 + i];
+  __syncthreads();
+  const bool pow2 = (bs & (bs - 1)) == 0;
+  const int bs_shift = __ffs(bs) - 1;
+  const int64_t RB = a.keys.row_bytes;
+  // Key p's row, or null past the context (its fragments are zeros, its score not written).
+  auto row_of = [&](int p) -> const uint4* {
+    if (p >= n) return nullptr;
+    const int64_t s = pow2 ? (int64_t(sPage[(p >> bs_shift) - page0]) << bs_shift) + (p & (bs - 1))
+                           : int64_t(sPage[p / bs - page0]) * bs + p % bs;
+    return reinterpret_cast<const uint4*>(keys + s * RB);
+  };
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, q4 = lane % 4;
+  const int mi = lane / 8, ri = lane % 8;
+  auto load = [&](const uint4* row, int i) { return row ? __ldcs(row + q4 + 4 * i) : make_uint4(0u, 0u, 0u, 0u); };
+
+  // The first tile's keys before the dependent-launch wait (written two launches earlier, as in the
+  // cp.async kernel), the queries after it.
+  uint4 L[2][CHUNKS];
+  {
+    const int p = tile0 * kKeysPerTile + warp * 16 + g;
+    const uint4* r0 = row_of(p);
+    const uint4* r1 = row_of(p + 8);
+#pragma unroll
+    for (int i = 0; i < CHUNKS; ++i) {
+      L[0][i] = load(r0, i);
+      L[1][i] = load(r1, i);
+    }
+  }
+  pdl::wait();
+  pdl::launch_dependents();
+  {
+    // Every chunk's load issued before any is stored (one round trip, not one per chunk).
+    constexpr int CH = DIM / 8, PER = (HP * CH + kRegThreads - 1) / kRegThreads;  // 16-byte chunks per head, per thread
+    uint32_t v[PER][4];
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+      const int idx = tid + u * kRegThreads, h = idx / CH, c = idx % CH;
+      v[u][0] = v[u][1] = v[u][2] = v[u][3] = 0u;
+      if (idx >= HP * CH || h >= a.heads) continue;
+      if (a.q16) {
+        const uint4 x = *reinterpret_cast<const uint4*>(a.q16 + (int64_t(t) * a.heads + h) * DIM + c * 8);
+        v[u][0] = x.x, v[u][1] = x.y, v[u][2] = x.z, v[u][3] = x.w;
+      } else {
+        const float4* q = reinterpret_cast<const float4*>(a.q + (int64_t(t) * a.heads + h) * DIM + c * 8);
+        const float4 x = q[0], y = q[1];
+        v[u][0] = pack_bf16(x.x, x.y), v[u][1] = pack_bf16(x.z, x.w), v[u][2] = pack_bf16(y.x, y.y),
+        v[u][3] = pack_bf16(y.z, y.w);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+      const int idx = tid + u * kRegThreads, h = idx / CH, c = idx % CH;
+      if (idx >= HP * CH) continue;
+#pragma unroll
+      for (int pr = 0; pr < 4; ++pr) *reinterpret_cast<uint32_t*>(sQ + h * STR + qcol_of(c * 8 + 2 * pr)) = v[u][pr];
+    }
+    for (int h = tid; h < HP; h += kRegThreads) sW[h] = h < a.heads ? a.w[int64_t(t) * a.heads + h] : 0.0f;
+  }
+  __syncthreads();
+
+  float* out = a.scores + int64_t(t) * a.score_stride;
+  const __nv_bfloat16* qb = sQ + ((mi / 2) * 8 + ri) * STR + (mi % 2) * 8;
+  for (int it = 0; it < n_tiles; ++it) {
+    const int p0 = (tile0 + it) * kKeysPerTile + warp * 16;
+    if (p0 >= n) break;  // (so are the later tiles' keys)
+    const uint4* nr0 = nullptr;
+    const uint4* nr1 = nullptr;
+    if (it + 1 < n_tiles) {
+      nr0 = row_of(p0 + kKeysPerTile + g);
+      nr1 = row_of(p0 + kKeysPerTile + g + 8);
+    }
+    float c[HP16][2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+      const int i = ks / 2;
+      const bool odd = ks % 2;
+      const uint32_t fa[4] = {odd ? L[0][i].z : L[0][i].x, odd ? L[1][i].z : L[1][i].x, odd ? L[0][i].w : L[0][i].y,
+                              odd ? L[1][i].w : L[1][i].y};
+#pragma unroll
+      for (int nh = 0; nh < HP16; ++nh) {
+        uint32_t fb[4];  // heads nh*16 .. +7 in fb[0..1], +8 .. +15 in fb[2..3]
+        ldmatrix_x4(fb, qb + nh * 16 * STR + ks * 16);
+        mma_16816(c[nh][0], fa, fb, __nv_bfloat16());
+        mma_16816(c[nh][1], fa, fb + 2, __nv_bfloat16());
+      }
+      if (odd) {  // chunk i's two k-steps are done: the next tile's chunk i into its registers
+        L[0][i] = load(nr0, i);
+        L[1][i] = load(nr1, i);
+      }
+    }
+    float v[2] = {0.0f, 0.0f};  // keys p0 + g and p0 + g + 8, this lane's heads
+#pragma unroll
+    for (int nh = 0; nh < HP16; ++nh)
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const float w0 = sW[nh * 16 + u * 8 + q4 * 2], w1 = sW[nh * 16 + u * 8 + q4 * 2 + 1];
+        v[0] += w0 * fmaxf(c[nh][u][0], 0.0f) + w1 * fmaxf(c[nh][u][1], 0.0f);
+        v[1] += w0 * fmaxf(c[nh][u][2], 0.0f) + w1 * fmaxf(c[nh][u][3], 0.0f);
+      }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      v[j] += __shfl_xor_sync(0xffffffffu, v[j], 1);
+      v[j] += __shfl_xor_sync(0xffffffffu, v[j], 2);
+    }
+    const float score = q4 == 1 ? v[1] : v[0];
+    const int p = p0 + 8 * q4 + g;  // this lane's key (lanes q4 < 2)
+    const bool mine = q4 < 2 && p < n;
+    if (mine) out[p] = score;
+    if (row_hist) count_scores(mine, score, sBin, sCnt, row_hist);
+  }
+  if (row_hist) {
+    __syncthreads();
+    for (int i = tid; i < kCountSlots; i += kRegThreads)
+      if (const uint32_t b = sBin[i]) atomicAdd(&row_hist[b - 1], sCnt[i]);
+  }
+}
+
 // One warp per key: any head count and dimension, any key format.
 template <KvDtype D>
 __global__ void indexer_fma_kernel(IndexerArgs a) {
@@ -384,6 +548,25 @@ void launch_stages(const IndexerArgs& a, int run, cudaStream_t st) {
   pdl::launch(kernel, grid, dim3(kThreads), smem, st, a, per_block, run);
 }
 
+template <int DIM, int HP16>
+void launch_regs(const IndexerArgs& a, cudaStream_t st) {
+  auto kernel = indexer_regs_kernel<DIM, HP16>;
+  const bool count = a.counts.hist != nullptr;
+  auto smem_bytes = [&](int tiles) {
+    const int pages = pages_per_block(tiles, a.keys.block_size);
+    return size_t(HP16) * 16 * (DIM + 8) * 2 + size_t(HP16) * 16 * 4 + size_t(pages + 3) / 4 * 16 +
+           (count ? 2 * kCountSlots * 4 : 0);
+  };
+  const size_t smem_max = smem_bytes(kMaxTilesPerBlock);
+  allow_smem(kernel, smem_max);
+  const int per_sm = blocks_per_sm(kernel, kRegThreads, smem_max);
+  const int64_t tiles = ceil_div(a.max_ctx, kKeysPerTile);
+  const int64_t slots = int64_t(std::max(1, sm_count() * per_sm));
+  const int per_block = int(std::clamp<int64_t>((tiles * a.T + slots - 1) / slots, 1, kMaxTilesPerBlock));
+  const dim3 grid{unsigned(ceil_div(tiles, per_block)), unsigned(a.T)};
+  pdl::launch(kernel, grid, dim3(kRegThreads), smem_bytes(per_block), st, a, per_block);
+}
+
 // Two stages: one tile in flight while one is scored. Measured on an H200 at one token x 128K keys
 // and 128 x 128K: more blocks per SM beat deeper rings (bf16: 3 to 5 stages kept 2-3 blocks per SM
 // resident and streamed 15-35% slower; fp8, whole-tile runs, 80 registers: 2 stages hold six blocks
@@ -411,6 +594,19 @@ void launch_mma(const IndexerArgs& a, cudaStream_t st) {
     if (run == kKeysPerTile) return launch_stages<DIM, FP8, 2, true, 2>(a, run, st);
     return launch_stages<DIM, FP8, 2, false, 2>(a, run, st);
   } else {
+    // Bf16 keys from 64K scores per call on (T x max_ctx) take the regs kernel, measured on an H200
+    // (docs/PERFORMANCE.md, session 17; indexer + top-k as the model runs them): one token at 128K
+    // GLM-5 24.4 -> 22.0 us, DeepSeek-V3.2 27.1 -> 25.4; 8 x 32K and 8 x 128K DeepSeek-V3.2 -6% and
+    // -12%, 128 tokens -7 to -12%; below, one token at 4K-32K and 8 x 4K, it was 0.4-1.5 us slower.
+    const int hp16 = heads_padded(a.heads) / 16;
+    if (hp16 <= 4 && a.T * a.max_ctx >= (a.regs_from < 0 ? kRegsMinScores : a.regs_from) && a.keys.row_bytes == DIM * 2 &&
+        reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0 &&
+        (a.q16 ? reinterpret_cast<uintptr_t>(a.q16) % 16 == 0 : reinterpret_cast<uintptr_t>(a.q) % 16 == 0)) {
+      if (hp16 == 1) return launch_regs<DIM, 1>(a, st);
+      if (hp16 == 2) return launch_regs<DIM, 2>(a, st);
+      if (hp16 == 3) return launch_regs<DIM, 3>(a, st);
+      return launch_regs<DIM, 4>(a, st);
+    }
     launch_stages<DIM, FP8, 2, false, 1>(a, run, st);
   }
 }
