@@ -69,6 +69,48 @@ __device__ __forceinline__ void count_scores(bool valid, float score, uint32_t* 
   atomicAdd(&row_hist[bin], c);
 }
 
+// A block's share of token blockIdx.y's keys: tiles tile0 .. tile0 + n_tiles - 1 (none: n_tiles <= 0,
+// and the block leaves before any barrier), the row's top_k histogram where it asked for one and
+// will select with it (IndexerArgs::counts), and the cache slots of its keys from the page-table
+// entries that load_pages reads once into shared memory (the key loads then need no global load
+// before they can be issued).
+struct BlockKeys {
+  int t, n, tile0, n_tiles, seq, page0, bs, bs_shift;
+  bool pow2;  // the usual page sizes: shifts instead of divisions
+  uint32_t* row_hist;
+  const int32_t* sPage;
+  __device__ __forceinline__ int64_t slot(int p) const {
+    return pow2 ? (int64_t(sPage[(p >> bs_shift) - page0]) << bs_shift) + (p & (bs - 1))
+                : int64_t(sPage[p / bs - page0]) * bs + p % bs;
+  }
+};
+__device__ __forceinline__ BlockKeys block_keys(const IndexerArgs& a, int tiles_per_block, const int32_t* sPage) {
+  BlockKeys b;
+  b.t = blockIdx.y;
+  b.n = a.n_ctx[b.t];
+  b.tile0 = blockIdx.x * tiles_per_block;
+  b.n_tiles = min(tiles_per_block, (b.n + kKeysPerTile - 1) / kKeysPerTile - b.tile0);
+  b.seq = a.seq[b.t];
+  b.bs = a.keys.block_size;
+  b.page0 = b.tile0 * kKeysPerTile / b.bs;
+  b.pow2 = (b.bs & (b.bs - 1)) == 0;
+  b.bs_shift = __ffs(b.bs) - 1;
+  b.row_hist = a.counts.hist && b.n > a.counts.k ? a.counts.hist + int64_t(b.t) * a.counts.row_words : nullptr;
+  b.sPage = sPage;
+  return b;
+}
+// Zeroes the block's digit table where it counts and reads its page-table entries; every thread
+// calls it (one barrier).
+__device__ __forceinline__ void load_pages(const BlockKeys& b, const IndexerArgs& a, int32_t* sPage, uint32_t* sBin,
+                                           int threads) {
+  if (b.row_hist)
+    for (int i = threadIdx.x; i < 2 * kCountSlots; i += threads) sBin[i] = 0;  // (sCnt follows sBin)
+  const int n_pages = (min(b.n, (b.tile0 + b.n_tiles) * kKeysPerTile) - 1) / b.bs - b.page0 + 1;
+  for (int i = threadIdx.x; i < n_pages; i += threads)
+    sPage[i] = a.keys.block_tables[int64_t(b.seq) * a.keys.max_blocks + b.page0 + i];
+  __syncthreads();
+}
+
 // Shared memory of the mma kernel: q [heads_pad][DIM + 8] (16-bit), bf16 key tiles [STAGES][64][DIM + 8]
 // (none for fp8 keys: those are widened in registers), w [heads_pad], the block's page-table entries
 // [pages] (padded to 16 bytes), fp8 rows as stored [STAGES][64][row_bytes], and when counting the
@@ -115,30 +157,14 @@ __global__ void __launch_bounds__(128 / MT) indexer_mma_kernel(IndexerArgs a, in
   uint32_t* sBin = reinterpret_cast<uint32_t*>(sRaw + (FP8 ? STAGES * kKeysPerTile * RB : 0));  // [kCountSlots]
   uint32_t* sCnt = sBin + kCountSlots;                                                          // [kCountSlots]
 
-  const int t = blockIdx.y, tid = threadIdx.x;
-  const int n = a.n_ctx[t];
-  const int tile0 = blockIdx.x * tiles_per_block;
-  const int n_tiles = min(tiles_per_block, (n + kKeysPerTile - 1) / kKeysPerTile - tile0);
-  if (n_tiles <= 0) return;
-  const int seq = a.seq[t];
+  const int tid = threadIdx.x;
+  const BlockKeys bk = block_keys(a, tiles_per_block, sPage);
+  if (bk.n_tiles <= 0) return;
+  const int t = bk.t, n = bk.n, tile0 = bk.tile0, n_tiles = bk.n_tiles;
+  uint32_t* row_hist = bk.row_hist;
   const uint8_t* keys = static_cast<const uint8_t*>(a.keys.data);
-  // The row's first-digit histogram for top_k, where it asked for one and will select with it.
-  uint32_t* row_hist = a.counts.hist && n > a.counts.k ? a.counts.hist + int64_t(t) * a.counts.row_words : nullptr;
-  if (row_hist)
-    for (int i = tid; i < 2 * kCountSlots; i += kThreads) sBin[i] = 0;  // (sCnt follows sBin)
-  // The page-table entries of the block's keys, read once: the copies below then need no global
-  // load before they can be issued.
-  const int bs = a.keys.block_size;
-  const int page0 = tile0 * kKeysPerTile / bs;
-  const int n_pages = (min(n, (tile0 + n_tiles) * kKeysPerTile) - 1) / bs - page0 + 1;
-  for (int i = tid; i < n_pages; i += kThreads) sPage[i] = a.keys.block_tables[int64_t(seq) * a.keys.max_blocks + page0 + i];
-  __syncthreads();
-  const bool pow2 = (bs & (bs - 1)) == 0;  // the usual page sizes: shifts instead of divisions
-  const int bs_shift = __ffs(bs) - 1;
-  auto slot = [&](int p) {
-    return pow2 ? (int64_t(sPage[(p >> bs_shift) - page0]) << bs_shift) + (p & (bs - 1))
-                : int64_t(sPage[p / bs - page0]) * bs + p % bs;
-  };
+  load_pages(bk, a, sPage, sBin, kThreads);
+  auto slot = [&](int p) { return bk.slot(p); };
 
   // Fp8 runs: this thread's 16-byte chunks of a tile's stage, chunk tid + u * kThreads, the same
   // in every tile: the first key of its run (-1: past the tile) and its byte in that run.
@@ -154,7 +180,7 @@ __global__ void __launch_bounds__(128 / MT) indexer_mma_kernel(IndexerArgs a, in
     }
   }
   // Pages of a multiple of 64 keys hold whole tiles: one page-table lookup per tile.
-  const bool one_page = bs % kKeysPerTile == 0;
+  const bool one_page = bk.bs % kKeysPerTile == 0;
   // Starts the copy of tile j of the block into stage `st`; keys past n are not copied (their rows
   // hold stale values, and their scores are not written).
   auto issue = [&](int j, int st) {
@@ -377,30 +403,16 @@ __global__ void __launch_bounds__(kRegThreads, HP16 <= 2 ? 7 : 5) indexer_regs_k
   uint32_t* sBin = reinterpret_cast<uint32_t*>(sPage + (max_pages + 3) / 4 * 4);  // [kCountSlots]
   uint32_t* sCnt = sBin + kCountSlots;                                             // [kCountSlots]
 
-  const int t = blockIdx.y, tid = threadIdx.x;
-  const int n = a.n_ctx[t];
-  const int tile0 = blockIdx.x * tiles_per_block;
-  const int n_tiles = min(tiles_per_block, (n + kKeysPerTile - 1) / kKeysPerTile - tile0);
-  if (n_tiles <= 0) return;
-  const int seq = a.seq[t];
+  const BlockKeys bk = block_keys(a, tiles_per_block, sPage);
+  if (bk.n_tiles <= 0) return;
+  load_pages(bk, a, sPage, sBin, kRegThreads);
+  const int tid = threadIdx.x, t = bk.t, n = bk.n, n_tiles = bk.n_tiles;
+  uint32_t* row_hist = bk.row_hist;
   const uint8_t* keys = static_cast<const uint8_t*>(a.keys.data);
-  uint32_t* row_hist = a.counts.hist && n > a.counts.k ? a.counts.hist + int64_t(t) * a.counts.row_words : nullptr;
-  if (row_hist)
-    for (int i = tid; i < 2 * kCountSlots; i += kRegThreads) sBin[i] = 0;
-  const int bs = a.keys.block_size;
-  const int page0 = tile0 * kKeysPerTile / bs;
-  const int n_pages = (min(n, (tile0 + n_tiles) * kKeysPerTile) - 1) / bs - page0 + 1;
-  for (int i = tid; i < n_pages; i += kRegThreads) sPage[i] = a.keys.block_tables[int64_t(seq) * a.keys.max_blocks + page0 + i];
-  __syncthreads();
-  const bool pow2 = (bs & (bs - 1)) == 0;
-  const int bs_shift = __ffs(bs) - 1;
   const int64_t RB = a.keys.row_bytes;
   // Key p's row, or null past the context (its fragments are zeros, its score not written).
   auto row_of = [&](int p) -> const uint4* {
-    if (p >= n) return nullptr;
-    const int64_t s = pow2 ? (int64_t(sPage[(p >> bs_shift) - page0]) << bs_shift) + (p & (bs - 1))
-                           : int64_t(sPage[p / bs - page0]) * bs + p % bs;
-    return reinterpret_cast<const uint4*>(keys + s * RB);
+    return p < n ? reinterpret_cast<const uint4*>(keys + bk.slot(p) * RB) : nullptr;
   };
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, q4 = lane % 4;
   const int mi = lane / 8, ri = lane % 8;
@@ -410,7 +422,7 @@ __global__ void __launch_bounds__(kRegThreads, HP16 <= 2 ? 7 : 5) indexer_regs_k
   // cp.async kernel), the queries after it.
   uint4 L[2][CHUNKS];
   {
-    const int p = tile0 * kKeysPerTile + warp * 16 + g;
+    const int p = bk.tile0 * kKeysPerTile + warp * 16 + g;
     const uint4* r0 = row_of(p);
     const uint4* r1 = row_of(p + 8);
 #pragma unroll
@@ -454,7 +466,7 @@ __global__ void __launch_bounds__(kRegThreads, HP16 <= 2 ? 7 : 5) indexer_regs_k
   float* out = a.scores + int64_t(t) * a.score_stride;
   const __nv_bfloat16* qb = sQ + ((mi / 2) * 8 + ri) * STR + (mi % 2) * 8;
   for (int it = 0; it < n_tiles; ++it) {
-    const int p0 = (tile0 + it) * kKeysPerTile + warp * 16;
+    const int p0 = (bk.tile0 + it) * kKeysPerTile + warp * 16;
     if (p0 >= n) break;  // (so are the later tiles' keys)
     const uint4* nr0 = nullptr;
     const uint4* nr1 = nullptr;
