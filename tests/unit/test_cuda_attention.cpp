@@ -408,17 +408,21 @@ void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kern
         ASSERT_EQ(got16[size_t(t * max_ctx + p)], got[size_t(t * max_ctx + p)])
             << "16-bit queries: token " << t << " position " << p;
   }
-  // Error relative to the size of the terms summed: sum_h |w_h| relu(q_h . k) (a score near zero
-  // after cancellation is still only as exact as its terms).
-  std::vector<float> w_abs(w);
+  // Error relative to the size of the terms summed, inside the dot products too: sum_h |w_h|
+  // sum_i |q_hi k_i| (fp32 sums in another order differ by a few ulps of that; a dot product that
+  // nearly cancels is only as exact as its terms).
+  std::vector<float> w_abs(w), q_abs(qr), k_abs(size_t(c.dim));
   for (float& x : w_abs) x = std::fabs(x);
+  for (float& x : q_abs) x = std::fabs(x);
   double worst = 0;
   for (int t = 0; t < T; ++t) {
     for (int p = 0; p < n_ctx[size_t(t)]; ++p) {
       const float* key = cache.decoded.data() + pg.slot(seq[size_t(t)], p) * c.dim;
       const float* qt = qr.data() + size_t(t) * c.heads * c.dim;
+      for (int i = 0; i < c.dim; ++i) k_abs[size_t(i)] = std::fabs(key[i]);
       const float ref = model::indexer_score(qt, w.data() + size_t(t) * c.heads, key, c.heads, c.dim);
-      const float mag = model::indexer_score(qt, w_abs.data() + size_t(t) * c.heads, key, c.heads, c.dim);
+      const float mag = model::indexer_score(q_abs.data() + size_t(t) * c.heads * c.dim, w_abs.data() + size_t(t) * c.heads,
+                                             k_abs.data(), c.heads, c.dim);
       const float g = got[size_t(t * max_ctx + p)];
       const double err = std::fabs(g - ref) / std::max(mag, 1e-6f);
       worst = std::max(worst, err);

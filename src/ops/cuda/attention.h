@@ -103,7 +103,8 @@ struct IndexerArgs {
   // pass.
   TopKCounts counts;
   // Bf16 keys, up to 64 heads: the mma kernel reads the keys straight into registers (no shared-memory
-  // stage) from this many scores per call (T * max_ctx) on; -1: the measured default (64K).
+  // stage) from this many scores per call (T * max_ctx) on; -1: the measured default (more than 32
+  // heads and at least 64 tokens; SPARSEMLA_INDEXER_REGS_FROM=N overrides it).
   int64_t regs_from = -1;
 };
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);

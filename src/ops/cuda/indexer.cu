@@ -7,10 +7,12 @@
 //     the next tile's keys in flight while one is scored; 16 keys per warp for bf16 keys, 32 for
 //     fp8. Fp8 keys (132-byte rows) are copied 16 bytes at a time as the runs of consecutive slots
 //     that a cache page holds.
-//   regs (bf16 keys, up to 64 heads, from 64K scores per call): each warp loads its keys straight
-//     into its A fragments, the next tile's while one is scored; only the queries in shared memory.
+//   regs (bf16 keys, up to 64 heads; by default more than 32 heads and 64+ tokens per call): each
+//     warp loads its keys straight into its A fragments, the next tile's while one is scored; only
+//     the queries in shared memory.
 // Fma: one warp per key, any shape.
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "ops/cuda/attention.h"
@@ -382,7 +384,7 @@ __global__ void __launch_bounds__(128 / MT) indexer_mma_kernel(IndexerArgs a, in
 // flight per warp, no barrier in the loop, and only the queries' B fragments read from shared
 // memory (the cp.async kernel also writes and reads every key there).
 constexpr int kRegThreads = 128;
-constexpr int64_t kRegsMinScores = 65536;  // launch_mma
+constexpr int64_t kRegsMinTokens = 64;  // launch_mma
 
 // The column of the queries' shared row (fragment order) that holds dimension d.
 __device__ __forceinline__ int qcol_of(int d) {
@@ -392,7 +394,7 @@ __device__ __forceinline__ int qcol_of(int d) {
 }
 
 template <int DIM, int HP16>
-__global__ void __launch_bounds__(kRegThreads, HP16 <= 2 ? 7 : 5) indexer_regs_kernel(IndexerArgs a, int tiles_per_block) {
+__global__ void __launch_bounds__(kRegThreads) indexer_regs_kernel(IndexerArgs a, int tiles_per_block) {
   constexpr int STR = DIM + 8, KSTEPS = DIM / 16, CHUNKS = DIM / 32;  // CHUNKS: a lane's chunks per row
   constexpr int HP = HP16 * 16;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -606,13 +608,19 @@ void launch_mma(const IndexerArgs& a, cudaStream_t st) {
     if (run == kKeysPerTile) return launch_stages<DIM, FP8, 2, true, 2>(a, run, st);
     return launch_stages<DIM, FP8, 2, false, 2>(a, run, st);
   } else {
-    // Bf16 keys from 64K scores per call on (T x max_ctx) take the regs kernel, measured on an H200
-    // (docs/PERFORMANCE.md, session 17; indexer + top-k as the model runs them): one token at 128K
-    // GLM-5 24.4 -> 22.0 us, DeepSeek-V3.2 27.1 -> 25.4; 8 x 32K and 8 x 128K DeepSeek-V3.2 -6% and
-    // -12%, 128 tokens -7 to -12%; below, one token at 4K-32K and 8 x 4K, it was 0.4-1.5 us slower.
+    // The regs kernel by default for more than 32 heads (DeepSeek-V3.2's 64) and calls of at least
+    // 64 tokens, where it was faster in every measurement on an H200 (docs/PERFORMANCE.md, session
+    // 17: 128 tokens x 4K and x 128K -12 to -16%). For one to eight tokens its times varied from one
+    // device run to the next by up to 30% (the staged kernel's by 2%): sometimes 2 us faster than the
+    // staged kernel at 128K, sometimes 2 us slower; GLM-5's 32 heads gained less.
     const int hp16 = heads_padded(a.heads) / 16;
-    if (hp16 <= 4 && a.T * a.max_ctx >= (a.regs_from < 0 ? kRegsMinScores : a.regs_from) && a.keys.row_bytes == DIM * 2 &&
-        reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0 &&
+    static const int64_t env_from = [] {  // SPARSEMLA_INDEXER_REGS_FROM=N: as IndexerArgs::regs_from (A/B runs)
+      const char* e = std::getenv("SPARSEMLA_INDEXER_REGS_FROM");
+      return e ? std::atoll(e) : int64_t(-1);
+    }();
+    const int64_t from = a.regs_from >= 0 ? a.regs_from : env_from;
+    const bool regs = from >= 0 ? a.T * a.max_ctx >= from : hp16 > 2 && a.T >= kRegsMinTokens;
+    if (regs && hp16 <= 4 && a.keys.row_bytes == DIM * 2 && reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0 &&
         (a.q16 ? reinterpret_cast<uintptr_t>(a.q16) % 16 == 0 : reinterpret_cast<uintptr_t>(a.q) % 16 == 0)) {
       if (hp16 == 1) return launch_regs<DIM, 1>(a, st);
       if (hp16 == 2) return launch_regs<DIM, 2>(a, st);
