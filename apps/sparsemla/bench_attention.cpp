@@ -305,8 +305,8 @@ Runner add_bench_attention(CLI::App& bench) {
   cmd->add_option("--reps", a->reps, "timed repetitions (best is reported)");
   cmd->add_option("--topk-path", a->topk_path,
                   "the top-k's path: auto (the engine's choice), block (one block per row, its keys in registers: "
-                  "rows up to 16K; auto takes it up to 4K), rows (one block per row, reading the row on every pass), team (one cooperative "
-                  "launch, where the row's blocks fit on the device), spans (three launches)")
+                  "rows up to 16K; auto takes it up to 4K), rows (one block per row, reading the row on every pass), "
+                  "team (one cooperative launch, where the row's blocks fit on the device), spans (three launches)")
       ->check(CLI::IsMember({"auto", "block", "rows", "team", "spans"}));
   return [a] { return run_bench_attention(*a); };
 }

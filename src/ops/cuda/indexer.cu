@@ -166,7 +166,6 @@ __global__ void __launch_bounds__(128 / MT) indexer_mma_kernel(IndexerArgs a, in
   uint32_t* row_hist = bk.row_hist;
   const uint8_t* keys = static_cast<const uint8_t*>(a.keys.data);
   load_pages(bk, a, sPage, sBin, kThreads);
-  auto slot = [&](int p) { return bk.slot(p); };
 
   // Fp8 runs: this thread's 16-byte chunks of a tile's stage, chunk tid + u * kThreads, the same
   // in every tile: the first key of its run (-1: past the tile) and its byte in that run.
@@ -187,8 +186,8 @@ __global__ void __launch_bounds__(128 / MT) indexer_mma_kernel(IndexerArgs a, in
   // hold stale values, and their scores are not written).
   auto issue = [&](int j, int st) {
     const int p0 = (tile0 + j) * kKeysPerTile;
-    const int64_t s0 = one_page ? slot(p0) : 0;
-    auto tile_slot = [&](int p) { return one_page ? s0 + (p - p0) : slot(p); };
+    const int64_t s0 = one_page ? bk.slot(p0) : 0;
+    auto tile_slot = [&](int p) { return one_page ? s0 + (p - p0) : bk.slot(p); };
     if constexpr (!FP8) {
       // Thread tid copies 16-byte chunk tid % CH of rows tid / CH + u * (128 / CH): a warp's copy
       // is whole consecutive rows.
