@@ -6,8 +6,9 @@
 // experts of one MoE layer (matmul_experts, 8 pairs). Beside each decode line (T <= 8) of a type
 // with an int8-activation kernel, a "q8:T" line times matmul_decode_q8 / matmul_experts_q8 on the
 // same weights (activations quantized beforehand; the quantization's own time is printed at the
-// end), a "tc:T" line the tensor-core decode kernel (Q4_K, Q6_K; what matmul takes for them at
-// T <= 8) and a "pf:T" line the tensor-core prefill kernel at that T. The plain "T" lines at T <= 8
+// end), a "q8x2:T" line the same on two-level activations, a "tc:T" line the tensor-core decode
+// kernel (Q4_K, Q6_K; what matmul takes for them at T <= 8) and a "pf:T" line the tensor-core
+// prefill kernel at that T. The plain "T" lines at T <= 8
 // are the fp32 decode kernel (matmul_decode).
 //
 //   bench_cuda_matmul [--quick] [--decode] [--tokens T]   --decode: only T <= 8 and the experts;
@@ -105,8 +106,9 @@ int run_only(const char* spec) {
     print_line(*t, {rows, cols}, "one:1",
                cuda::bench_matmul(c.mats.data(), int(c.mats.size()), 1, 8, 2, cuda::BenchKernel::OneTokenTensorCore), copy);
   if (cuda::q8_supported(*t))
-    print_line(*t, {rows, cols}, ("q8:" + std::to_string(T)).c_str(),
-               cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), T, 8, 2), copy);
+    for (int levels : {1, 2})
+      print_line(*t, {rows, cols}, (std::string(levels == 2 ? "q8x2:" : "q8:") + std::to_string(T)).c_str(),
+                 cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), T, 8, 2, levels), copy);
   return 0;
 }
 
@@ -166,10 +168,12 @@ int main(int argc, char** argv) {
               cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs, cuda::BenchKernel::Prefill);
           print_line(t, sh, ("pf:" + std::to_string(T)).c_str(), p, copy);
         }
-        if (T <= cuda::kDecodeMaxTokens && cuda::q8_supported(t)) {
-          const cuda::MatmulTiming q = cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), T, n_calls, runs);
-          print_line(t, sh, ("q8:" + std::to_string(T)).c_str(), q, copy);
-        }
+        if (T <= cuda::kDecodeMaxTokens && cuda::q8_supported(t))
+          for (int levels : {1, 2}) {
+            const cuda::MatmulTiming q =
+                cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), T, n_calls, runs, levels);
+            print_line(t, sh, (std::string(levels == 2 ? "q8x2:" : "q8:") + std::to_string(T)).c_str(), q, copy);
+          }
       }
     }
   }
@@ -188,10 +192,14 @@ int main(int argc, char** argv) {
       print_line(t, {rows, cols}, "one:8e",
                  cuda::bench_matmul_experts(w, rows, 8, calls, runs, cuda::ExpertKernel::kOneToken), copy);
     print_line(t, {rows, cols}, "q8:8e", cuda::bench_matmul_experts_q8(w, rows, 8, calls, runs), copy);
+    print_line(t, {rows, cols}, "q8x2:8e", cuda::bench_matmul_experts_q8(w, rows, 8, calls, runs, 2), copy);
   }
-  std::printf("\nquantize_activations, us per call:");
-  for (int64_t cols : {2048, 6144})
-    for (int64_t T : {1, 16}) std::printf("  %lldx%lld %.2f", (long long)T, (long long)cols, cuda::bench_quantize_us(T, cols, calls, runs));
+  for (int levels : {1, 2}) {
+    std::printf("\nquantize_activations (%d level%s), us per call:", levels, levels == 2 ? "s" : "");
+    for (int64_t cols : {2048, 6144})
+      for (int64_t T : {1, 16})
+        std::printf("  %lldx%lld %.2f", (long long)T, (long long)cols, cuda::bench_quantize_us(T, cols, calls, runs, levels));
+  }
   std::printf("\n");
   return 0;
 }

@@ -759,36 +759,53 @@ TEST(CudaMatmulApi, RefusalsNameTheProblem) {
 // activations x_hat = d * q, summed in double. The GPU differs only in fp32 summation order:
 // tolerance 1e-5 relative (L2 per token; measured on an H200: 0.8e-7 to 2.2e-7). Against the fp32
 // activations the int8 rounding adds about 8.5e-3 measured (each value off by at most
-// d / 2 = max / 254 of its block): tolerance 2e-2.
+// d / 2 = max / 254 of its block): tolerance 2e-2. With two levels each value is off by at most
+// max / 65024 of its block (~2e-5 relative on N(0, 1) values): tolerance 2e-4, ten times under
+// what bf16 activations cost (~2e-3).
 
 constexpr double kQ8Tol = 1e-5;
 constexpr double kQ8VsFp32Tol = 2e-2;
+constexpr double kQ8x2VsFp32Tol = 2e-4;
 
 // The CPU side of quantize_activations, with the same rule: per block of 32, d = max|x| / 127
-// (float division), q = clamp(round-half-even(x / d), -127, 127), or 0 when d == 0.
+// (float division), q = clamp(round-half-even(x / d), -127, 127), or 0 when d == 0; with two
+// levels also r = clamp(round-half-even(fma(-d, q, x) / (d / 256)), -127, 127) (0 when d / 256 is 0),
+// the block's scale d / 256 and its sum over 256 q + r.
 struct HostQ8 {
+  int levels = 1;
   std::vector<int8_t> q;    // [T][n_cols]
-  std::vector<float> d;     // [T][n_cols / 32]
+  std::vector<int8_t> r;    // [T][n_cols], two levels
+  std::vector<float> d;     // [T][n_cols / 32]: the block's scale
   std::vector<int32_t> sum; // [T][n_cols / 32]
 };
 
-HostQ8 quantize_on_host(const std::vector<float>& x) {
+HostQ8 quantize_on_host(const std::vector<float>& x, int levels = 1) {
   HostQ8 h;
+  h.levels = levels;
   const size_t nb = x.size() / 32;
   h.q.resize(x.size());
+  if (levels == 2) h.r.resize(x.size());
   h.d.resize(nb);
   h.sum.resize(nb);
   for (size_t b = 0; b < nb; ++b) {
     float amax = 0.0f;
     for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
-    const float d = amax / 127.0f;
+    const float d = amax / 127.0f, d2 = d * 0.00390625f;
     int32_t s = 0;
     for (int i = 0; i < 32; ++i) {
-      const int q = d == 0.0f ? 0 : std::clamp(int(std::nearbyint(x[b * 32 + i] / d)), -127, 127);
+      const float v = x[b * 32 + i];
+      const int q = d == 0.0f ? 0 : std::clamp(int(std::nearbyint(v / d)), -127, 127);
       h.q[b * 32 + i] = int8_t(q);
-      s += q;
+      if (levels == 2) {
+        const float e = std::fma(-d, float(q), v);
+        const int r = d2 == 0.0f ? 0 : std::clamp(int(std::nearbyint(e / d2)), -127, 127);
+        h.r[b * 32 + i] = int8_t(r);
+        s += 256 * q + r;
+      } else {
+        s += q;
+      }
     }
-    h.d[b] = d;
+    h.d[b] = levels == 2 ? d2 : d;
     h.sum[b] = s;
   }
   return h;
@@ -796,7 +813,8 @@ HostQ8 quantize_on_host(const std::vector<float>& x) {
 
 std::vector<double> dequantized(const HostQ8& h) {
   std::vector<double> v(h.q.size());
-  for (size_t i = 0; i < v.size(); ++i) v[i] = double(h.d[i / 32]) * h.q[i];
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = double(h.d[i / 32]) * (h.levels == 2 ? 256.0 * h.q[i] + h.r[i] : double(h.q[i]));
   return v;
 }
 
@@ -804,19 +822,25 @@ std::vector<double> dequantized(const HostQ8& h) {
 struct DeviceQ8 {
   DeviceBuffer buf;
   Q8Activations act;
-  DeviceQ8(const std::vector<float>& x, int64_t T, int64_t n_cols) : buf(q8_activation_bytes(T, n_cols)) {
+  DeviceQ8(const std::vector<float>& x, int64_t T, int64_t n_cols, int levels = 1)
+      : buf(q8_activation_bytes(T, n_cols, levels)) {
     const DeviceBuffer dx = to_device(x);
     act.data = buf.get();
     act.bytes = buf.bytes();
-    quantize_activations(dx.as<float>(), T, n_cols, act, nullptr);
+    quantize_activations(dx.as<float>(), T, n_cols, act, nullptr, levels);
     synchronize();
   }
   HostQ8 download() const {
     HostQ8 h;
+    h.levels = act.levels;
     const size_t n = size_t(act.n_tokens * act.n_cols), nb = n / 32;
     std::vector<uint8_t> all = to_host<uint8_t>(buf, buf.bytes());
     h.q.assign(reinterpret_cast<const int8_t*>(all.data()), reinterpret_cast<const int8_t*>(all.data()) + n);
-    const uint8_t* blocks = all.data() + q8_scales_offset(act.n_tokens, act.n_cols);
+    if (act.levels == 2) {
+      const int8_t* r = reinterpret_cast<const int8_t*>(all.data() + q8_scales_offset(act.n_tokens, act.n_cols, 1));
+      h.r.assign(r, r + n);
+    }
+    const uint8_t* blocks = all.data() + q8_scales_offset(act.n_tokens, act.n_cols, act.levels);
     h.d.resize(nb);
     h.sum.resize(nb);
     for (size_t b = 0; b < nb; ++b) {
@@ -829,8 +853,11 @@ struct DeviceQ8 {
 
 void expect_same_quantization(const HostQ8& got, const HostQ8& want, const std::string& what) {
   ASSERT_EQ(got.q.size(), want.q.size());
+  ASSERT_EQ(got.r.size(), want.r.size());
   for (size_t i = 0; i < want.q.size(); ++i)
     ASSERT_EQ(int(got.q[i]), int(want.q[i])) << what << ": value " << i << " (block scale " << want.d[i / 32] << ")";
+  for (size_t i = 0; i < want.r.size(); ++i)
+    ASSERT_EQ(int(got.r[i]), int(want.r[i])) << what << ": residual " << i << " (block scale " << want.d[i / 32] << ")";
   for (size_t b = 0; b < want.d.size(); ++b) {
     ASSERT_EQ(f32_to_bits(got.d[b]), f32_to_bits(want.d[b])) << what << ": scale of block " << b;
     ASSERT_EQ(got.sum[b], want.sum[b]) << what << ": sum of block " << b;
@@ -863,6 +890,16 @@ TEST(CudaQ8Activations, QuantizationMatchesCpuBitForBit) {
     const DeviceQ8 dq(x, T, n_cols);
     const HostQ8 want = quantize_on_host(x);
     expect_same_quantization(dq.download(), want, name);
+    const HostQ8 want2 = quantize_on_host(x, 2);
+    expect_same_quantization(DeviceQ8(x, T, n_cols, 2).download(), want2, name + ", two levels");
+    if (name == "random") {  // the second level within max / 65024 of each value
+      const std::vector<double> xh = dequantized(want2);
+      for (size_t i = 0; i < x.size(); ++i) {
+        float amax = 0.0f;
+        for (size_t j = i / 32 * 32; j < i / 32 * 32 + 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+        ASSERT_LE(std::fabs(xh[i] - double(x[i])), double(amax) / 65024.0 * 1.001) << "value " << i;
+      }
+    }
     if (name == "ties at .5") {
       EXPECT_EQ(want.q[size_t(1)], -14);  // -14.5 -> -14
       EXPECT_EQ(want.q[size_t(2)], -14);  // -13.5 -> -14
@@ -900,7 +937,7 @@ std::vector<float> host_product(const std::vector<float>& wd, int64_t n_rows, in
   return y;
 }
 
-std::vector<float> gpu_product_q8(const QuantMatrix& m, const DeviceQ8& x) {
+std::vector<float> gpu_product_q8(const QuantMatrix& m, const DeviceQ8& x) {  // either level count
   const int64_t T = x.act.n_tokens;
   DeviceBuffer dy = to_device(std::vector<float>(size_t(T * m.n_rows), NAN));  // poisoned: every value must be written
   matmul_decode_q8(m, x.act, dy.as<float>(), nullptr);
@@ -914,7 +951,7 @@ TEST_P(CudaMatmulQ8, MatchesProductWithDequantizedActivations) {
   std::vector<Shape> shapes = {{67, 768}, {131, 256}, {19, 8960}, {2048, 6144}, {6144, 2048}};
   if (type() == GgmlType::Q8_0) shapes.push_back({33, 160});
   uint32_t seed = 500;
-  double worst_fp32 = 0.0;
+  double worst_fp32[2] = {0.0, 0.0};
   for (const Shape& sh : shapes) {
     const TestWeight w(type(), sh.n_rows, sh.n_cols, seed++);
     const std::vector<float> wd = dequantized_weight(w.host);
@@ -922,30 +959,38 @@ TEST_P(CudaMatmulQ8, MatchesProductWithDequantizedActivations) {
     for (int64_t T : {1, 2, 3, 5, 8, 16}) {
       if (sh.n_rows * sh.n_cols > (1 << 22) && T != 1 && T != 5 && T != 16) continue;  // keep the CPU time down
       const std::vector<float> x = randn(size_t(T * sh.n_cols), seed++);
-      const DeviceQ8 dq(x, T, sh.n_cols);
-      const HostQ8 hq = quantize_on_host(x);
-      expect_same_quantization(dq.download(), hq, "activations");
-      const std::vector<float> got = gpu_product_q8(w.mat, dq);
-      const std::string what = GetParam() + " " + std::to_string(sh.n_rows) + "x" + std::to_string(sh.n_cols) +
-                               " T=" + std::to_string(T);
-      worst = std::max(worst, check_close(got, host_product(wd, sh.n_rows, sh.n_cols, dequantized(hq), T), T,
-                                          sh.n_rows, kQ8Tol, what));
-      worst_fp32 = std::max(worst_fp32, check_close(got, host_product(wd, sh.n_rows, sh.n_cols, x, T), T, sh.n_rows,
-                                                    kQ8VsFp32Tol, what + " vs fp32 activations"));
+      const std::vector<float> exact = host_product(wd, sh.n_rows, sh.n_cols, x, T);
+      for (int levels : {1, 2}) {
+        const DeviceQ8 dq(x, T, sh.n_cols, levels);
+        const HostQ8 hq = quantize_on_host(x, levels);
+        expect_same_quantization(dq.download(), hq, "activations");
+        const std::vector<float> got = gpu_product_q8(w.mat, dq);
+        const std::string what = GetParam() + " " + std::to_string(sh.n_rows) + "x" + std::to_string(sh.n_cols) +
+                                 " T=" + std::to_string(T) + ", " + std::to_string(levels) + " level(s)";
+        worst = std::max(worst, check_close(got, host_product(wd, sh.n_rows, sh.n_cols, dequantized(hq), T), T,
+                                            sh.n_rows, kQ8Tol, what));
+        worst_fp32[levels - 1] =
+            std::max(worst_fp32[levels - 1], check_close(got, exact, T, sh.n_rows,
+                                                         levels == 2 ? kQ8x2VsFp32Tol : kQ8VsFp32Tol,
+                                                         what + " vs fp32 activations"));
+      }
     }
     std::printf("  %-5s %5lldx%-5lld  worst relative error against W x_hat: %.2e\n", GetParam().c_str(),
                 (long long)sh.n_rows, (long long)sh.n_cols, worst);
   }
-  std::printf("  %-5s worst relative error against W x (fp32 activations): %.2e\n", GetParam().c_str(), worst_fp32);
+  std::printf("  %-5s worst relative error against W x (fp32 activations): %.2e one level, %.2e two\n",
+              GetParam().c_str(), worst_fp32[0], worst_fp32[1]);
 }
 
 // Token t of a T-token int8-activation product has the same bits as that token alone.
 TEST_P(CudaMatmulQ8, IsBatchInvariant) {
   SPARSEMLA_REQUIRE_GPU();
   const TestWeight w(type(), 37, 768, 11);
-  expect_batch_invariant(GetParam() + " q8", 600, [&](const std::vector<float>& x, int64_t T) {
-    return gpu_product_q8(w.mat, DeviceQ8(x, T, 768));
-  });
+  for (int levels : {1, 2})
+    expect_batch_invariant(GetParam() + " q8, " + std::to_string(levels) + " level(s)", 600,
+                           [&](const std::vector<float>& x, int64_t T) {
+                             return gpu_product_q8(w.mat, DeviceQ8(x, T, 768, levels));
+                           });
 }
 
 // Expert mode: each pair equals the one-token product on the expert's rows bit for bit; pairs
@@ -957,24 +1002,84 @@ TEST_P(CudaMatmulQ8, ExpertPairsEqualOneTokenProducts) {
   const std::vector<float> wd = dequantized_weight(w.host);
   const std::vector<int32_t> ids = {4, 0, 2, 1, 1, -1, 3, 0, -1};  // [tokens, k]
   const std::vector<float> x = randn(size_t(tokens * H), 77);
-  const DeviceQ8 dq(x, tokens, H);
-  const HostQ8 hq = quantize_on_host(x);
-  const std::vector<double> xhat = dequantized(hq);
   const DeviceBuffer dids = to_device(ids);
   const int64_t P = int64_t(ids.size());
-  DeviceBuffer dy = to_device(std::vector<float>(size_t(P * F), kUnwritten));
-  matmul_experts_q8(w.mat, F, dids.as<int32_t>(), P, dq.act, k, dy.as<float>(), nullptr);
-  synchronize();
-  check_expert_pairs(to_host<float>(dy, size_t(P * F)), ids, F, H, k, x,
-                     [&](int64_t p, int32_t e, const std::vector<float>& xt, const std::vector<float>& got) {
-                       const std::vector<float> alone = gpu_product_q8(expert_rows(w.mat, e, F), DeviceQ8(xt, 1, H));
-                       EXPECT_EQ(std::memcmp(alone.data(), got.data(), size_t(F) * sizeof(float)), 0)
-                           << GetParam() << " pair " << p << " (expert " << e
-                           << ") differs from the one-token product";
-                       const std::vector<float> we(wd.begin() + e * F * H, wd.begin() + (e + 1) * F * H);
-                       const std::vector<double> xh(xhat.begin() + (p / k) * H, xhat.begin() + (p / k + 1) * H);
-                       check_close(got, host_product(we, F, H, xh, 1), 1, F, kQ8Tol, GetParam() + " expert pair");
-                     });
+  for (int levels : {1, 2}) {
+    const std::string name = GetParam() + ", " + std::to_string(levels) + " level(s),";
+    const DeviceQ8 dq(x, tokens, H, levels);
+    const std::vector<double> xhat = dequantized(quantize_on_host(x, levels));
+    DeviceBuffer dy = to_device(std::vector<float>(size_t(P * F), kUnwritten));
+    matmul_experts_q8(w.mat, F, dids.as<int32_t>(), P, dq.act, k, dy.as<float>(), nullptr);
+    synchronize();
+    check_expert_pairs(to_host<float>(dy, size_t(P * F)), ids, F, H, k, x,
+                       [&](int64_t p, int32_t e, const std::vector<float>& xt, const std::vector<float>& got) {
+                         const std::vector<float> alone =
+                             gpu_product_q8(expert_rows(w.mat, e, F), DeviceQ8(xt, 1, H, levels));
+                         EXPECT_EQ(std::memcmp(alone.data(), got.data(), size_t(F) * sizeof(float)), 0)
+                             << name << " pair " << p << " (expert " << e << ") differs from the one-token product";
+                         const std::vector<float> we(wd.begin() + e * F * H, wd.begin() + (e + 1) * F * H);
+                         const std::vector<double> xh(xhat.begin() + (p / k) * H, xhat.begin() + (p / k + 1) * H);
+                         check_close(got, host_product(we, F, H, xh, 1), 1, F, kQ8Tol, name + " expert pair");
+                       });
+  }
+}
+
+// Several products of one input and the shared expert as one more pair, on quantized activations:
+// each output has the bits of its product alone (matmul_decode_q8), at one token in one launch
+// per type and column count, and the gate/up form equals two calls.
+TEST_P(CudaMatmulQ8, ManyProductsAndSharedPairsEqualTheProductsAlone) {
+  SPARSEMLA_REQUIRE_GPU();
+  const int64_t E = 4, F = 18, H = 768, k = 3;
+  const TestWeight a(type(), 40, H, 91), b(type(), 3, H, 92), c(type(), 96, H, 93), w(type(), E * F, H, 94),
+      w2(type(), E * F, H, 95), sh(type(), F, H, 96), sh2(type(), F, H, 97), wrong(type(), F + 1, H, 98);
+  for (int levels : {1, 2}) {
+    const std::string name = GetParam() + ", " + std::to_string(levels) + " level(s)";
+    for (const int64_t T : {int64_t(1), int64_t(3)}) {
+      const std::vector<float> x = randn(size_t(T * H), uint32_t(100 + T));
+      const DeviceQ8 dq(x, T, H, levels);
+      const std::vector<QuantMatrix> mats = {a.mat, b.mat, c.mat};
+      std::vector<DeviceBuffer> ys;
+      std::vector<float*> yp;
+      for (const QuantMatrix& m : mats) {
+        ys.push_back(to_device(std::vector<float>(size_t(T * m.n_rows), kUnwritten)));
+        yp.push_back(ys.back().as<float>());
+      }
+      matmul_many_q8(mats.data(), yp.data(), 3, dq.act, nullptr);
+      synchronize();
+      for (size_t i = 0; i < mats.size(); ++i)
+        EXPECT_EQ(to_host<float>(ys[i], size_t(T * mats[i].n_rows)), gpu_product_q8(mats[i], dq))
+            << name << " T=" << T << ": product " << i;
+    }
+    // One token's k pairs (one unused) and the shared expert reading activation row 1.
+    const std::vector<int32_t> ids = {3, -1, 1};
+    const std::vector<float> x = randn(size_t(2 * H), uint32_t(110 + levels));
+    const DeviceQ8 dq(x, 2, H, levels);
+    const DeviceQ8 dq1(std::vector<float>(x.begin() + H, x.end()), 1, H, levels);
+    const DeviceBuffer dids = to_device(ids);
+    const std::vector<float> unwritten(size_t((k + 1) * F), kUnwritten);
+    DeviceBuffer y = to_device(unwritten), plain = to_device(unwritten), g = to_device(unwritten),
+                 u = to_device(unwritten);
+    const SharedPair one{&sh.mat, nullptr, 1}, two{&sh.mat, &sh2.mat, 1};
+    matmul_experts_q8(w.mat, F, dids.as<int32_t>(), k, dq.act, k, plain.as<float>(), nullptr);
+    matmul_experts_q8(w.mat, F, dids.as<int32_t>(), k, dq.act, k, y.as<float>(), nullptr, &one);
+    matmul_experts_pair_q8(w.mat, w2.mat, F, dids.as<int32_t>(), k, dq.act, k, g.as<float>(), u.as<float>(), nullptr,
+                           &two);
+    synchronize();
+    const std::vector<float> got = to_host<float>(y, size_t((k + 1) * F)), routed = to_host<float>(plain, size_t(k * F));
+    EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + k * F), routed) << name << ": routed rows";
+    EXPECT_EQ(std::vector<float>(got.begin() + k * F, got.end()), gpu_product_q8(sh.mat, dq1)) << name << ": shared row";
+    EXPECT_EQ(to_host<float>(g, size_t((k + 1) * F)), got) << name << ": pair, first";
+    const std::vector<float> second = to_host<float>(u, size_t((k + 1) * F));
+    EXPECT_EQ(std::vector<float>(second.begin() + k * F, second.end()), gpu_product_q8(sh2.mat, dq1))
+        << name << ": pair, second shared row";
+    EXPECT_EQ(second[size_t(F)], kUnwritten) << name << ": the unused slot was written";
+    const SharedPair bad{&wrong.mat, nullptr, 1}, past{&sh.mat, nullptr, 2};
+    EXPECT_THROW(matmul_experts_q8(w.mat, F, dids.as<int32_t>(), k, dq.act, k, y.as<float>(), nullptr, &bad), Error)
+        << name << ": a shared expert of another shape";
+    const std::string beyond =
+        test::error_of([&] { matmul_experts_q8(w.mat, F, dids.as<int32_t>(), k, dq.act, k, y.as<float>(), nullptr, &past); });
+    EXPECT_NE(beyond.find("activation rows"), std::string::npos) << beyond;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulQ8, ::testing::Values("q8_0", "q4_K", "q5_K", "q6_K"),

@@ -346,8 +346,10 @@ uint64_t layout_workspace(const HParams& hp, bool sparse, const WsDims& d, char*
   // token's expert pairs, the output head's rows).
   const int64_t Tq = std::min(T, cuda::kDecodeMaxTokens);
   const int64_t widest = std::max({H, int64_t(hp.q_lora_rank), nh * int64_t(hp.v_head), ffn_width});
-  ws.q8_bytes = std::max({cuda::q8_activation_bytes(Tq, widest), cuda::q8_activation_bytes(k, int64_t(hp.n_ff_exp)),
-                          cuda::q8_activation_bytes(std::min(d.R, cuda::kDecodeMaxTokens), H)});
+  // Two levels (the fast mode's default) take twice the int8 bytes of one; the expert pairs are k
+  // and the shared expert's.
+  ws.q8_bytes = std::max({cuda::q8_activation_bytes(Tq, widest, 2), cuda::q8_activation_bytes(k + 1, int64_t(hp.n_ff_exp), 2),
+                          cuda::q8_activation_bytes(std::min(d.R, cuda::kDecodeMaxTokens), H, 2)});
   take(ws.q8[0], int64_t(ws.q8_bytes));
   take(ws.q8[1], int64_t(ws.q8_bytes));
   return end;
@@ -362,6 +364,8 @@ int64_t score_rows_for(int64_t T, int64_t max_ctx) {
 // MoE batches of up to this many tokens run without a host synchronization (and so in a decode
 // graph): one token per (token, expert) pair, more grouped by expert on the device.
 constexpr int64_t kSyncFreeTokens = 64;
+// Decode products take two-level int8 activations up to this many tokens (activation_levels).
+constexpr int64_t kTwoLevelMaxTokens = 1;
 
 // The context bound a decode graph is captured for: powers of two from 256 to 64K, then multiples
 // of 16K (a 131,073-token context gets 147,456, not 262,144: the indexer's grid and the scores'
@@ -573,6 +577,8 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   g->opts_ = opts;
   // SPARSEMLA_CUDA_GRAPHS=0 turns the decode graphs off without a rebuild (comparisons, debugging).
   if (env_off("SPARSEMLA_CUDA_GRAPHS")) g->opts_.cuda_graphs = false;
+  // SPARSEMLA_TWO_LEVEL_ACTIVATIONS=0: the tensor-core / fp32 decode products instead (A/B runs).
+  if (env_off("SPARSEMLA_TWO_LEVEL_ACTIVATIONS")) g->opts_.two_level_activations = false;
 
   // SPARSEMLA_STEP_PROFILE=1: events between the operations of every decode step (graphs off), and the
   // device time by operation printed to stderr when the model goes away. Each step waits behind a
@@ -1127,28 +1133,43 @@ void GpuModel::product(const QuantMatrix& w, const float* x, int64_t T, float* y
 
 // Products of one input: at one token one launch per type (cuda::matmul_many), the same bits as one
 // product each.
+// With quantized activations, the products of types with an int8 kernel take it (one launch per
+// type at one token: cuda::matmul_many_q8) and the others the float kernels.
 void GpuModel::product_many(const QuantMatrix* const* w, float* const* y, int n, const float* x, int64_t T,
                             const cuda::Q8Activations* q) {
-  bool q8 = false;
-  for (int i = 0; i < n; ++i) q8 |= q && q->n_tokens == T && q->n_cols == w[i]->n_cols && cuda::q8_supported(w[i]->type);
-  if (q8 || n > cuda::kMaxProducts) {
+  if (n > cuda::kMaxProducts) {
     for (int i = 0; i < n; ++i) product(*w[i], x, T, y[i], q);
     return;
   }
-  QuantMatrix ws[cuda::kMaxProducts];
-  for (int i = 0; i < n; ++i) ws[i] = *w[i];
-  cuda::matmul_many(ws, y, n, x, T, st_->s(), opts_.precise);
+  QuantMatrix mq[cuda::kMaxProducts], mf[cuda::kMaxProducts];
+  float* yq[cuda::kMaxProducts];
+  float* yf[cuda::kMaxProducts];
+  int nq = 0, nf = 0;
+  for (int i = 0; i < n; ++i) {
+    if (q && q->n_tokens == T && q->n_cols == w[i]->n_cols && cuda::q8_supported(w[i]->type))
+      mq[nq] = *w[i], yq[nq++] = y[i];
+    else
+      mf[nf] = *w[i], yf[nf++] = y[i];
+  }
+  if (nq > 0) cuda::matmul_many_q8(mq, yq, nq, *q, st_->s());
+  if (nf > 0) cuda::matmul_many(mf, yf, nf, x, T, st_->s(), opts_.precise);
+}
+
+int GpuModel::activation_levels(int64_t T) const {
+  if (opts_.precise || T < 1 || T > cuda::kDecodeMaxTokens) return 0;
+  if (opts_.int8_activations) return 1;
+  return opts_.two_level_activations && T <= kTwoLevelMaxTokens ? 2 : 0;
 }
 
 const cuda::Q8Activations* GpuModel::quantized(const float* x, int64_t T, int64_t n_cols, int slot) {
   State& st = *st_;
-  if (!opts_.int8_activations || opts_.precise || T < 1 || T > cuda::kDecodeMaxTokens ||
-      n_cols % cuda::kQ8ActBlock != 0 || cuda::q8_activation_bytes(T, n_cols) > st.ws.q8_bytes)
+  const int levels = activation_levels(T);
+  if (levels == 0 || n_cols % cuda::kQ8ActBlock != 0 || cuda::q8_activation_bytes(T, n_cols, levels) > st.ws.q8_bytes)
     return nullptr;
   cuda::Q8Activations& q = st.q8[slot];
   q.data = st.ws.q8[slot];
   q.bytes = st.ws.q8_bytes;
-  cuda::quantize_activations(x, T, n_cols, q, st.s());
+  cuda::quantize_activations(x, T, n_cols, q, st.s(), levels);
   return &q;
 }
 
@@ -1229,8 +1250,8 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     const cuda::Q8Activations* qx = quantized(w.x, 1, H, 0);
     // The shared expert as pair k of the routed products (no launches of its own; the combine adds
     // its output row first, as it adds the shared MLP's output otherwise), where it has one routed
-    // expert's types and shapes and the float products run (the same bits either way).
-    const bool fold = L.shared && !qx && L.gate_exps.type == L.up_exps.type &&
+    // expert's types and shapes (the same bits either way).
+    const bool fold = L.shared && L.gate_exps.type == L.up_exps.type &&
                       cuda::expert_shaped(L.gate_exps, Fe, L.gate_shexp) &&
                       cuda::expert_shaped(L.up_exps, Fe, L.up_shexp) && cuda::expert_shaped(L.down_exps, H, L.down_shexp);
     if (L.shared && !fold) mlp(L.gate_shexp, L.up_shexp, L.down_shexp, w.x, T, w.attn, qx);
@@ -1241,24 +1262,25 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     const auto kernel = [&](const QuantMatrix& m) {
       return !opts_.precise && cuda::mma_one_token_takes(m) ? cuda::ExpertKernel::kOneToken : cuda::ExpertKernel::kFp32;
     };
-    const auto experts = [&](const QuantMatrix& m, int64_t rows, const float* x, const cuda::Q8Activations* q,
-                             int64_t x_div, float* y) {
-      if (q && cuda::q8_supported(m.type)) cuda::matmul_experts_q8(m, rows, ids, k, *q, x_div, y, s);
-      else cuda::matmul_experts(m, rows, ids, k, x, x_div, y, s, kernel(m));
-    };
-    const bool q8 = qx && (cuda::q8_supported(L.gate_exps.type) || cuda::q8_supported(L.up_exps.type));
-    if (!q8 && L.gate_exps.type == L.up_exps.type) {  // gate and up in one launch (one kernel choice)
-      cuda::matmul_experts_pair(L.gate_exps, L.up_exps, Fe, ids, k, w.x, k, w.g, w.u, s, kernel(L.gate_exps),
-                                fold ? &up_pair : nullptr);
+    const auto int8 = [](const cuda::Q8Activations* q, const QuantMatrix& m) { return q && cuda::q8_supported(m.type); };
+    if (L.gate_exps.type == L.up_exps.type) {  // gate and up in one launch (one kernel choice)
+      if (int8(qx, L.gate_exps))
+        cuda::matmul_experts_pair_q8(L.gate_exps, L.up_exps, Fe, ids, k, *qx, k, w.g, w.u, s, fold ? &up_pair : nullptr);
+      else
+        cuda::matmul_experts_pair(L.gate_exps, L.up_exps, Fe, ids, k, w.x, k, w.g, w.u, s, kernel(L.gate_exps),
+                                  fold ? &up_pair : nullptr);
     } else {
-      experts(L.gate_exps, Fe, w.x, qx, k, w.g);
-      experts(L.up_exps, Fe, w.x, qx, k, w.u);
+      for (const auto& [m, y] : {std::pair{&L.gate_exps, w.g}, std::pair{&L.up_exps, w.u}}) {
+        if (int8(qx, *m)) cuda::matmul_experts_q8(*m, Fe, ids, k, *qx, k, y, s);
+        else cuda::matmul_experts(*m, Fe, ids, k, w.x, k, y, s, kernel(*m));
+      }
     }
     cuda::silu_mul(w.g, w.u, pairs * Fe, s);
-    if (fold)
-      cuda::matmul_experts(L.down_exps, H, ids, k, w.g, 1, w.oe, s, kernel(L.down_exps), &down_pair);
+    const cuda::Q8Activations* qg = quantized(w.g, pairs, Fe, 1);
+    if (int8(qg, L.down_exps))
+      cuda::matmul_experts_q8(L.down_exps, H, ids, k, *qg, 1, w.oe, s, fold ? &down_pair : nullptr);
     else
-      experts(L.down_exps, H, w.g, quantized(w.g, k, Fe, 1), 1, w.oe);
+      cuda::matmul_experts(L.down_exps, H, ids, k, w.g, 1, w.oe, s, kernel(L.down_exps), fold ? &down_pair : nullptr);
     // Outputs are in pair order: the combine's permutation is the identity (null).
     gpu::moe_combine(w.oe, nullptr, k, ids, w.rw, T, int(k), H, w.inv, w.attn, s, fold ? w.oe + k * H : nullptr);
     mark("moe: routed experts (one token)");

@@ -13,6 +13,8 @@
 // Per row and token: one __dp4a per 4 elements into an int32 dot, then per sub-block
 //   acc += (d_w sc) * d_x * dot  [- (dmin m) * (d_x sum_x) for Q4_K/Q5_K]
 // in fp32. The integer dots are exact; an activation load (16 bytes, through L1) feeds all R rows.
+// With two activation levels (quant_matmul_q8.h) each dot runs a second __dp4a chain over the
+// residual level r, started from 256 times the first one: sum w (256 q + r), still exact in int32.
 //
 // Batch invariance: the thread count depends only on n_cols and the type, thread i takes units
 // i, i + threads, ... in that order, and the per-thread sums are reduced by a fixed shuffle tree
@@ -25,6 +27,7 @@
 #include "ops/cuda/dequant.cuh"
 #include "ops/cuda/gemv_reduce.cuh"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/quant_matmul_kernels.cuh"
 
 namespace sparsemla::cuda {
 
@@ -38,27 +41,40 @@ using dq::ld128_a2;
 using dq::ld16;
 using dq::ld32;
 
-// One product y = W x_hat, validated by the entry points below.
-struct Q8Args {
-  const uint8_t* w = nullptr;  // [n_rows][row_bytes] (x n_experts in expert mode)
-  uint64_t row_bytes = 0;
-  int64_t n_rows = 0;          // rows per expert in expert mode
-  int64_t n_cols = 0;
-  const int8_t* xq = nullptr;  // [n_tokens][n_cols] int8
-  const int2* xb = nullptr;    // [n_tokens][n_cols / 32] {d bits, sum}
-  float* y = nullptr;          // [n_tokens][n_rows]
-  int64_t n_tokens = 0;        // pairs in expert mode
-  const int32_t* expert_ids = nullptr;  // expert mode: [n_tokens]
-  int64_t x_div = 1;
-  bool prefetch = false;  // gemv_prologue
-};
-
 __device__ __forceinline__ int dot16(const uint32_t (&w)[4], const int4 x, int acc) {
   acc = __dp4a(int(w[0]), x.x, acc);
   acc = __dp4a(int(w[1]), x.y, acc);
   acc = __dp4a(int(w[2]), x.z, acc);
   return __dp4a(int(w[3]), x.w, acc);
 }
+
+// The integer dot of N 16-byte parts of a unit's weights with the activations of each of L levels:
+// level 0 alone, or 256 times it plus level 1 (sum w (256 q + r)).
+template <int L, int N>
+__device__ __forceinline__ int level_dot(const uint32_t (&w)[N][4], const int4 (&x)[L][N]) {
+  int d = 0;
+#pragma unroll
+  for (int n = 0; n < N; ++n) d = dot16(w[n], x[0][n], d);
+  if constexpr (L == 2) {
+    d *= 256;
+#pragma unroll
+    for (int n = 0; n < N; ++n) d = dot16(w[n], x[1][n], d);
+  }
+  return d;
+}
+template <int L>
+__device__ __forceinline__ int level_dot(const uint32_t (&w)[4], const int4 (&x)[L]) {
+  int d = dot16(w, x[0], 0);
+  if constexpr (L == 2) d = dot16(w, x[1], d * 256);
+  return d;
+}
+
+// The activation rows of one token: level l's values at q[l] (the blocks' scales and sums at xb).
+template <int L>
+struct TokenX {
+  const int8_t* q[L];
+  const int2* xb;
+};
 
 // ---- units: W = one row's decoded unit, X = one token's activations of the unit ----
 
@@ -70,9 +86,10 @@ struct KMinUnit {
     uint32_t lo[2][4], hi[2][4];  // [16-byte half][word]
     float sc[2], mn[2];           // d * sc, dmin * m of sub-blocks 2k, 2k + 1
   };
+  template <int L>
   struct X {
-    int4 lo[2], hi[2];  // activation blocks 2k and 2k + 1 of the 256-block, 16 bytes each half
-    float d[2], ds[2];  // their scales, and scale * sum
+    int4 lo[L][2], hi[L][2];  // per level: activation blocks 2k and 2k + 1 of the 256-block, 16 bytes each half
+    float d[2], ds[2];        // their scales, and scale * sum
   };
   __device__ static void scales(const uint4 hd, int k, W& w) {
     const float d = half_to_f(hd.x & 0xFFFF), dmin = half_to_f(hd.x >> 16);
@@ -84,19 +101,23 @@ struct KMinUnit {
       w.mn[r] = __fmul_rn(dmin, int_to_f(m));
     }
   }
-  __device__ static X load_x(const int8_t* xq, const int2* xb, int64_t blk, int k) {
+  template <int L>
+  __device__ static X<L> load_x(const TokenX<L>& t, int64_t blk, int k) {
     const int64_t ab = blk * 8 + 2 * k;  // first activation block of the unit
-    const int4* p = reinterpret_cast<const int4*>(xq + 32 * ab);
-    X x;
-    x.lo[0] = __ldg(p), x.lo[1] = __ldg(p + 1), x.hi[0] = __ldg(p + 2), x.hi[1] = __ldg(p + 3);
-    const int4 s = __ldg(reinterpret_cast<const int4*>(xb + ab));
+    X<L> x;
+#pragma unroll
+    for (int l = 0; l < L; ++l) {
+      const int4* p = reinterpret_cast<const int4*>(t.q[l] + 32 * ab);
+      x.lo[l][0] = __ldg(p), x.lo[l][1] = __ldg(p + 1), x.hi[l][0] = __ldg(p + 2), x.hi[l][1] = __ldg(p + 3);
+    }
+    const int4 s = __ldg(reinterpret_cast<const int4*>(t.xb + ab));
     x.d[0] = __int_as_float(s.x), x.d[1] = __int_as_float(s.z);
     x.ds[0] = __fmul_rn(x.d[0], int_to_f(s.y)), x.ds[1] = __fmul_rn(x.d[1], int_to_f(s.w));
     return x;
   }
-  __device__ static float fma(const W& w, const X& x, float acc) {
-    const int dlo = dot16(w.lo[1], x.lo[1], dot16(w.lo[0], x.lo[0], 0));
-    const int dhi = dot16(w.hi[1], x.hi[1], dot16(w.hi[0], x.hi[0], 0));
+  template <int L>
+  __device__ static float fma(const W& w, const X<L>& x, float acc) {
+    const int dlo = level_dot<L, 2>(w.lo, x.lo), dhi = level_dot<L, 2>(w.hi, x.hi);
     acc = __fmaf_rn(__fmul_rn(w.sc[0], x.d[0]), int_to_f(dlo), acc);
     acc = __fmaf_rn(-w.mn[0], x.ds[0], acc);
     acc = __fmaf_rn(__fmul_rn(w.sc[1], x.d[1]), int_to_f(dhi), acc);
@@ -155,8 +176,9 @@ struct Q6KUnit {
     uint32_t q[4][4];  // [j][word]
     float sc[4];       // d * sc of part j
   };
+  template <int L>
   struct X {
-    int4 q[4];   // 16 bytes of activation block 4h + j
+    int4 q[4][L];  // per level, 16 bytes of activation block 4h + j
     float d[4];
   };
   __device__ static W load(const uint8_t* b, int u) {
@@ -181,22 +203,25 @@ struct Q6KUnit {
     }
     return w;
   }
-  __device__ static X load_x(const int8_t* xq, const int2* xb, int64_t blk, int u) {
+  template <int L>
+  __device__ static X<L> load_x(const TokenX<L>& t, int64_t blk, int u) {
     const int h = u / 2, s = u % 2;
     const int64_t ab = blk * 8 + 4 * h;  // first activation block of the unit
-    X x;
+    X<L> x;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) x.q[j] = __ldg(reinterpret_cast<const int4*>(xq + 32 * (ab + j) + 16 * s));
-    const int4* p = reinterpret_cast<const int4*>(xb + ab);
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int l = 0; l < L; ++l) x.q[j][l] = __ldg(reinterpret_cast<const int4*>(t.q[l] + 32 * (ab + j) + 16 * s));
+    const int4* p = reinterpret_cast<const int4*>(t.xb + ab);
     const int4 s01 = __ldg(p), s23 = __ldg(p + 1);
     x.d[0] = __int_as_float(s01.x), x.d[1] = __int_as_float(s01.z);
     x.d[2] = __int_as_float(s23.x), x.d[3] = __int_as_float(s23.z);
     return x;
   }
-  __device__ static float fma(const W& w, const X& x, float acc) {
+  template <int L>
+  __device__ static float fma(const W& w, const X<L>& x, float acc) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      acc = __fmaf_rn(__fmul_rn(w.sc[j], x.d[j]), int_to_f(dot16(w.q[j], x.q[j], 0)), acc);
+    for (int j = 0; j < 4; ++j) acc = __fmaf_rn(__fmul_rn(w.sc[j], x.d[j]), int_to_f(level_dot<L>(w.q[j], x.q[j])), acc);
     return acc;
   }
 };
@@ -209,8 +234,9 @@ struct Q80Unit {
     uint32_t q[2][4];
     float d;
   };
+  template <int L>
   struct X {
-    int4 q[2];
+    int4 q[L][2];
     float d;
   };
   __device__ static W load(const uint8_t* b, int) {
@@ -226,16 +252,20 @@ struct Q80Unit {
     for (int i = 0; i < 8; ++i) w.q[i / 4][i % 4] = __byte_perm(v[i], v[i + 1], sel);
     return w;
   }
-  __device__ static X load_x(const int8_t* xq, const int2* xb, int64_t blk, int) {
-    const int4* p = reinterpret_cast<const int4*>(xq + 32 * blk);
-    X x;
-    x.q[0] = __ldg(p), x.q[1] = __ldg(p + 1);
-    x.d = __ldg(reinterpret_cast<const float*>(xb + blk));
+  template <int L>
+  __device__ static X<L> load_x(const TokenX<L>& t, int64_t blk, int) {
+    X<L> x;
+#pragma unroll
+    for (int l = 0; l < L; ++l) {
+      const int4* p = reinterpret_cast<const int4*>(t.q[l] + 32 * blk);
+      x.q[l][0] = __ldg(p), x.q[l][1] = __ldg(p + 1);
+    }
+    x.d = __ldg(reinterpret_cast<const float*>(t.xb + blk));
     return x;
   }
-  __device__ static float fma(const W& w, const X& x, float acc) {
-    const int dot = dot16(w.q[1], x.q[1], dot16(w.q[0], x.q[0], 0));
-    return __fmaf_rn(__fmul_rn(w.d, x.d), int_to_f(dot), acc);
+  template <int L>
+  __device__ static float fma(const W& w, const X<L>& x, float acc) {
+    return __fmaf_rn(__fmul_rn(w.d, x.d), int_to_f(level_dot<L, 2>(w.q, x.q)), acc);
   }
 };
 
@@ -244,23 +274,25 @@ constexpr int kQ8MaxThreads = 256;
 constexpr int kQ8Rows = 4;
 
 // acc[row][t] += unit iu of each row . token t's activations of the unit.
-template <class V, int R, int NT>
-__device__ __forceinline__ void q8_unit(const uint8_t* const (&w)[R], const int8_t* const (&xq)[NT],
-                                        const int2* const (&xb)[NT], int iu, float (&acc)[R][NT]) {
+template <class V, int R, int NT, int L>
+__device__ __forceinline__ void q8_unit(const uint8_t* const (&w)[R], const TokenX<L> (&x)[NT], int iu,
+                                        float (&acc)[R][NT]) {
   const int b = iu / V::kUnitsPerBlock, u = iu % V::kUnitsPerBlock;
   typename V::W wu[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) wu[r] = V::load(w[r] + int64_t(b) * V::kBytes, u);
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    const typename V::X xu = V::load_x(xq[t], xb[t], b, u);
+    const typename V::template X<L> xu = V::template load_x<L>(x[t], b, u);
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r][t] = V::fma(wu[r], xu, acc[r][t]);
   }
 }
 
-template <class V, int NT, int R>
-__global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_kernel(const Q8Args a) {
+// The blocks' rows, products, expert pairs and tokens as gemv.cuh's kernel takes them (MatArgs,
+// block_mat, block_view), with the activations at a.xq (and a.xr) instead of a.x.
+template <class V, int NT, int R, int L>
+__global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_kernel(const MatArgs a) {
   // Units per step: at 4 or more tokens the accumulators and activations take the registers that
   // the unrolled weight loads would need (the order of the units is the same either way).
   constexpr int U = NT >= 4 ? 1 : V::kUnroll;
@@ -268,35 +300,25 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_kernel(const Q8Args a) 
   const int n_units = int(a.n_cols / V::kBlock) * V::kUnitsPerBlock;
   const int64_t n_ab = a.n_cols / 32;  // activation blocks per token
   const int64_t row0 = int64_t(blockIdx.x) * R;
-  gemv_prologue<R>(a.prefetch && !a.expert_ids, a.w, a.row_bytes, row0, a.n_rows);
-  // Expert mode: this block's pair selects the expert's rows, its activation row and output row;
-  // the product is then the one-token product, summed exactly as a one-token call sums it.
-  const uint8_t* wbase = a.w;
-  int64_t x0 = 0;
-  float* ybase = a.y;
-  int64_t n_tokens = a.n_tokens;
-  if (a.expert_ids) {
-    const int64_t pair = blockIdx.y;
-    const int32_t e = a.expert_ids[pair];
-    if (e < 0) return;  // an unused slot: its output row is not written
-    wbase += uint64_t(e) * uint64_t(a.n_rows) * a.row_bytes;
-    x0 = pair / a.x_div;
-    ybase += pair * a.n_rows;
-    n_tokens = 1;
-  }
+  const BlockMat m = block_mat(a);
+  if (row0 >= m.n_rows) return;  // (several products: the grid covers the one with the most rows)
+  // The weights of an expert product depend on the routing: no prefetch there.
+  gemv_prologue<R>(a.prefetch && !a.expert_ids, m.w, m.row_bytes, row0, m.n_rows);
+  BlockView v;
+  if (!block_view(a, v)) return;
   const uint8_t* w[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) w[r] = wbase + uint64_t(min(row0 + r, a.n_rows - 1)) * a.row_bytes;
+  for (int r = 0; r < R; ++r) w[r] = v.w + uint64_t(min(row0 + r, v.n_rows - 1)) * v.row_bytes;
 
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += NT) {
+  for (int64_t t0 = 0; t0 < v.n_tokens; t0 += NT) {
     // Tokens past the end repeat the last one; their sums are not stored.
-    const int8_t* xq[NT];
-    const int2* xb[NT];
+    TokenX<L> x[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      const int64_t tok = x0 + min(t0 + t, n_tokens - 1);
-      xq[t] = a.xq + tok * a.n_cols;
-      xb[t] = a.xb + tok * n_ab;
+      const int64_t tok = v.token_row(a, min(t0 + t, v.n_tokens - 1));
+      x[t].q[0] = a.xq + tok * a.n_cols;
+      if constexpr (L == 2) x[t].q[1] = a.xr + tok * a.n_cols;
+      x[t].xb = a.xb + tok * n_ab;
     }
     float acc[R][NT];
 #pragma unroll
@@ -304,9 +326,9 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_kernel(const Q8Args a) 
 #pragma unroll
       for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
 
-    for_each_unit<U>(n_units, [&](int iu) { q8_unit<V, R, NT>(w, xq, xb, iu, acc); });
+    for_each_unit<U>(n_units, [&](int iu) { q8_unit<V, R, NT, L>(w, x, iu, acc); });
 
-    block_sum_store(acc, partial, row0, a.n_rows, t0, n_tokens, ybase);
+    block_sum_store(acc, partial, row0, v.n_rows, t0, v.n_tokens, v.y);
   }
 }
 
@@ -319,35 +341,45 @@ int q8_threads(int64_t n_cols) {
   return int(std::min<int64_t>(kQ8MaxThreads, std::max<int64_t>(32, (want + 31) / 32 * 32)));
 }
 
-template <class V>
-void launch_q8(const Q8Args& a, cudaStream_t s) {
+template <class V, int L>
+void launch_q8_levels(const MatArgs& a, cudaStream_t s) {
   constexpr int R = kQ8Rows;
   const int threads = q8_threads<V>(a.n_cols);
-  const unsigned blocks = unsigned(ceil_div(a.n_rows, int64_t(R)));
+  const unsigned blocks = unsigned(ceil_div(a.max_rows(), int64_t(R)));
+  const unsigned z = 1u + unsigned(a.n_more);  // several products: product i in grid z = i
+  if (a.group_offsets) fail("cuda::launch_q8: grouped expert products have no int8-activation kernel");
+  if (a.n_more && !a.expert_ids && a.n_tokens != 1)
+    fail("cuda::launch_q8: several products take one token or expert pairs");
   if (a.expert_ids)
-    pdl::launch(gemv_q8_kernel<V, 1, R>, dim3(blocks, unsigned(a.n_tokens)), threads, 0, s, a);
+    pdl::launch(gemv_q8_kernel<V, 1, R, L>, dim3(blocks, unsigned(a.n_tokens), z), threads, 0, s, a);
   else if (a.n_tokens == 1)
-    pdl::launch(gemv_q8_kernel<V, 1, R>, blocks, threads, 0, s, a);
+    pdl::launch(gemv_q8_kernel<V, 1, R, L>, dim3(blocks, 1, z), threads, 0, s, a);
   else if (a.n_tokens == 2)
-    pdl::launch(gemv_q8_kernel<V, 2, R>, blocks, threads, 0, s, a);
+    pdl::launch(gemv_q8_kernel<V, 2, R, L>, blocks, threads, 0, s, a);
   else if (a.n_tokens <= 4)
-    pdl::launch(gemv_q8_kernel<V, 4, R>, blocks, threads, 0, s, a);
+    pdl::launch(gemv_q8_kernel<V, 4, R, L>, blocks, threads, 0, s, a);
   else
-    pdl::launch(gemv_q8_kernel<V, 8, R>, blocks, threads, 0, s, a);
+    pdl::launch(gemv_q8_kernel<V, 8, R, L>, blocks, threads, 0, s, a);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+template <class V>
+void launch_levels(const MatArgs& a, cudaStream_t s) {
+  if (a.xr) launch_q8_levels<V, 2>(a, s);
+  else launch_q8_levels<V, 1>(a, s);
 }
 
 struct Q8Kernels {
   GgmlType type;
-  void (*launch)(const Q8Args&, cudaStream_t);
+  void (*launch)(const MatArgs&, cudaStream_t);
 };
 
 // Every weight type with an int8-activation kernel.
 constexpr Q8Kernels kQ8Kernels[] = {
-    {GgmlType::Q8_0, &launch_q8<Q80Unit>},
-    {GgmlType::Q4_K, &launch_q8<Q4KUnit>},
-    {GgmlType::Q5_K, &launch_q8<Q5KUnit>},
-    {GgmlType::Q6_K, &launch_q8<Q6KUnit>},
+    {GgmlType::Q8_0, &launch_levels<Q80Unit>},
+    {GgmlType::Q4_K, &launch_levels<Q4KUnit>},
+    {GgmlType::Q5_K, &launch_levels<Q5KUnit>},
+    {GgmlType::Q6_K, &launch_levels<Q6KUnit>},
 };
 
 const Q8Kernels& q8_kernels_for(GgmlType t, const char* what) {
@@ -358,8 +390,9 @@ const Q8Kernels& q8_kernels_for(GgmlType t, const char* what) {
        what, gguf::type_name(t), uint32_t(t));
 }
 
-// One warp per block of 32 values (the rule is in quant_matmul_q8.h).
-__global__ void quantize_q8_kernel(const float* x, int64_t n_blocks, int8_t* q, int2* blocks) {
+// One warp per block of 32 values (the rule is in quant_matmul_q8.h); r: the residual level (L = 2).
+template <int L>
+__global__ void quantize_q8_kernel(const float* x, int64_t n_blocks, int8_t* q, int8_t* r, int2* blocks) {
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
@@ -369,63 +402,39 @@ __global__ void quantize_q8_kernel(const float* x, int64_t n_blocks, int8_t* q, 
   const float amax = __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(fabsf(v))));
   const float d = __fdiv_rn(amax, 127.0f);
   const int qi = d == 0.0f ? 0 : max(-127, min(127, __float2int_rn(__fdiv_rn(v, d))));
-  const int sum = __reduce_add_sync(0xFFFFFFFFu, qi);
   q[blk * 32 + lane] = int8_t(qi);
-  if (lane == 0) blocks[blk] = make_int2(__float_as_int(d), sum);
+  float scale = d;
+  int value = qi;
+  if constexpr (L == 2) {
+    scale = __fmul_rn(d, 0.00390625f);  // d / 256
+    const float e = __fmaf_rn(-d, float(qi), v);
+    const int ri = scale == 0.0f ? 0 : max(-127, min(127, __float2int_rn(__fdiv_rn(e, scale))));
+    r[blk * 32 + lane] = int8_t(ri);
+    value = 256 * qi + ri;
+  }
+  const int sum = __reduce_add_sync(0xFFFFFFFFu, value);
+  if (lane == 0) blocks[blk] = make_int2(__float_as_int(scale), sum);
 }
 
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; }
 
-// The weight view and the activations against each other; fills the common arguments.
-// The caller has checked the type (q8_kernels_for).
-Q8Args checked_q8(const QuantMatrix& w, const Q8Activations& x, float* y, const char* what) {
-  const auto& tr = gguf::traits(w.type);
-  if (w.n_rows <= 0 || w.n_cols <= 0 || w.n_cols % tr.block_size != 0)
-    fail("cuda::{}: a {} weight of {} rows x {} columns: columns must be a positive multiple of {}", what, tr.name,
-         w.n_rows, w.n_cols, tr.block_size);
-  if (w.n_cols / 8 > INT32_MAX) fail("cuda::{}: {} columns is too many", what, w.n_cols);
-  const uint64_t data_bytes = gguf::row_bytes(w.type, uint64_t(w.n_cols));
-  if (w.row_bytes < data_bytes || w.row_bytes % tr.type_size != 0)
-    fail("cuda::{}: row_bytes {} cannot hold {} columns of {} ({} bytes) as whole blocks", what, w.row_bytes, w.n_cols,
-         tr.name, data_bytes);
-  // Q4_K / Q5_K blocks (144, 176 bytes) are read 16 bytes at a time; Q8_0 / Q6_K as aligned words
-  // around 2-byte aligned blocks.
-  const uint64_t align = std::min<uint64_t>(16, tr.type_size & (~uint64_t(tr.type_size) + 1));
-  if ((reinterpret_cast<uintptr_t>(w.data) | w.row_bytes) % align != 0)
-    fail("cuda::{}: {} rows must start {}-byte aligned (data {}, row_bytes {})", what, tr.name, align, w.data,
-         w.row_bytes);
-  if (x.n_cols != w.n_cols)
-    fail("cuda::{}: activations of {} columns for a weight of {} columns", what, x.n_cols, w.n_cols);
-  if (x.n_tokens < 0 || !x.data || !aligned(x.data, 16) || x.bytes < q8_activation_bytes(x.n_tokens, x.n_cols))
-    fail("cuda::{}: quantized activations {} ({} bytes for {} tokens) are not a 16-byte aligned buffer of {} bytes",
-         what, x.data, x.bytes, x.n_tokens, q8_activation_bytes(x.n_tokens, x.n_cols));
-  if (!aligned(y, 4)) fail("cuda::{}: output {} is not 4-byte aligned", what, static_cast<const void*>(y));
-  Q8Args a;
-  a.w = static_cast<const uint8_t*>(w.data);
-  a.row_bytes = w.row_bytes;
-  a.n_rows = w.n_rows;
-  a.n_cols = w.n_cols;
-  a.xq = static_cast<const int8_t*>(x.data);
-  a.xb = reinterpret_cast<const int2*>(static_cast<const uint8_t*>(x.data) + q8_scales_offset(x.n_tokens, x.n_cols));
-  a.y = y;
-  a.n_tokens = x.n_tokens;
-  a.prefetch = pdl::prefetch();
-  return a;
-}
-
 }  // namespace
 
-size_t q8_scales_offset(int64_t n_tokens, int64_t n_cols) { return (size_t(n_tokens * n_cols) + 15) / 16 * 16; }
-
-size_t q8_activation_bytes(int64_t n_tokens, int64_t n_cols) {
-  return q8_scales_offset(n_tokens, n_cols) + size_t(n_tokens * (n_cols / kQ8ActBlock)) * 8;
+size_t q8_scales_offset(int64_t n_tokens, int64_t n_cols, int levels) {
+  return size_t(levels) * ((size_t(n_tokens * n_cols) + 15) / 16 * 16);
 }
 
-void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Activations& out, Stream s) {
+size_t q8_activation_bytes(int64_t n_tokens, int64_t n_cols, int levels) {
+  return q8_scales_offset(n_tokens, n_cols, levels) + size_t(n_tokens * (n_cols / kQ8ActBlock)) * 8;
+}
+
+void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Activations& out, Stream s,
+                          int levels) {
+  if (levels != 1 && levels != 2) fail("cuda::quantize_activations: {} levels (1 or 2)", levels);
   if (n_tokens < 0 || n_cols <= 0 || n_cols % kQ8ActBlock != 0)
     fail("cuda::quantize_activations: {} tokens x {} columns: columns must be a positive multiple of {}", n_tokens,
          n_cols, kQ8ActBlock);
-  const size_t need = q8_activation_bytes(n_tokens, n_cols);
+  const size_t need = q8_activation_bytes(n_tokens, n_cols, levels);
   if (!out.data || !aligned(out.data, 16) || out.bytes < need)
     fail("cuda::quantize_activations: output buffer {} of {} bytes; {} tokens x {} columns need {} bytes, 16-byte "
          "aligned",
@@ -433,13 +442,17 @@ void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Ac
   if (!aligned(x, 4)) fail("cuda::quantize_activations: input {} is not 4-byte aligned", static_cast<const void*>(x));
   out.n_tokens = n_tokens;
   out.n_cols = n_cols;
+  out.levels = levels;
   const int64_t n_blocks = n_tokens * (n_cols / kQ8ActBlock);
   if (n_blocks == 0) return;
   int8_t* q = static_cast<int8_t*>(out.data);
-  int2* blocks = reinterpret_cast<int2*>(static_cast<uint8_t*>(out.data) + q8_scales_offset(n_tokens, n_cols));
+  int8_t* r = levels == 2 ? q + q8_scales_offset(n_tokens, n_cols, 1) : nullptr;
+  int2* blocks =
+      reinterpret_cast<int2*>(static_cast<uint8_t*>(out.data) + q8_scales_offset(n_tokens, n_cols, levels));
   constexpr int kThreads = 256;
-  quantize_q8_kernel<<<unsigned(ceil_div(n_blocks * 32, kThreads)), kThreads, 0, static_cast<cudaStream_t>(s)>>>(
-      x, n_blocks, q, blocks);
+  const unsigned grid = unsigned(ceil_div(n_blocks * 32, kThreads));
+  if (levels == 2) quantize_q8_kernel<2><<<grid, kThreads, 0, static_cast<cudaStream_t>(s)>>>(x, n_blocks, q, r, blocks);
+  else quantize_q8_kernel<1><<<grid, kThreads, 0, static_cast<cudaStream_t>(s)>>>(x, n_blocks, q, r, blocks);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
@@ -449,29 +462,6 @@ bool q8_supported(gguf::GgmlType t) {
   return false;
 }
 
-void matmul_decode_q8(const QuantMatrix& w, const Q8Activations& x, float* y, Stream s) {
-  const Q8Kernels& k = q8_kernels_for(w.type, "matmul_decode_q8");
-  const Q8Args a = checked_q8(w, x, y, "matmul_decode_q8");
-  if (a.n_tokens > 0) k.launch(a, static_cast<cudaStream_t>(s));
-}
-
-void matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
-                       const Q8Activations& x, int64_t x_div, float* y, Stream s) {
-  const char* what = "matmul_experts_q8";
-  const Q8Kernels& k = q8_kernels_for(w.type, what);
-  Q8Args a = checked_q8(w, x, y, what);
-  if (rows_per_expert <= 0 || w.n_rows % rows_per_expert != 0)
-    fail("cuda::{}: {} rows are not whole experts of {} rows", what, w.n_rows, rows_per_expert);
-  if (x_div <= 0) fail("cuda::{}: x_div must be > 0, got {}", what, x_div);
-  if (n_pairs < 0 || n_pairs > 65535) fail("cuda::{}: {} pairs (at most 65535 per call)", what, n_pairs);
-  if ((n_pairs + x_div - 1) / x_div > x.n_tokens)
-    fail("cuda::{}: {} pairs at x_div {} read {} activation rows; x holds {}", what, n_pairs, x_div,
-         (n_pairs + x_div - 1) / x_div, x.n_tokens);
-  a.n_rows = rows_per_expert;
-  a.n_tokens = n_pairs;
-  a.expert_ids = expert_ids;
-  a.x_div = x_div;
-  if (n_pairs > 0) k.launch(a, static_cast<cudaStream_t>(s));
-}
+void launch_q8(GgmlType t, const MatArgs& a, cudaStream_t s) { q8_kernels_for(t, "launch_q8").launch(a, s); }
 
 }  // namespace sparsemla::cuda

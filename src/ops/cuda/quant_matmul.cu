@@ -1,6 +1,7 @@
 // The public entry points of quant_matmul.h: argument checks, the dispatch table over types, the
 // per-device codebook upload and the split-sum kernel of the prefill path.
 #include "ops/cuda/quant_matmul.h"
+#include "ops/cuda/quant_matmul_q8.h"
 
 #include <algorithm>
 #include <cstring>
@@ -145,6 +146,48 @@ MatArgs checked_product(const QuantMatrix& w, const float* x, int64_t n_tokens, 
   return a;
 }
 
+// The product of w with quantized activations (the int8 kernels): checks the type, the activations'
+// shape and buffer, and binds them in place of x.
+MatArgs checked_q8_product(const QuantMatrix& w, const Q8Activations& x, int64_t n_tokens, float* y,
+                           const char* what) {
+  if (!q8_supported(w.type))
+    fail("cuda::{}: no int8-activation kernel for ggml type {} (id {}); supported: q8_0, q4_K, q5_K, q6_K "
+         "(use the fp32 path, matmul_decode)",
+         what, gguf::type_name(w.type), uint32_t(w.type));
+  if (n_tokens < 0) fail("cuda::{}: negative token count {}", what, n_tokens);
+  MatArgs a = checked_args(w, what);
+  if (x.n_cols != w.n_cols)
+    fail("cuda::{}: activations of {} columns for a weight of {} columns", what, x.n_cols, w.n_cols);
+  if (x.levels != 1 && x.levels != 2) fail("cuda::{}: quantized activations of {} levels (1 or 2)", what, x.levels);
+  if (x.n_tokens < 0 || !x.data || !aligned16(x.data) || x.bytes < q8_activation_bytes(x.n_tokens, x.n_cols, x.levels))
+    fail("cuda::{}: quantized activations {} ({} bytes for {} tokens) are not a 16-byte aligned buffer of {} bytes",
+         what, x.data, x.bytes, x.n_tokens, q8_activation_bytes(x.n_tokens, x.n_cols, x.levels));
+  if ((reinterpret_cast<uintptr_t>(y) & 3) != 0)
+    fail("cuda::{}: output {} is not 4-byte aligned", what, static_cast<const void*>(y));
+  const auto* base = static_cast<const uint8_t*>(x.data);
+  a.xq = reinterpret_cast<const int8_t*>(base);
+  if (x.levels == 2) a.xr = reinterpret_cast<const int8_t*>(base + q8_scales_offset(x.n_tokens, x.n_cols, 1));
+  a.xb = reinterpret_cast<const int2*>(base + q8_scales_offset(x.n_tokens, x.n_cols, x.levels));
+  a.y = y;
+  a.n_tokens = n_tokens;
+  return a;
+}
+
+// The activations of a product: fp32 rows (x) or quantized ones (q, the int8 kernels).
+struct Input {
+  const float* x = nullptr;
+  const Q8Activations* q = nullptr;
+  MatArgs args(const QuantMatrix& w, int64_t n_tokens, float* y, const char* what) const {
+    return q ? checked_q8_product(w, *q, n_tokens, y, what) : checked_product(w, x, n_tokens, y, what);
+  }
+  // Activation rows the product may read: the quantized ones must hold them.
+  void check_rows(int64_t rows, const char* what) const {
+    if (q && rows > q->n_tokens)
+      fail("cuda::{}: the products read {} activation rows; the quantized activations hold {}", what, rows,
+           q->n_tokens);
+  }
+};
+
 __global__ void sum_splits_kernel(const float* parts, int splits, int64_t n, float* y) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     float s = parts[i];
@@ -261,6 +304,28 @@ void matmul_many(const QuantMatrix* w, float* const* y, int n, const float* x, i
   }
 }
 
+void matmul_many_q8(const QuantMatrix* w, float* const* y, int n, const Q8Activations& x, Stream s) {
+  if (n < 0 || n > kMaxProducts) fail("cuda::matmul_many_q8: {} products (at most {})", n, kMaxProducts);
+  const Input in{nullptr, &x};
+  bool done[kMaxProducts] = {};
+  for (int i = 0; i < n; ++i) {
+    if (done[i]) continue;
+    done[i] = true;
+    MatArgs a = in.args(w[i], x.n_tokens, y[i], "matmul_many_q8");
+    // At one token, the later products of w[i]'s type and columns join its launch.
+    for (int j = i + 1; j < n && x.n_tokens == 1; ++j) {
+      if (done[j] || w[j].type != w[i].type || w[j].n_cols != w[i].n_cols) continue;
+      a = with_product(a, in.args(w[j], 1, y[j], "matmul_many_q8"));
+      done[j] = true;
+    }
+    if (a.n_tokens > 0) launch_q8(w[i].type, a, static_cast<cudaStream_t>(s));
+  }
+}
+
+void matmul_decode_q8(const QuantMatrix& w, const Q8Activations& x, float* y, Stream s) {
+  matmul_many_q8(&w, &y, 1, x, s);
+}
+
 void matmul_pair(const QuantMatrix& w1, const QuantMatrix& w2, const float* x, int64_t n_tokens, float* y1, float* y2,
                  Stream s, bool precise) {
   const QuantMatrix w[2] = {w1, w2};
@@ -282,7 +347,7 @@ namespace {
 
 // `shared`: the shared expert's matrix run as pair n_pairs (null: none), from activation row x_row.
 MatArgs expert_args(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
-                    const float* x, int64_t x_div, float* y, ExpertKernel kernel, const char* op,
+                    const Input& x, int64_t x_div, float* y, ExpertKernel kernel, const char* op,
                     const QuantMatrix* shared = nullptr, int64_t x_row = 0) {
   if (kernel == ExpertKernel::kOneToken && !mma_one_token_supported(w.type))
     fail("cuda::{}: no one-token tensor-core kernel for {} (q4_K has one)", op, gguf::type_name(w.type));
@@ -291,7 +356,8 @@ MatArgs expert_args(const QuantMatrix& w, int64_t rows_per_expert, const int32_t
   if (x_div <= 0) fail("cuda::{}: x_div must be > 0, got {}", op, x_div);
   const int64_t grid_rows = n_pairs + (shared ? 1 : 0);
   if (n_pairs < 0 || grid_rows > 65535) fail("cuda::{}: {} pairs (at most 65535 per call)", op, grid_rows);
-  MatArgs a = checked_product(w, x, grid_rows, y, op);
+  MatArgs a = x.args(w, grid_rows, y, op);
+  x.check_rows((n_pairs + x_div - 1) / x_div, op);
   a.n_rows = rows_per_expert;
   a.expert_ids = expert_ids;
   a.x_div = x_div;
@@ -300,7 +366,8 @@ MatArgs expert_args(const QuantMatrix& w, int64_t rows_per_expert, const int32_t
       fail("cuda::{}: the shared expert ({} x {} {}) is not of the experts' shape ({} x {} {})", op, shared->n_rows,
            shared->n_cols, gguf::type_name(shared->type), rows_per_expert, w.n_cols, gguf::type_name(w.type));
     if (x_row < 0) fail("cuda::{}: the shared expert's activation row {} < 0", op, x_row);
-    a.shared_w = checked_product(*shared, x, 1, y, op).w;
+    x.check_rows(x_row + 1, op);
+    a.shared_w = x.args(*shared, 1, y, op).w;
     a.shared_pair = n_pairs;
     a.shared_x_row = x_row;
   }
@@ -309,7 +376,8 @@ MatArgs expert_args(const QuantMatrix& w, int64_t rows_per_expert, const int32_t
 
 void launch_experts(const TypeKernels& k, const MatArgs& a, ExpertKernel kernel, Stream s) {
   if (a.n_tokens == 0) return;
-  if (kernel == ExpertKernel::kOneToken) launch_gemv_mma_one(k.type, a, static_cast<cudaStream_t>(s));
+  if (a.xq) launch_q8(k.type, a, static_cast<cudaStream_t>(s));
+  else if (kernel == ExpertKernel::kOneToken) launch_gemv_mma_one(k.type, a, static_cast<cudaStream_t>(s));
   else launch_decode(k, a, kernel == ExpertKernel::kTensorCores, s);
 }
 
@@ -320,26 +388,28 @@ bool expert_shaped(const QuantMatrix& experts, int64_t rows_per_expert, const Qu
          m.row_bytes == experts.row_bytes;
 }
 
-void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
-                    const float* x, int64_t x_div, float* y, Stream s, ExpertKernel kernel, const SharedPair* shared) {
-  const TypeKernels& k = kernels_for(w.type, "matmul_experts");
-  if (shared && (!shared->w || shared->w2)) fail("cuda::matmul_experts: a shared expert is one matrix (SharedPair::w)");
+namespace {
+
+void experts_one(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
+                 const Input& x, int64_t x_div, float* y, Stream s, ExpertKernel kernel, const SharedPair* shared,
+                 const char* op) {
+  const TypeKernels& k = kernels_for(w.type, op);
+  if (shared && (!shared->w || shared->w2)) fail("cuda::{}: a shared expert is one matrix (SharedPair::w)", op);
   launch_experts(k,
-                 expert_args(w, rows_per_expert, expert_ids, n_pairs, x, x_div, y, kernel, "matmul_experts",
+                 expert_args(w, rows_per_expert, expert_ids, n_pairs, x, x_div, y, kernel, op,
                              shared ? shared->w : nullptr, shared ? shared->x_row : 0),
                  kernel, s);
 }
 
-void matmul_experts_pair(const QuantMatrix& w1, const QuantMatrix& w2, int64_t rows_per_expert,
-                         const int32_t* expert_ids, int64_t n_pairs, const float* x, int64_t x_div, float* y1,
-                         float* y2, Stream s, ExpertKernel kernel, const SharedPair* shared) {
-  const char* op = "matmul_experts_pair";
+void experts_pair(const QuantMatrix& w1, const QuantMatrix& w2, int64_t rows_per_expert, const int32_t* expert_ids,
+                  int64_t n_pairs, const Input& x, int64_t x_div, float* y1, float* y2, Stream s, ExpertKernel kernel,
+                  const SharedPair* shared, const char* op) {
   if (shared && (!shared->w || !shared->w2)) fail("cuda::{}: a shared expert pair has two matrices (w, w2)", op);
-  if (kernel == ExpertKernel::kTensorCores || !same_shape(w1, w2)) {
+  if ((!x.q && kernel == ExpertKernel::kTensorCores) || !same_shape(w1, w2)) {
     const SharedPair s1{shared ? shared->w : nullptr, nullptr, shared ? shared->x_row : 0};
     const SharedPair s2{shared ? shared->w2 : nullptr, nullptr, s1.x_row};
-    matmul_experts(w1, rows_per_expert, expert_ids, n_pairs, x, x_div, y1, s, kernel, shared ? &s1 : nullptr);
-    matmul_experts(w2, rows_per_expert, expert_ids, n_pairs, x, x_div, y2, s, kernel, shared ? &s2 : nullptr);
+    experts_one(w1, rows_per_expert, expert_ids, n_pairs, x, x_div, y1, s, kernel, shared ? &s1 : nullptr, op);
+    experts_one(w2, rows_per_expert, expert_ids, n_pairs, x, x_div, y2, s, kernel, shared ? &s2 : nullptr, op);
     return;
   }
   const TypeKernels& k = kernels_for(w1.type, op);
@@ -350,6 +420,34 @@ void matmul_experts_pair(const QuantMatrix& w1, const QuantMatrix& w2, int64_t r
                  with_product(a, expert_args(w2, rows_per_expert, expert_ids, n_pairs, x, x_div, y2, kernel, op,
                                              shared ? shared->w2 : nullptr, x_row)),
                  kernel, s);
+}
+
+}  // namespace
+
+void matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
+                    const float* x, int64_t x_div, float* y, Stream s, ExpertKernel kernel, const SharedPair* shared) {
+  experts_one(w, rows_per_expert, expert_ids, n_pairs, Input{x, nullptr}, x_div, y, s, kernel, shared,
+              "matmul_experts");
+}
+
+void matmul_experts_pair(const QuantMatrix& w1, const QuantMatrix& w2, int64_t rows_per_expert,
+                         const int32_t* expert_ids, int64_t n_pairs, const float* x, int64_t x_div, float* y1,
+                         float* y2, Stream s, ExpertKernel kernel, const SharedPair* shared) {
+  experts_pair(w1, w2, rows_per_expert, expert_ids, n_pairs, Input{x, nullptr}, x_div, y1, y2, s, kernel, shared,
+               "matmul_experts_pair");
+}
+
+void matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
+                       const Q8Activations& x, int64_t x_div, float* y, Stream s, const SharedPair* shared) {
+  experts_one(w, rows_per_expert, expert_ids, n_pairs, Input{nullptr, &x}, x_div, y, s, ExpertKernel::kFp32, shared,
+              "matmul_experts_q8");
+}
+
+void matmul_experts_pair_q8(const QuantMatrix& w1, const QuantMatrix& w2, int64_t rows_per_expert,
+                            const int32_t* expert_ids, int64_t n_pairs, const Q8Activations& x, int64_t x_div,
+                            float* y1, float* y2, Stream s, const SharedPair* shared) {
+  experts_pair(w1, w2, rows_per_expert, expert_ids, n_pairs, Input{nullptr, &x}, x_div, y1, y2, s, ExpertKernel::kFp32,
+               shared, "matmul_experts_pair_q8");
 }
 
 void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g, const float* x,

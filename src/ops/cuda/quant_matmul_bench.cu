@@ -71,10 +71,11 @@ MatmulTiming timing(double ms, int calls, double weight_bytes, double flops) {
 struct BenchQ8 {
   DeviceBuffer buf;
   Q8Activations act;
-  BenchQ8(const DeviceBuffer& x, int64_t n_tokens, int64_t n_cols) : buf(q8_activation_bytes(n_tokens, n_cols)) {
+  BenchQ8(const DeviceBuffer& x, int64_t n_tokens, int64_t n_cols, int levels)
+      : buf(q8_activation_bytes(n_tokens, n_cols, levels)) {
     act.data = buf.get();
     act.bytes = buf.bytes();
-    quantize_activations(x.as<float>(), n_tokens, n_cols, act, nullptr);
+    quantize_activations(x.as<float>(), n_tokens, n_cols, act, nullptr, levels);
     synchronize();
   }
 };
@@ -124,10 +125,11 @@ MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert,
   return timing(ms, calls, double(gguf::row_bytes(w.type, uint64_t(w.n_cols))) * rows, 2.0 * rows * double(w.n_cols));
 }
 
-MatmulTiming bench_matmul_q8(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs) {
+MatmulTiming bench_matmul_q8(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs,
+                             int levels) {
   const QuantMatrix& w = copies[0];
   const DeviceBuffer x = to_device(bench_activations(size_t(n_tokens * w.n_cols)));
-  const BenchQ8 xq(x, n_tokens, w.n_cols);
+  const BenchQ8 xq(x, n_tokens, w.n_cols, levels);
   DeviceBuffer y(size_t(n_tokens * w.n_rows) * sizeof(float));
   cudaStream_t s;
   SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -138,9 +140,10 @@ MatmulTiming bench_matmul_q8(const QuantMatrix* copies, int n_copies, int64_t n_
                 2.0 * double(w.n_rows) * double(w.n_cols) * double(n_tokens));
 }
 
-MatmulTiming bench_matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs) {
+MatmulTiming bench_matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs,
+                                     int levels) {
   const DeviceBuffer x = to_device(bench_activations(size_t(w.n_cols)));
-  const BenchQ8 xq(x, 1, w.n_cols);
+  const BenchQ8 xq(x, 1, w.n_cols, levels);
   const DeviceBuffer dids = to_device(random_expert_ids(w.n_rows / rows_per_expert, n_pairs, calls));
   DeviceBuffer y(size_t(n_pairs * rows_per_expert) * sizeof(float));
   cudaStream_t s;
@@ -153,13 +156,13 @@ MatmulTiming bench_matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expe
   return timing(ms, calls, double(gguf::row_bytes(w.type, uint64_t(w.n_cols))) * rows, 2.0 * rows * double(w.n_cols));
 }
 
-double bench_quantize_us(int64_t n_tokens, int64_t n_cols, int calls, int runs) {
+double bench_quantize_us(int64_t n_tokens, int64_t n_cols, int calls, int runs, int levels) {
   const DeviceBuffer x = to_device(bench_activations(size_t(n_tokens * n_cols)));
-  BenchQ8 xq(x, n_tokens, n_cols);
+  BenchQ8 xq(x, n_tokens, n_cols, levels);
   cudaStream_t s;
   SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const double ms =
-      graph_ms(calls, runs, s, [&](int) { quantize_activations(x.as<float>(), n_tokens, n_cols, xq.act, s); });
+      graph_ms(calls, runs, s, [&](int) { quantize_activations(x.as<float>(), n_tokens, n_cols, xq.act, s, levels); });
   SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
   return ms * 1e3 / calls;
 }

@@ -21,6 +21,12 @@ struct MatArgs {
   int64_t n_rows = 0;
   int64_t n_cols = 0;          // a whole number of blocks
   const float* x = nullptr;    // [n_tokens, n_cols], 16-byte aligned
+  // Or the activations quantized to int8 (the int8 kernels of gemv_q8.cu; quant_matmul_q8.h): token
+  // j's values at xq + j * n_cols, its second level at xr + j * n_cols (two levels; else null), its
+  // blocks' {scale, sum} at xb + j * n_cols / 32.
+  const int8_t* xq = nullptr;
+  const int8_t* xr = nullptr;
+  const int2* xb = nullptr;
   float* y = nullptr;          // [n_tokens, n_rows]
   int64_t n_tokens = 0;
   int sm_count = 0;            // multiprocessors of the device: the prefill grid, the tensor-core decode launch
@@ -99,13 +105,14 @@ struct BlockView {
   const uint8_t* w = nullptr;      // row 0 of the matrix or of the block's expert
   int64_t n_rows = 0;              // the product's rows (its output row stride) and row stride
   uint64_t row_bytes = 0;
-  const float* x = nullptr;        // token j's activations at x + j * n_cols (when xrows is null)
-  const int32_t* xrows = nullptr;  // grouped with a permutation: token j's row is xrows[j] / x_div of a.x
+  int64_t x_row = 0;               // token j's activations are row x_row + j of the input (when xrows is null)
+  const int32_t* xrows = nullptr;  // grouped with a permutation: token j's row is xrows[j] / x_div
   float* y = nullptr;              // token j's outputs at y + j * n_rows
   int64_t n_tokens = 0;
-  __device__ const float* token(const MatArgs& a, int64_t j) const {
-    return xrows ? a.x + int64_t(xrows[j] / a.x_div) * a.n_cols : x + j * a.n_cols;
+  __device__ int64_t token_row(const MatArgs& a, int64_t j) const {
+    return xrows ? int64_t(xrows[j] / a.x_div) : x_row + j;
   }
+  __device__ const float* token(const MatArgs& a, int64_t j) const { return a.x + token_row(a, j) * a.n_cols; }
 };
 
 // The view of the block at grid row blockIdx.y; false when it has nothing to do (an unused
@@ -115,19 +122,18 @@ __device__ __forceinline__ bool block_view(const MatArgs& a, BlockView& v) {
   v.w = m.w;
   v.n_rows = m.n_rows;
   v.row_bytes = m.row_bytes;
-  v.x = a.x;
   v.y = m.y;
   v.n_tokens = a.n_tokens;
   if (a.expert_ids) {  // the pair's expert rows, activation row and output row: a one-token product
     const int64_t pair = blockIdx.y;
     if (pair == a.shared_pair) {  // the shared expert's matrix
       v.w = m.shared_w;
-      v.x += a.shared_x_row * a.n_cols;
+      v.x_row = a.shared_x_row;
     } else {
       const int32_t e = a.expert_ids[pair];
       if (e < 0) return false;  // an unused slot: its output row is not written
       v.w += uint64_t(e) * uint64_t(v.n_rows) * v.row_bytes;
-      v.x += (pair / a.x_div) * a.n_cols;
+      v.x_row = pair / a.x_div;
     }
     v.y += pair * v.n_rows;
     v.n_tokens = 1;
@@ -140,7 +146,7 @@ __device__ __forceinline__ bool block_view(const MatArgs& a, BlockView& v) {
     v.n_tokens = a.group_offsets[e + 1] - j0;
     v.y += int64_t(j0) * v.n_rows;
     if (a.group_perm) v.xrows = a.group_perm + j0;
-    else v.x += int64_t(j0) * a.n_cols;
+    else v.x_row = j0;
   }
   return true;
 }
@@ -209,6 +215,10 @@ constexpr int64_t kMmaRowsPerBlock = 16;
 inline bool mma_takes_three_blocks(int64_t n_rows, int64_t n_items, int sm_count) {
   return (n_rows + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock * n_items >= 2 * int64_t(sm_count);
 }
+
+// The int8-activation decode kernel (gemv_q8.cu) for the types q8_supported() names: a.xq, a.xr and
+// a.xb instead of a.x; one token, or one per expert pair, with several products.
+void launch_q8(gguf::GgmlType t, const MatArgs& a, cudaStream_t s);
 
 // Defined in gemv.cuh and gemm.cuh, which the family files include.
 template <class D>

@@ -4,10 +4,13 @@
 // About one instruction per weight element at one token instead of three (gemv.cuh), so the
 // products run near the memory rate. Plain C++, so that host code can call it.
 //
-// Result: y = W x_hat, where x_hat = d * q is the dequantized activation (quantize_activations
-// below), up to fp32 summation order (relative ~2e-7 measured); against the fp32 x, the int8
-// rounding of the activations costs a relative error of 8e-3 to 9e-3 on N(0, 1) activations
-// (H200, test_cuda_matmul).
+// Result: y = W x_hat, where x_hat is the dequantized activation (quantize_activations below), up
+// to fp32 summation order (relative ~2e-7 measured). Two precisions of x_hat:
+//   one level   x_hat = d q: against the fp32 x, the int8 rounding costs a relative error of 8e-3
+//               to 9e-3 on N(0, 1) activations (H200, test_cuda_matmul): --int8-activations;
+//   two levels  x_hat = (d / 256) (256 q + r), r the int8 rounding of what q leaves over: each
+//               value within max|x| / 65,000 of its block, a relative error of ~3e-5 on N(0, 1)
+//               activations, under the ~2e-3 of bf16 activations; one more __dp4a per 4 weights.
 // Batch invariant as matmul_decode is: token t's result is the same bits whatever the number of
 // tokens and the other tokens' values, and an expert pair equals the one-token product on the
 // expert's rows.
@@ -24,22 +27,25 @@ namespace sparsemla::cuda {
 // Elements per activation block: one fp32 scale and one int32 sum per 32 int8 values.
 constexpr int64_t kQ8ActBlock = 32;
 
-// Quantized activations in a caller-owned device buffer of q8_activation_bytes(n_tokens, n_cols)
-// bytes (16-byte aligned). Layout:
+// Quantized activations in a caller-owned device buffer of q8_activation_bytes(n_tokens, n_cols,
+// levels) bytes (16-byte aligned). Layout (S = n_tokens * n_cols rounded up to 16):
 //   q:      [n_tokens][n_cols] int8, at offset 0
-//   blocks: [n_tokens][n_cols / 32] {float d, int32 sum}, at offset q8_scales_offset(n_tokens, n_cols)
-// The caller sets data and bytes; quantize_activations sets n_tokens and n_cols.
+//   r:      [n_tokens][n_cols] int8, at offset S (two levels only)
+//   blocks: [n_tokens][n_cols / 32] {float scale, int32 sum}, at offset q8_scales_offset(...):
+//           one level: scale d, sum of q; two levels: scale d / 256, sum of 256 q + r
+// The caller sets data and bytes; quantize_activations sets n_tokens, n_cols and levels.
 struct Q8Activations {
   void* data = nullptr;  // device, 16-byte aligned
   size_t bytes = 0;      // capacity of data
   int64_t n_tokens = 0;
   int64_t n_cols = 0;    // a multiple of 32
+  int levels = 1;        // 1 or 2
 };
 
-// Offset of the block scales in the buffer: the int8 values rounded up to 16 bytes.
-size_t q8_scales_offset(int64_t n_tokens, int64_t n_cols);
+// Offset of the block scales in the buffer: the int8 values (each level) rounded up to 16 bytes.
+size_t q8_scales_offset(int64_t n_tokens, int64_t n_cols, int levels = 1);
 // Bytes of the buffer for n_tokens x n_cols activations.
-size_t q8_activation_bytes(int64_t n_tokens, int64_t n_cols);
+size_t q8_activation_bytes(int64_t n_tokens, int64_t n_cols, int levels = 1);
 
 // Quantizes x: [n_tokens, n_cols] device fp32 (n_cols a multiple of 32) into out, block by block
 // of 32 consecutive values of a row:
@@ -48,10 +54,16 @@ size_t q8_activation_bytes(int64_t n_tokens, int64_t n_cols);
 //   q_i  = 0 if d == 0, else clamp(round_half_even(x_i / d), -127, 127) (fp32 division, then
 //          rounding to the nearest integer, ties to even; the clamp only acts when d is subnormal)
 //   sum  = sum of q_i (int32)
+// and with levels = 2 also
+//   e_i  = fma(-d, q_i, x_i) (what q_i leaves over, rounded once)
+//   r_i  = 0 if d == 0, else clamp(round_half_even(e_i / (d / 256)), -127, 127) (d / 256 exact in fp32
+//          above 2^-118; |e_i| <= d / 2, so the clamp only acts on a tie at exactly 128)
+//   scale = d / 256, sum = sum of 256 q_i + r_i
 // Finite inputs only (a NaN or inf in a block makes its values unspecified). The CPU reference in
 // test_cuda_matmul.cpp reproduces it bit for bit. Throws sparsemla::Error for a bad shape, a buffer
 // that is too small or a misaligned pointer.
-void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Activations& out, Stream s);
+void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Activations& out, Stream s,
+                          int levels = 1);
 
 // Whether matmul_decode_q8 / matmul_experts_q8 take this weight type: Q8_0, Q4_K, Q5_K, Q6_K.
 // Other types stay on the fp32 path (matmul_decode); the caller checks.
@@ -62,10 +74,22 @@ bool q8_supported(gguf::GgmlType t);
 // naming the type for an unsupported type, or the shape / alignment problem.
 void matmul_decode_q8(const QuantMatrix& w, const Q8Activations& x, float* y, Stream s);
 
+// Several products of one input, y_i = W_i x_hat (n <= kMaxProducts; every type q8_supported), each
+// the bits of matmul_decode_q8 alone; at one token those of one type and column count share a launch
+// (as matmul_many).
+void matmul_many_q8(const QuantMatrix* w, float* const* y, int n, const Q8Activations& x, Stream s);
+
 // matmul_experts on quantized activations: for each pair p < n_pairs with ids[p] >= 0,
 // y[p] = W_{ids[p]} x_hat[p / x_div]; pairs with a negative id leave their output row unwritten.
 // x holds n_pairs / x_div (rounded up) rows or more.   y: [n_pairs, rows_per_expert]
+// shared: a shared expert run as pair n_pairs, as matmul_experts takes it. Each pair is summed as
+// matmul_decode_q8 sums the expert's rows alone.
 void matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
-                       const Q8Activations& x, int64_t x_div, float* y, Stream s);
+                       const Q8Activations& x, int64_t x_div, float* y, Stream s, const SharedPair* shared = nullptr);
+// The experts' gate and up products in one launch where their types and shapes agree (else two),
+// with a shared expert pair (SharedPair::w, w2): the bits of two matmul_experts_q8 calls.
+void matmul_experts_pair_q8(const QuantMatrix& w1, const QuantMatrix& w2, int64_t rows_per_expert,
+                            const int32_t* expert_ids, int64_t n_pairs, const Q8Activations& x, int64_t x_div,
+                            float* y1, float* y2, Stream s, const SharedPair* shared = nullptr);
 
 }  // namespace sparsemla::cuda
