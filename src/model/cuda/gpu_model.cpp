@@ -346,10 +346,9 @@ uint64_t layout_workspace(const HParams& hp, bool sparse, const WsDims& d, char*
   // token's expert pairs, the output head's rows).
   const int64_t Tq = std::min(T, cuda::kDecodeMaxTokens);
   const int64_t widest = std::max({H, int64_t(hp.q_lora_rank), nh * int64_t(hp.v_head), ffn_width});
-  // Two levels (the fast mode's default) take twice the int8 bytes of one; the expert pairs are k
-  // and the shared expert's.
-  ws.q8_bytes = std::max({cuda::q8_activation_bytes(Tq, widest, 2), cuda::q8_activation_bytes(k + 1, int64_t(hp.n_ff_exp), 2),
-                          cuda::q8_activation_bytes(std::min(d.R, cuda::kDecodeMaxTokens), H, 2)});
+  // (The expert pairs: k and the shared expert's.)
+  ws.q8_bytes = std::max({cuda::q8_activation_bytes(Tq, widest), cuda::q8_activation_bytes(k + 1, int64_t(hp.n_ff_exp)),
+                          cuda::q8_activation_bytes(std::min(d.R, cuda::kDecodeMaxTokens), H)});
   take(ws.q8[0], int64_t(ws.q8_bytes));
   take(ws.q8[1], int64_t(ws.q8_bytes));
   return end;
@@ -364,8 +363,6 @@ int64_t score_rows_for(int64_t T, int64_t max_ctx) {
 // MoE batches of up to this many tokens run without a host synchronization (and so in a decode
 // graph): one token per (token, expert) pair, more grouped by expert on the device.
 constexpr int64_t kSyncFreeTokens = 64;
-// Decode products take two-level int8 activations up to this many tokens (activation_levels).
-constexpr int64_t kTwoLevelMaxTokens = 1;
 
 // The context bound a decode graph is captured for: powers of two from 256 to 64K, then multiples
 // of 16K (a 131,073-token context gets 147,456, not 262,144: the indexer's grid and the scores'
@@ -577,8 +574,6 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   g->opts_ = opts;
   // SPARSEMLA_CUDA_GRAPHS=0 turns the decode graphs off without a rebuild (comparisons, debugging).
   if (env_off("SPARSEMLA_CUDA_GRAPHS")) g->opts_.cuda_graphs = false;
-  // SPARSEMLA_TWO_LEVEL_ACTIVATIONS=0: the tensor-core / fp32 decode products instead (A/B runs).
-  if (env_off("SPARSEMLA_TWO_LEVEL_ACTIVATIONS")) g->opts_.two_level_activations = false;
 
   // SPARSEMLA_STEP_PROFILE=1: events between the operations of every decode step (graphs off), and the
   // device time by operation printed to stderr when the model goes away. Each step waits behind a
@@ -1155,21 +1150,15 @@ void GpuModel::product_many(const QuantMatrix* const* w, float* const* y, int n,
   if (nf > 0) cuda::matmul_many(mf, yf, nf, x, T, st_->s(), opts_.precise);
 }
 
-int GpuModel::activation_levels(int64_t T) const {
-  if (opts_.precise || T < 1 || T > cuda::kDecodeMaxTokens) return 0;
-  if (opts_.int8_activations) return 1;
-  return opts_.two_level_activations && T <= kTwoLevelMaxTokens ? 2 : 0;
-}
-
 const cuda::Q8Activations* GpuModel::quantized(const float* x, int64_t T, int64_t n_cols, int slot) {
   State& st = *st_;
-  const int levels = activation_levels(T);
-  if (levels == 0 || n_cols % cuda::kQ8ActBlock != 0 || cuda::q8_activation_bytes(T, n_cols, levels) > st.ws.q8_bytes)
+  if (!opts_.int8_activations || opts_.precise || T < 1 || T > cuda::kDecodeMaxTokens ||
+      n_cols % cuda::kQ8ActBlock != 0 || cuda::q8_activation_bytes(T, n_cols) > st.ws.q8_bytes)
     return nullptr;
   cuda::Q8Activations& q = st.q8[slot];
   q.data = st.ws.q8[slot];
   q.bytes = st.ws.q8_bytes;
-  cuda::quantize_activations(x, T, n_cols, q, st.s(), levels);
+  cuda::quantize_activations(x, T, n_cols, q, st.s());
   return &q;
 }
 

@@ -94,12 +94,6 @@ struct GpuModelOptions {
   // perplexity +0.2%). Off by default: the fp32-activation products are what the accuracy targets
   // are stated for. `--int8-activations`; never in precise mode.
   bool int8_activations = false;
-  // The fast mode's decode products of one token on Q8_0/Q4_K/Q5_K/Q6_K weights take the
-  // activations in two int8 levels (x ~ (d / 256)(256 q + r), ops/cuda/quant_matmul_q8.h): the
-  // dp4a kernels' speed at ~3e-5 relative error per value, under the ~2e-3 of the bf16 activations
-  // the tensor-core decode kernels round to. False (or SPARSEMLA_TWO_LEVEL_ACTIVATIONS=0): those
-  // kernels instead. Ignored with int8_activations and in precise mode.
-  bool two_level_activations = true;
   // Decode steps replay CUDA graphs (one per batch size and context bucket), captured the first
   // time each is seen. Off: every step launches its kernels one by one (vLLM's --enforce-eager).
   bool cuda_graphs = true;
@@ -220,8 +214,6 @@ class GpuModel {
   // that read x; null where the fp32 products run (precise mode, int8 activations off, T past the
   // decode size, or n_cols not whole blocks of 32).
   const cuda::Q8Activations* quantized(const float* x, int64_t T, int64_t n_cols, int slot);
-  // The int8 levels of the decode products of T tokens (0: fp32 activations; quantized()).
-  int activation_levels(int64_t T) const;
   // out = down(silu(gate y) * up y)   y, out: [T, H]   (qy: y quantized already, or null)
   void mlp(const cuda::QuantMatrix& gate, const cuda::QuantMatrix& up, const cuda::QuantMatrix& down, const float* y,
            int64_t T, float* out, const cuda::Q8Activations* qy = nullptr);

@@ -14,7 +14,8 @@
 //   acc += (d_w sc) * d_x * dot  [- (dmin m) * (d_x sum_x) for Q4_K/Q5_K]
 // in fp32. The integer dots are exact; an activation load (16 bytes, through L1) feeds all R rows.
 // With two activation levels (quant_matmul_q8.h) each dot runs a second __dp4a chain over the
-// residual level r, started from 256 times the first one: sum w (256 q + r), still exact in int32.
+// residual level r, started from 254 times the first one: sum w (254 q + r), still exact in int32
+// (up to ~1.3e8), so it is converted to float by cvt, not by dq::int_to_f (exact below 2^22 only).
 //
 // Batch invariance: the thread count depends only on n_cols and the type, thread i takes units
 // i, i + threads, ... in that order, and the per-thread sums are reduced by a fixed shuffle tree
@@ -48,25 +49,30 @@ __device__ __forceinline__ int dot16(const uint32_t (&w)[4], const int4 x, int a
   return __dp4a(int(w[3]), x.w, acc);
 }
 
-// The integer dot of N 16-byte parts of a unit's weights with the activations of each of L levels:
-// level 0 alone, or 256 times it plus level 1 (sum w (256 q + r)).
+// The integer dot of N 16-byte parts of a unit's weights with the activations of each of L levels,
+// as a float: level 0 alone, or 254 times it plus level 1 (sum w (254 q + r)).
+template <int L>
+__device__ __forceinline__ float dot_to_f(int d) {
+  if constexpr (L == 2) return __int2float_rn(d);
+  else return int_to_f(d);  // |d| < 2^22 (32 x 128 x 127 at most): exact
+}
 template <int L, int N>
-__device__ __forceinline__ int level_dot(const uint32_t (&w)[N][4], const int4 (&x)[L][N]) {
+__device__ __forceinline__ float level_dot(const uint32_t (&w)[N][4], const int4 (&x)[L][N]) {
   int d = 0;
 #pragma unroll
   for (int n = 0; n < N; ++n) d = dot16(w[n], x[0][n], d);
   if constexpr (L == 2) {
-    d *= 256;
+    d *= kQ8LevelRatio;
 #pragma unroll
     for (int n = 0; n < N; ++n) d = dot16(w[n], x[1][n], d);
   }
-  return d;
+  return dot_to_f<L>(d);
 }
 template <int L>
-__device__ __forceinline__ int level_dot(const uint32_t (&w)[4], const int4 (&x)[L]) {
+__device__ __forceinline__ float level_dot(const uint32_t (&w)[4], const int4 (&x)[L]) {
   int d = dot16(w, x[0], 0);
-  if constexpr (L == 2) d = dot16(w, x[1], d * 256);
-  return d;
+  if constexpr (L == 2) d = dot16(w, x[1], d * kQ8LevelRatio);
+  return dot_to_f<L>(d);
 }
 
 // The activation rows of one token: level l's values at q[l] (the blocks' scales and sums at xb).
@@ -112,15 +118,15 @@ struct KMinUnit {
     }
     const int4 s = __ldg(reinterpret_cast<const int4*>(t.xb + ab));
     x.d[0] = __int_as_float(s.x), x.d[1] = __int_as_float(s.z);
-    x.ds[0] = __fmul_rn(x.d[0], int_to_f(s.y)), x.ds[1] = __fmul_rn(x.d[1], int_to_f(s.w));
+    x.ds[0] = __fmul_rn(x.d[0], dot_to_f<L>(s.y)), x.ds[1] = __fmul_rn(x.d[1], dot_to_f<L>(s.w));
     return x;
   }
   template <int L>
   __device__ static float fma(const W& w, const X<L>& x, float acc) {
-    const int dlo = level_dot<L, 2>(w.lo, x.lo), dhi = level_dot<L, 2>(w.hi, x.hi);
-    acc = __fmaf_rn(__fmul_rn(w.sc[0], x.d[0]), int_to_f(dlo), acc);
+    const float dlo = level_dot<L, 2>(w.lo, x.lo), dhi = level_dot<L, 2>(w.hi, x.hi);
+    acc = __fmaf_rn(__fmul_rn(w.sc[0], x.d[0]), dlo, acc);
     acc = __fmaf_rn(-w.mn[0], x.ds[0], acc);
-    acc = __fmaf_rn(__fmul_rn(w.sc[1], x.d[1]), int_to_f(dhi), acc);
+    acc = __fmaf_rn(__fmul_rn(w.sc[1], x.d[1]), dhi, acc);
     return __fmaf_rn(-w.mn[1], x.ds[1], acc);
   }
 };
@@ -221,7 +227,7 @@ struct Q6KUnit {
   template <int L>
   __device__ static float fma(const W& w, const X<L>& x, float acc) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) acc = __fmaf_rn(__fmul_rn(w.sc[j], x.d[j]), int_to_f(level_dot<L>(w.q[j], x.q[j])), acc);
+    for (int j = 0; j < 4; ++j) acc = __fmaf_rn(__fmul_rn(w.sc[j], x.d[j]), level_dot<L>(w.q[j], x.q[j]), acc);
     return acc;
   }
 };
@@ -265,7 +271,7 @@ struct Q80Unit {
   }
   template <int L>
   __device__ static float fma(const W& w, const X<L>& x, float acc) {
-    return __fmaf_rn(__fmul_rn(w.d, x.d), int_to_f(level_dot<L, 2>(w.q, x.q)), acc);
+    return __fmaf_rn(__fmul_rn(w.d, x.d), level_dot<L, 2>(w.q, x.q), acc);
   }
 };
 
@@ -406,11 +412,11 @@ __global__ void quantize_q8_kernel(const float* x, int64_t n_blocks, int8_t* q, 
   float scale = d;
   int value = qi;
   if constexpr (L == 2) {
-    scale = __fmul_rn(d, 0.00390625f);  // d / 256
+    scale = __fdiv_rn(d, float(kQ8LevelRatio));
     const float e = __fmaf_rn(-d, float(qi), v);
     const int ri = scale == 0.0f ? 0 : max(-127, min(127, __float2int_rn(__fdiv_rn(e, scale))));
     r[blk * 32 + lane] = int8_t(ri);
-    value = 256 * qi + ri;
+    value = kQ8LevelRatio * qi + ri;
   }
   const int sum = __reduce_add_sync(0xFFFFFFFFu, value);
   if (lane == 0) blocks[blk] = make_int2(__float_as_int(scale), sum);

@@ -8,9 +8,13 @@
 // to fp32 summation order (relative ~2e-7 measured). Two precisions of x_hat:
 //   one level   x_hat = d q: against the fp32 x, the int8 rounding costs a relative error of 8e-3
 //               to 9e-3 on N(0, 1) activations (H200, test_cuda_matmul): --int8-activations;
-//   two levels  x_hat = (d / 256) (256 q + r), r the int8 rounding of what q leaves over: each
-//               value within max|x| / 65,000 of its block, a relative error of ~3e-5 on N(0, 1)
-//               activations, under the ~2e-3 of bf16 activations; one more __dp4a per 4 weights.
+//   two levels  x_hat = (d / 254) (254 q + r), r the int8 rounding of what q leaves over: each
+//               value within max|x| / 64,500 of its block, a relative error of ~3e-5 on N(0, 1)
+//               activations, under the ~2e-3 of bf16 activations; one more __dp4a per 4 weights
+//               and twice the activation loads. Measured on an H200 no faster than the fp32 and
+//               bf16 tensor-core decode products it could replace (docs/PERFORMANCE.md, session
+//               18), so the model does not take it; kept for the comparison (bench_cuda_matmul's
+//               "q8x2" lines).
 // Batch invariant as matmul_decode is: token t's result is the same bits whatever the number of
 // tokens and the other tokens' values, and an expert pair equals the one-token product on the
 // expert's rows.
@@ -26,13 +30,15 @@ namespace sparsemla::cuda {
 
 // Elements per activation block: one fp32 scale and one int32 sum per 32 int8 values.
 constexpr int64_t kQ8ActBlock = 32;
+// Two levels: the first level's step over the second's.
+constexpr int kQ8LevelRatio = 254;
 
 // Quantized activations in a caller-owned device buffer of q8_activation_bytes(n_tokens, n_cols,
 // levels) bytes (16-byte aligned). Layout (S = n_tokens * n_cols rounded up to 16):
 //   q:      [n_tokens][n_cols] int8, at offset 0
 //   r:      [n_tokens][n_cols] int8, at offset S (two levels only)
 //   blocks: [n_tokens][n_cols / 32] {float scale, int32 sum}, at offset q8_scales_offset(...):
-//           one level: scale d, sum of q; two levels: scale d / 256, sum of 256 q + r
+//           one level: scale d, sum of q; two levels: scale d / 254, sum of 254 q + r
 // The caller sets data and bytes; quantize_activations sets n_tokens, n_cols and levels.
 struct Q8Activations {
   void* data = nullptr;  // device, 16-byte aligned
@@ -56,9 +62,10 @@ size_t q8_activation_bytes(int64_t n_tokens, int64_t n_cols, int levels = 1);
 //   sum  = sum of q_i (int32)
 // and with levels = 2 also
 //   e_i  = fma(-d, q_i, x_i) (what q_i leaves over, rounded once)
-//   r_i  = 0 if d == 0, else clamp(round_half_even(e_i / (d / 256)), -127, 127) (d / 256 exact in fp32
-//          above 2^-118; |e_i| <= d / 2, so the clamp only acts on a tie at exactly 128)
-//   scale = d / 256, sum = sum of 256 q_i + r_i
+//   s    = d / 254 (fp32 division)
+//   r_i  = 0 if s == 0, else clamp(round_half_even(e_i / s), -127, 127) (|e_i| <= d / 2, so the
+//          clamp acts only where fp32 rounding takes a value a hair past 127)
+//   scale = s, sum = sum of 254 q_i + r_i
 // Finite inputs only (a NaN or inf in a block makes its values unspecified). The CPU reference in
 // test_cuda_matmul.cpp reproduces it bit for bit. Throws sparsemla::Error for a bad shape, a buffer
 // that is too small or a misaligned pointer.
