@@ -89,9 +89,10 @@ struct GpuModelOptions {
   bool precise = false;
   // Decode batches (up to cuda::kDecodeMaxTokens = 8 tokens) multiply Q8_0/Q4_K/Q5_K/Q6_K weights
   // with activations quantized to int8 blocks of 32 (dp4a, ops/cuda/quant_matmul_q8.h; llama.cpp's
-  // scheme): about 3x fewer instructions per weight, decode steps 10-30% faster at GLM-5 width, at
-  // ~1e-2 relative error per product from the activations' rounding (the bundled model's
-  // perplexity +0.2%). Off by default: the fp32-activation products are what the accuracy targets
+  // scheme): about 3x fewer instructions per weight than the fp32 kernels, more loads in flight than
+  // the one-token tensor-core kernel; decode steps 7-10% shorter on the GLM-5-width test model (H200,
+  // session 18), at ~1e-2 relative error per product from the activations' rounding (the bundled
+  // model's perplexity +0.2%). Off by default: the fp32-activation products are what the accuracy targets
   // are stated for. `--int8-activations`; never in precise mode.
   bool int8_activations = false;
   // Decode steps replay CUDA graphs (one per batch size and context bucket), captured the first

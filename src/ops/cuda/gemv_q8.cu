@@ -391,9 +391,8 @@ constexpr Q8Kernels kQ8Kernels[] = {
 const Q8Kernels& q8_kernels_for(GgmlType t, const char* what) {
   for (const Q8Kernels& k : kQ8Kernels)
     if (k.type == t) return k;
-  fail("cuda::{}: no int8-activation kernel for ggml type {} (id {}); supported: q8_0, q4_K, q5_K, q6_K "
-       "(use the fp32 path, matmul_decode)",
-       what, gguf::type_name(t), uint32_t(t));
+  // (The entry points refuse other types first: quant_matmul.cu, checked_q8_product.)
+  fail("cuda::{}: internal error: no int8-activation kernel for {}", what, gguf::type_name(t));
 }
 
 // One warp per block of 32 values (the rule is in quant_matmul_q8.h); r: the residual level (L = 2).
