@@ -428,7 +428,11 @@ struct GpuModel::State {
       graph_buffers = buffers();
     }
   }
-  cuda::Stream s() const { return stream.get(); }
+  // The indexer's branch of an attention layer (attention_layer): its launches go to `side` while
+  // `on_side` is set, so that they run beside the query path's.
+  gpu::SideStream side;
+  bool on_side = false;
+  cuda::Stream s() const { return on_side ? side.get() : stream.get(); }
 };
 
 namespace {
@@ -574,6 +578,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   g->opts_ = opts;
   // SPARSEMLA_CUDA_GRAPHS=0 turns the decode graphs off without a rebuild (comparisons, debugging).
   if (env_off("SPARSEMLA_CUDA_GRAPHS")) g->opts_.cuda_graphs = false;
+  if (env_off("SPARSEMLA_ATTENTION_BRANCH")) g->opts_.attention_branch = false;
 
   // SPARSEMLA_STEP_PROFILE=1: events between the operations of every decode step (graphs off), and the
   // device time by operation printed to stderr when the model goes away. Each step waits behind a
@@ -1001,7 +1006,26 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
     if (index) mats[n] = &L.idx_k, outs[n++] = w.ik;
     product_many(mats, outs, n, w.x, T, qx);
   }
+  // The indexer's branch and the latent rows run beside the query path on the side stream (except
+  // under the step profile, whose marks time one stream): the head weights' product, the index keys
+  // and the latent rows once the first products are done; the queries, scores and top-k once q_b's
+  // are. The attention kernel waits for both.
+  const bool branch = index && opts_.attention_branch && !(st.timer && st.profiling);
+  const auto to_side = [&] {
+    if (!branch) return;
+    st.side.fork(s);
+    st.on_side = true;
+  };
+  const auto to_main = [&] { st.on_side = false; };
+  to_side();
   if (index) product(L.idx_proj, w.x, T, w.iw, qx);
+  mark("attention: q_a, kv_a, q_b and the indexer's products");
+  if (index) index_keys(L, il, cache);
+  // The latent rows [rmsnorm(c) | rope(k_pe)] into the cache (one launch).
+  cuda::write_latent_normed(w.kv, L.kv_a_norm, hp.rms_eps, st.rope->table(spec_->main_rope), w.pos, w.slots, T,
+                            cache.dtype(), int(kvl), int(rope), cache.latent(il), cache.latent_row_bytes(), st.s());
+  mark("attention: norms, rope, cache rows");
+  to_main();
   if (hp.q_lora_rank > 0) {
     const int64_t ql = hp.q_lora_rank;
     cuda::rms_norm(w.qr, ql, L.q_a_norm, T, ql, hp.rms_eps, w.qr, ql, s);
@@ -1013,17 +1037,21 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
     product(L.q, w.x, T, w.q, qx);  // no q_a, so no indexer (hparams refuses one)
   }
   mark("attention: q_a, kv_a, q_b and the indexer's products");
-  // The latent rows [rmsnorm(c) | rope(k_pe)] into the cache (one launch).
-  cuda::write_latent_normed(w.kv, L.kv_a_norm, hp.rms_eps, st.rope->table(spec_->main_rope), w.pos, w.slots, T,
-                            cache.dtype(), int(kvl), int(rope), cache.latent(il), cache.latent_row_bytes(), s);
-  mark("attention: norms, rope, cache rows");
 
   if (index) {
-    indexer(L, il, cache);
+    to_side();
+    indexer(il, cache);
+    to_main();
     st.selection_made = true;
   }
   if (sparse && !st.selection_made)
     fail("GPU forward: layer {} shares the indexer selection, but no earlier layer has an indexer", il);
+
+  // q per head [q_nope | rope(q_pe)], absorbed into the latent space: qfull = [W_UK_h q_nope | q_pe].
+  st.rope->apply_to(w.q + nope, qk, w.qfull + kvl, lat, rope, T, nh, w.pos, spec_->main_rope, s);
+  st.blas.per_head(L.uk, w.q, qk, T, w.qfull, lat, s);
+  mark("attention: rope, W_UK absorption");
+  if (branch) st.side.join(s);
   if (sparse && st.record) {
     const int64_t k = hp.idx_top_k;
     std::vector<int32_t> sel(size_t(T * k));
@@ -1034,11 +1062,6 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
       for (int64_t i = 0; i < k; ++i)
         if (sel[size_t(t * k + i)] >= 0) out[size_t(t)].push_back(sel[size_t(t * k + i)]);
   }
-
-  // q per head [q_nope | rope(q_pe)], absorbed into the latent space: qfull = [W_UK_h q_nope | q_pe].
-  st.rope->apply_to(w.q + nope, qk, w.qfull + kvl, lat, rope, T, nh, w.pos, spec_->main_rope, s);
-  st.blas.per_head(L.uk, w.q, qk, T, w.qfull, lat, s);
-  mark("attention: rope, W_UK absorption");
 
   cuda::AttentionArgs a;
   a.q = w.qfull;
@@ -1064,22 +1087,29 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   mark("attention: W_UV, output projection");
 }
 
-// The lightning indexer of a full layer, after its products (attention_layer: keys ws.ik, queries
-// ws.iq, head weights ws.iw): writes the new tokens' index keys, then selects for each token the
-// top-k positions of its sequence into ws.sel.
-void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
+// The index keys of a full layer's new tokens (attention_layer: ws.ik, layernorm, rope), into the
+// cache in one launch; at least two launches before the scores kernel, which reads its keys before
+// waiting for the kernel before it (pdl.cuh).
+void GpuModel::index_keys(const Layer& L, int32_t il, GpuCache& cache) {
+  State& st = *st_;
+  Workspace& w = st.ws;
+  const HParams& hp = hp_;
+  if (!cache.has_keys(il)) fail("GPU forward: the cache holds no index keys for layer {}", il);
+  const cuda::RopeTable rt = st.rope->table(spec_->indexer_rope);
+  cuda::write_index_keys_normed(w.ik, L.idx_k_norm_w, L.idx_k_norm_b, 1e-6f, rt, w.pos, w.slots, st.T, cache.dtype(),
+                                int(hp.idx_dim), cache.keys(il), cache.key_row_bytes(), st.s());
+}
+
+// The lightning indexer of a full layer, after its products and index_keys (attention_layer:
+// queries ws.iq, head weights ws.iw): selects for each token the top-k positions of its sequence
+// into ws.sel.
+void GpuModel::indexer(int32_t il, GpuCache& cache) {
   State& st = *st_;
   Workspace& w = st.ws;
   const HParams& hp = hp_;
   const cuda::Stream s = st.s();
   const int64_t T = st.T, heads = hp.idx_heads, dim = hp.idx_dim;
-  if (!cache.has_keys(il)) fail("GPU forward: the cache holds no index keys for layer {}", il);
-
-  // keys: layernorm(x @ attn_k), rope on the first rope dims, into the cache (one launch; two
-  // launches before the scores, which read their keys before waiting for the kernel before them)
   const cuda::RopeTable rt = st.rope->table(spec_->indexer_rope);
-  cuda::write_index_keys_normed(w.ik, L.idx_k_norm_w, L.idx_k_norm_b, 1e-6f, rt, w.pos, w.slots, T, cache.dtype(),
-                                int(dim), cache.keys(il), cache.key_row_bytes(), s);
 
   // queries (qr @ q_b): rope on the first rope dims of each head, and for the mma kernel rounded to
   // its 16-bit type; weights with both scales folded in (one launch)
@@ -1087,7 +1117,7 @@ void GpuModel::indexer(const Layer& L, int32_t il, GpuCache& cache) {
   const bool mma = st.idx_kernel[fi] == cuda::IndexerKernel::Mma;
   cuda::index_queries(w.iq, w.iw, T, int(heads), int(dim), rt, w.pos, 1.0f / std::sqrt(float(heads) * float(dim)),
                       cache.dtype(), mma ? w.iq16 : nullptr, s);
-  mark("indexer: keys, queries, rope");
+  mark("indexer: queries, rope");
 
   const int64_t chunk = st.ws_dims.score_rows;
   const int k = int(hp.idx_top_k);

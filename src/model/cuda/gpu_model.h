@@ -98,6 +98,11 @@ struct GpuModelOptions {
   // Decode steps replay CUDA graphs (one per batch size and context bucket), captured the first
   // time each is seen. Off: every step launches its kernels one by one (vLLM's --enforce-eager).
   bool cuda_graphs = true;
+  // The indexer's branch of each attention layer (its head weights' product, index keys, queries,
+  // scores and top-k, and the latent cache rows) on a second stream beside the query path, joined
+  // before the attention kernel. Off: one stream, same results bit for bit. SPARSEMLA_ATTENTION_BRANCH=0
+  // turns it off without a rebuild; the step profile (SPARSEMLA_STEP_PROFILE=1) runs without it.
+  bool attention_branch = true;
 };
 
 // One rank's part of the model under tensor parallelism (dist/cuda/sharded_gpu_model.h makes it, by
@@ -202,7 +207,8 @@ class GpuModel {
   const float* logit_rows(int64_t R);  // the enqueued forward's logits, [R, n_vocab] on the device
   void run_step(GpuCache& cache);        // the device work of one forward (enqueue() lays it out)
   void attention_layer(const Layer& L, int32_t il, GpuCache& cache);
-  void indexer(const Layer& L, int32_t il, GpuCache& cache);  // after attention_layer's products
+  void index_keys(const Layer& L, int32_t il, GpuCache& cache);  // after attention_layer's first products
+  void indexer(int32_t il, GpuCache& cache);                     // after index_keys and q_b's product
   void ffn(const Layer& L, int32_t il);
   // y = x W^T by the options' kernels.   x: [T, w.n_cols]   y: [T, w.n_rows]
   // With q (x quantized by quantized()), the int8-activation product where W's type has one.

@@ -122,6 +122,29 @@ OwnedStream::~OwnedStream() {
 
 void OwnedStream::synchronize() const { SPARSEMLA_CUDA_CHECK(cudaStreamSynchronize(st(s_))); }
 
+SideStream::SideStream() {
+  cudaEvent_t a = nullptr, b = nullptr;
+  SPARSEMLA_CUDA_CHECK(cudaEventCreateWithFlags(&a, cudaEventDisableTiming));
+  SPARSEMLA_CUDA_CHECK(cudaEventCreateWithFlags(&b, cudaEventDisableTiming));
+  forked_ = a;
+  joined_ = b;
+}
+
+SideStream::~SideStream() {
+  if (forked_) cudaEventDestroy(static_cast<cudaEvent_t>(forked_));
+  if (joined_) cudaEventDestroy(static_cast<cudaEvent_t>(joined_));
+}
+
+void SideStream::fork(cuda::Stream main) {
+  SPARSEMLA_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(forked_), st(main)));
+  SPARSEMLA_CUDA_CHECK(cudaStreamWaitEvent(st(stream_.get()), static_cast<cudaEvent_t>(forked_), 0));
+}
+
+void SideStream::join(cuda::Stream main) {
+  SPARSEMLA_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(joined_), st(stream_.get())));
+  SPARSEMLA_CUDA_CHECK(cudaStreamWaitEvent(st(main), static_cast<cudaEvent_t>(joined_), 0));
+}
+
 void upload_async(void* dst, const void* host, size_t bytes, cuda::Stream s) {
   if (bytes) SPARSEMLA_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, st(s)));
 }

@@ -32,6 +32,27 @@ class OwnedStream {
   cuda::Stream s_ = nullptr;
 };
 
+// A second stream for work that may run beside the main stream's (a branch of the step): fork(main)
+// makes the work enqueued here next wait for everything enqueued on `main` so far; join(main) makes
+// the work enqueued on `main` next wait for everything enqueued here so far. Both are event
+// dependencies, so they also hold inside a graph capture of `main` (the branch becomes parallel
+// nodes of the graph).
+class SideStream {
+ public:
+  SideStream();
+  ~SideStream();
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  cuda::Stream get() const { return stream_.get(); }
+  void fork(cuda::Stream main);
+  void join(cuda::Stream main);
+
+ private:
+  OwnedStream stream_;
+  void* forked_ = nullptr;  // cudaEvent_t
+  void* joined_ = nullptr;
+};
+
 // A captured sequence of the stream's work (a CUDA graph), replayed by launch(). Capture is in
 // relaxed mode: host calls that enqueue nothing (attribute setting, allocations) are allowed
 // between begin_capture and end_capture, while nothing the capture records runs until launch.

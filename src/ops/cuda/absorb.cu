@@ -35,13 +35,19 @@ unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256
 
 // Decode-sized batches: cuBLAS's batched GEMM with n = 1..16 columns reads the weights (12.6 MB for
 // GLM-5's W_UK) at a small fraction of the memory bandwidth, so these take a GEMV that reads each
-// weight once, in 16-byte loads. A block computes kHgRows rows of one head for all tokens: its head's
-// activations, rounded to bf16 as the GEMM path rounds them, are staged in shared memory; each of
-// the 4 warps takes 8 rows, its lanes split every row into 8-column chunks (chunk i: lanes i,
-// i + 32, ...), and a butterfly sums the lanes. A token's sum is formed in the same order whatever
-// the batch size (tokens are taken NT at a time with separate accumulators). Launched with
-// programmatic dependent launch: the first chunks of the weights load while the kernel before ends.
-constexpr int kHgWarps = 4, kHgRowsPerWarp = 8, kHgRows = kHgWarps * kHgRowsPerWarp;
+// weight once, in 16-byte loads. A block computes the 4 x RPW rows of one head for all tokens: its
+// head's activations, rounded to bf16 as the GEMM path rounds them, are staged in shared memory;
+// each of the 4 warps takes RPW rows, its lanes split every row into 8-column chunks (chunk i:
+// lanes i, i + 32, ...), and a butterfly sums the lanes. A token's sum is formed in the same order
+// whatever the batch size (tokens are taken NT at a time with separate accumulators) and whatever
+// RPW. The lane's first chunk of each row is loaded before the wait for the kernel before (weights
+// are no kernel's output; pdl.cuh), so that its latency overlaps that kernel's end and the staging.
+// Rows of at most 32 chunks (256 columns: GLM-5's W_UK, 192) take 4 rows per warp, so the lane's
+// only chunks are those first loads and twice the blocks share the device (H200, Nsight Compute,
+// one decode step: 8.3 -> 7.1 us); wider rows keep 8 (GLM-5's W_UV, 512 columns: 8.0 us, against
+// 8.4 with 4 rows and 8.6 with both of the lane's chunks loaded first).
+constexpr int kHgWarps = 4;
+constexpr int kHgShortRowsPerWarp = 4, kHgRowsPerWarp = 8;  // rows of <= 256 columns, and wider ones
 constexpr int kHgMaxTokens = 16;
 constexpr int kHgMaxStaged = 12288;  // T * cols floats (48 KB of shared memory)
 
@@ -54,7 +60,7 @@ __device__ __forceinline__ void bf16x8_to_f(const uint4& v, float (&f)[8]) {
   }
 }
 
-template <int NT>
+template <int NT, int RPW>
 __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const __nv_bfloat16* __restrict__ w, int heads,
                                                                    int rows, int cols, const float* __restrict__ x,
                                                                    int64_t x_stride, int T, float* __restrict__ out,
@@ -62,17 +68,15 @@ __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const __nv_bfl
   extern __shared__ float xs[];  // [T][cols]
   const int h = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, chunks = cols / 8;
-  const int r0 = blockIdx.x * kHgRows + warp * kHgRowsPerWarp;
+  const int r0 = (blockIdx.x * kHgWarps + warp) * RPW;
   const __nv_bfloat16* wh = w + int64_t(h) * rows * cols;
   auto load_w = [&](int r, int ch) {
     return __ldg(reinterpret_cast<const uint4*>(wh + int64_t(min(r0 + r, rows - 1)) * cols) + ch);
   };
-  // The lane's first chunk of each of the warp's rows, loaded before the wait for the kernel before
-  // (weights are no kernel's output; pdl.cuh): their latency overlaps that kernel's end and the staging.
-  uint4 first[kHgRowsPerWarp];
+  uint4 first[RPW];
   if (r0 < rows && lane < chunks)
 #pragma unroll
-    for (int r = 0; r < kHgRowsPerWarp; ++r) first[r] = load_w(r, lane);
+    for (int r = 0; r < RPW; ++r) first[r] = load_w(r, lane);
   pdl::wait();
   pdl::launch_dependents();  // the next decode product may prefetch its weights
   for (int i = threadIdx.x; i < T * cols; i += blockDim.x) {
@@ -82,31 +86,39 @@ __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const __nv_bfl
   __syncthreads();
   if (r0 >= rows) return;
   for (int t0 = 0; t0 < T; t0 += NT) {
-    float acc[kHgRowsPerWarp][NT];
+    float acc[RPW][NT];
 #pragma unroll
-    for (int r = 0; r < kHgRowsPerWarp; ++r)
+    for (int r = 0; r < RPW; ++r)
 #pragma unroll
       for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-    for (int ch = lane; ch < chunks; ch += 32) {
-      uint4 wv[kHgRowsPerWarp];
-#pragma unroll
-      for (int r = 0; r < kHgRowsPerWarp; ++r) wv[r] = t0 == 0 && ch == lane ? first[r] : load_w(r, ch);
+    // acc[r][t] += chunk ch of row r . chunk ch of token t0 + t.
+    auto chunk_dot = [&](const uint4 (&wv)[RPW], int ch) {
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const float4* xp = reinterpret_cast<const float4*>(xs + min(t0 + t, T - 1) * cols + 8 * ch);
         const float4 a = xp[0], b = xp[1];
         const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-        for (int r = 0; r < kHgRowsPerWarp; ++r) {
+        for (int r = 0; r < RPW; ++r) {
           float wf[8];
           bf16x8_to_f(wv[r], wf);
 #pragma unroll
           for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(wf[i], xv[i], acc[r][t]);
         }
       }
+    };
+    if constexpr (RPW == kHgShortRowsPerWarp) {  // rows of at most 32 chunks: the first loads are all
+      if (lane < chunks) chunk_dot(first, lane);
+    } else {
+      for (int ch = lane; ch < chunks; ch += 32) {
+        uint4 wv[RPW];
+#pragma unroll
+        for (int r = 0; r < RPW; ++r) wv[r] = ch == lane ? first[r] : load_w(r, ch);
+        chunk_dot(wv, ch);
+      }
     }
 #pragma unroll
-    for (int r = 0; r < kHgRowsPerWarp; ++r)
+    for (int r = 0; r < RPW; ++r)
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const float v = warp_sum(acc[r][t]);
@@ -122,10 +134,14 @@ bool head_gemv_fits(const HeadBatchedGemm& g, int64_t T) {
 
 void head_gemv(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_t T, float* out, int64_t out_stride,
                cudaStream_t s) {
-  const dim3 grid(unsigned((g.rows + kHgRows - 1) / kHgRows), unsigned(g.heads));
+  const int rpw = g.cols <= 256 ? kHgShortRowsPerWarp : kHgRowsPerWarp;
+  const dim3 grid(unsigned((g.rows + kHgWarps * rpw - 1) / (kHgWarps * rpw)), unsigned(g.heads));
   const size_t smem = size_t(T * g.cols) * sizeof(float);
   const auto* w = static_cast<const __nv_bfloat16*>(g.w);
-  const auto kernel = T == 1 ? head_gemv_kernel<1> : T == 2 ? head_gemv_kernel<2> : head_gemv_kernel<4>;
+  using Kernel = decltype(&head_gemv_kernel<1, 4>);
+  static constexpr Kernel kKernels[2][3] = {{head_gemv_kernel<1, 4>, head_gemv_kernel<2, 4>, head_gemv_kernel<4, 4>},
+                                            {head_gemv_kernel<1, 8>, head_gemv_kernel<2, 8>, head_gemv_kernel<4, 8>}};
+  const Kernel kernel = kKernels[rpw == kHgRowsPerWarp][T == 1 ? 0 : T == 2 ? 1 : 2];
   pdl::launch(kernel, grid, kHgWarps * 32, smem, s, w, g.heads, g.rows, g.cols, x, x_stride, int(T), out, out_stride);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
