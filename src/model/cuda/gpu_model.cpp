@@ -428,8 +428,8 @@ struct GpuModel::State {
       graph_buffers = buffers();
     }
   }
-  // The indexer's branch of an attention layer (attention_layer): its launches go to `side` while
-  // `on_side` is set, so that they run beside the query path's.
+  // Branches of the step (GpuModelOptions::side_stream): launches go to `side` while `on_side` is
+  // set, so that they run beside the main stream's.
   gpu::SideStream side;
   bool on_side = false;
   cuda::Stream s() const { return on_side ? side.get() : stream.get(); }
@@ -526,6 +526,8 @@ void GpuModel::mark(const char* label) {
   if (st_->timer && st_->profiling) st_->timer->mark(label);
 }
 
+bool GpuModel::side_stream_on() const { return opts_.side_stream && !(st_->timer && st_->profiling); }
+
 std::unique_ptr<GpuModel> GpuModel::load(const Model& cpu, const GpuModelOptions& opts) {
   return load_impl(cpu, nullptr, opts);
 }
@@ -578,7 +580,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   g->opts_ = opts;
   // SPARSEMLA_CUDA_GRAPHS=0 turns the decode graphs off without a rebuild (comparisons, debugging).
   if (env_off("SPARSEMLA_CUDA_GRAPHS")) g->opts_.cuda_graphs = false;
-  if (env_off("SPARSEMLA_ATTENTION_BRANCH")) g->opts_.attention_branch = false;
+  if (env_off("SPARSEMLA_SIDE_STREAM")) g->opts_.side_stream = false;
 
   // SPARSEMLA_STEP_PROFILE=1: events between the operations of every decode step (graphs off), and the
   // device time by operation printed to stderr when the model goes away. Each step waits behind a
@@ -1010,7 +1012,7 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   // under the step profile, whose marks time one stream): the head weights' product, the index keys
   // and the latent rows once the first products are done; the queries, scores and top-k once q_b's
   // are. The attention kernel waits for both.
-  const bool branch = index && opts_.attention_branch && !(st.timer && st.profiling);
+  const bool branch = index && side_stream_on();
   const auto to_side = [&] {
     if (!branch) return;
     st.side.fork(s);

@@ -99,10 +99,11 @@ struct GpuModelOptions {
   // time each is seen. Off: every step launches its kernels one by one (vLLM's --enforce-eager).
   bool cuda_graphs = true;
   // The indexer's branch of each attention layer (its head weights' product, index keys, queries,
-  // scores and top-k, and the latent cache rows) on a second stream beside the query path, joined
-  // before the attention kernel. Off: one stream, same results bit for bit. SPARSEMLA_ATTENTION_BRANCH=0
-  // turns it off without a rebuild; the step profile (SPARSEMLA_STEP_PROFILE=1) runs without it.
-  bool attention_branch = true;
+  // scores and top-k, and the latent cache rows) on a second stream beside the query path (q_a's
+  // norm, q_b, rope, W_UK), joined before the attention kernel. Off: one stream, the same results
+  // bit for bit. SPARSEMLA_SIDE_STREAM=0 turns it off without a rebuild; the step profile
+  // (SPARSEMLA_STEP_PROFILE=1) runs without it.
+  bool side_stream = true;
 };
 
 // One rank's part of the model under tensor parallelism (dist/cuda/sharded_gpu_model.h makes it, by
@@ -203,6 +204,7 @@ class GpuModel {
   static std::unique_ptr<GpuModel> load_impl(const Model& cpu, const GpuShard* shard, const GpuModelOptions& opts);
   void reduce(float* data, int64_t n);  // the ranks' partial sums; nothing unsharded
   void mark(const char* label);          // SPARSEMLA_STEP_PROFILE: the time since the last mark is `label`'s
+  bool side_stream_on() const;  // GpuModelOptions::side_stream, and no step profile running
   int64_t enqueue(const std::vector<SeqInput>& batch, GpuCache& cache, Decisions* record);
   const float* logit_rows(int64_t R);  // the enqueued forward's logits, [R, n_vocab] on the device
   void run_step(GpuCache& cache);        // the device work of one forward (enqueue() lays it out)
