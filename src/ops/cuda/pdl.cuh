@@ -14,6 +14,10 @@
 //    reads its key rows that way, the top-k's second and third launches the indexer's scores;
 //  - pdl::launch_dependents() is called after pdl::wait() (so at most two kernels overlap), and
 //    any kernel may call it: it only lets the next kernel's prologue start;
+//  - "launches back" counts the launches on the kernel's own stream. Where the model forks work to
+//    a second stream (model/cuda's SideStream) or joins it back, the event wait is a full
+//    dependency: the first kernel after it may assume what the other stream did before the fork or
+//    join is done, but nothing else that other stream does;
 //  - on devices before SM90, and with SPARSEMLA_PDL=0 in the environment, pdl::launch is a plain
 //    launch and the device calls do nothing.
 #pragma once
