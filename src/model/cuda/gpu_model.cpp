@@ -1019,6 +1019,10 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
     st.on_side = true;
   };
   const auto to_main = [&] { st.on_side = false; };
+  struct MainAgain {  // an error part way leaves the launches on the main stream
+    State& st;
+    ~MainAgain() { st.on_side = false; }
+  } main_again{st};
   to_side();
   if (index) product(L.idx_proj, w.x, T, w.iw, qx);
   mark("attention: q_a, kv_a, q_b and the indexer's products");
