@@ -23,13 +23,18 @@ if [ -n "${NCU_KERNEL:-}" ] && [ -n "$NCU" ]; then
   echo "ncu exit $?"; grep -E "gemv|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Stall|Warp Cycles Per Issued|Registers Per|Block Size|Grid Size|Eligible|Issued Warp" "$OUT/ncu.log" | head -${NCUN:-80}
 fi
 # NCU_STEP=1: every kernel of one decode step of the 3-layer GLM-5-width model, timed alone (graphs
-# off), summed per kernel and launch shape (ncu_step_summary.py); found the 77 us MoE combine.
+# off), summed per kernel and launch shape (ncu_step_summary.py); found the 77 us MoE combine. Then
+# the same for 2 layers, and the difference: one MoE layer, kernel by kernel (session 19's table).
 if [ "${NCU_STEP:-0}" = 1 ] && [ -n "$NCU" ]; then
-  mk 3
-  SPARSEMLA_CUDA_GRAPHS=0 timeout 300 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
-    --csv "$BIN/sparsemla" bench -m /tmp/glm5w_3.gguf --device cuda --prompt 64 --gen 3 ${NCU_STEP_ARGS:-} \
-    >"$OUT/ncu_step.csv" 2>"$OUT/ncu_step.err"
-  python3 "$(dirname "$0")/ncu_step_summary.py" "$OUT/ncu_step.csv" ${NCU_STEP_TOP:-40}
+  for L in 3 2; do
+    mk $L
+    SPARSEMLA_CUDA_GRAPHS=0 timeout 300 "$NCU" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+      --csv "$BIN/sparsemla" bench -m /tmp/glm5w_$L.gguf --device cuda --prompt ${NCU_STEP_PROMPT:-64} --gen 3 ${NCU_STEP_ARGS:-} \
+      >"$OUT/ncu_step$L.csv" 2>"$OUT/ncu_step$L.err"
+  done
+  python3 "$(dirname "$0")/ncu_step_summary.py" "$OUT/ncu_step3.csv" ${NCU_STEP_TOP:-40}
+  python3 "$(dirname "$0")/ncu_step_summary.py" "$OUT/ncu_step3.csv" --minus "$OUT/ncu_step2.csv" ${NCU_STEP_TOP:-40}
+  python3 "$(dirname "$0")/ncu_step_summary.py" "$OUT/ncu_step3.csv" --order >"$OUT/ncu_step3_order.txt"
 fi
 if [ -n "${MATMUL:-}" ]; then
   timeout 300 "$BIN/bench_cuda_matmul" $MATMUL 2>&1 | tee "$OUT/matmul.log" | tail -60
