@@ -225,6 +225,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           aa.selected = a.dense ? nullptr : sel.as<int32_t>();
           aa.top_k = sh.top_k;
           aa.max_ctx = ctx;
+          aa.selected_front = true;  // top_k's order
           aa.latent = latent_rows;
           aa.dtype = dt;
           aa.out = out.as<float>();

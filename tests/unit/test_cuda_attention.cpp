@@ -338,6 +338,9 @@ struct IndexerCase {
   std::vector<int> ctx;  // per query token: its context length (tokens t share sequences round-robin)
   int n_seq;
   int block_size;
+  // Selections in top_k's order (positions ascending, then the -1 entries) and launched with
+  // AttentionArgs::selected_front; else in random order with the -1 entries among them.
+  bool front = false;
 };
 
 // The indexer's arguments for T tokens of `heads` x `dim` fp32 queries and head weights, scoring into
@@ -885,6 +888,9 @@ struct MlaCase {
   int top_k;             // 0: dense
   int n_seq;
   int block_size;
+  // Selections in top_k's order (positions ascending, then the -1 entries) and launched with
+  // AttentionArgs::selected_front; else in random order with the -1 entries among them.
+  bool front = false;
 };
 
 // ws (if given): the workspace to launch with (its pairs switch, a preset device limit), which keeps
@@ -911,8 +917,10 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
       std::vector<int32_t> all(size_t(n_ctx[size_t(t)]));
       std::iota(all.begin(), all.end(), 0);
       std::shuffle(all.begin(), all.end(), rng);
-      for (int i = 0; i < std::min(c.top_k, n_ctx[size_t(t)]); ++i) sel[size_t(t) * c.top_k + i] = all[size_t(i)];
-      std::shuffle(sel.begin() + int64_t(t) * c.top_k, sel.begin() + int64_t(t + 1) * c.top_k, rng);
+      const int n_sel = std::min(c.top_k, n_ctx[size_t(t)]);
+      for (int i = 0; i < n_sel; ++i) sel[size_t(t) * c.top_k + i] = all[size_t(i)];
+      if (c.front) std::sort(sel.begin() + int64_t(t) * c.top_k, sel.begin() + int64_t(t) * c.top_k + n_sel);
+      else std::shuffle(sel.begin() + int64_t(t) * c.top_k, sel.begin() + int64_t(t + 1) * c.top_k, rng);
     }
   }
   const int64_t max_ctx = *std::max_element(n_ctx.begin(), n_ctx.end());
@@ -931,6 +939,7 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   a.selected = c.top_k > 0 ? d_sel.as<int32_t>() : nullptr;
   a.top_k = c.top_k;
   a.max_ctx = max_ctx;
+  a.selected_front = c.front;
   a.latent = pg.rows(cache.data, cache.row_bytes);
   a.dtype = dtype;
   a.out = d_out.as<float>();
@@ -1002,6 +1011,41 @@ TEST(CudaAttention, SparseMlaMatchesTheCpuReference) {
   for (const MlaCase& c : kMlaCases) check_mla(c, KvDtype::F32, cuda::AttentionKernel::Fma, 1, rng);
   // Rope of 4 with latent 20: only the fma kernel takes it.
   check_mla({3, 20, 4, {30}, 12, 1, 16}, KvDtype::BF16, cuda::AttentionKernel::Fma, 1, rng);
+}
+
+// Selections in top_k's order (AttentionArgs::selected_front): at contexts shorter than top_k the
+// launch splits only the first max_ctx entries, so a token's blocks cover its context, not 2048
+// rows of which most are -1; the sums stay the CPU's. Contexts below, at a tile's edge of, and
+// above top-k, several sequences, 16-row cache blocks (selections crossing them), both kernels
+// this device runs.
+TEST(CudaAttention, FrontSelectionsSplitOnlyTheContext) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(9);
+  const std::vector<MlaCase> cases = {
+      {64, 512, 64, {1000, 700}, 2048, 2, 16, true},  // GLM-5 at 1K: 32 tiles, not 64
+      {64, 512, 64, {33}, 2048, 1, 64, true},         // one row past a 32-row tile
+      {128, 512, 64, {1500, 64}, 2048, 2, 16, true},  // DeepSeek-V3.2
+      {8, 512, 64, {2100, 40}, 2048, 2, 16, true},    // max_ctx above top-k: unchanged
+      {4, 32, 16, {25, 5}, 12, 1, 4, true},           // glm_share
+  };
+  const ops::DeviceInfo dev = ops::list_devices().at(0);
+  std::vector<cuda::AttentionKernel> kernels = {cuda::AttentionKernel::Mma};
+#if SPARSEMLA_HAVE_SM90A
+  if (dev.cc_major == 9 && dev.cc_minor == 0) kernels.push_back(cuda::AttentionKernel::Wgmma);
+#endif
+  for (const MlaCase& c : cases)
+    for (cuda::AttentionKernel k : kernels) {
+      if (k == cuda::AttentionKernel::Wgmma && (c.kv_lora != 512 || c.rope != 64)) continue;
+      for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+        cuda::AttentionWorkspace ws;
+        check_mla(c, d, k, 0, rng, 0, &ws);
+        // Blocks per token: a chosen split takes two 32-row tiles at least, of the context's
+        // (over all top_k entries: up to 32 splits at every context).
+        const int64_t max_ctx = *std::max_element(c.ctx.begin(), c.ctx.end());
+        const int64_t tiles = (std::min<int64_t>(c.top_k, max_ctx) + 31) / 32;
+        EXPECT_LE(ws.last.splits, std::max<int64_t>(1, tiles / 2)) << "context " << max_ctx << " top-k " << c.top_k;
+      }
+    }
 }
 
 // Skips a test of the Hopper kernel unless the device is compute capability 9.0 and the build has

@@ -6,6 +6,7 @@
 
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/small_ops_reduce.cuh"
 
 namespace sparsemla::model::gpu {
 namespace {
@@ -47,7 +48,7 @@ constexpr int kMaxSlots = 64;  // moe_route takes at most 64 experts per token
 __global__ void moe_combine_kernel(const float* __restrict__ expert_out, const int32_t* __restrict__ ids,
                                    const float* __restrict__ weights, const int32_t* __restrict__ inv, int k,
                                    int64_t n_routed, int64_t width, const float* __restrict__ first,
-                                   float* __restrict__ out) {
+                                   float* __restrict__ out, CombineNorm nn) {
   cuda::pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   __shared__ int32_t order[kMaxSlots], row[kMaxSlots];
   __shared__ float weight[kMaxSlots];
@@ -71,12 +72,47 @@ __global__ void moe_combine_kernel(const float* __restrict__ expert_out, const i
   }
   __syncthreads();
   const int64_t c = int64_t(blockIdx.y) * kColumnThreads + threadIdx.x;
-  if (c >= width) return;
   float* dst = out + t * width;
-  float acc = first ? first[t * width + c] : dst[c];
-  for (int s = 0; s < k; ++s)
-    if (row[s] >= 0) acc += weight[s] * expert_out[int64_t(row[s]) * width + c];
-  dst[c] = acc;
+  if (!nn.h) {
+    if (c >= width) return;
+    float acc = first ? first[t * width + c] : dst[c];
+    for (int s = 0; s < k; ++s)
+      if (row[s] >= 0) acc += weight[s] * expert_out[int64_t(row[s]) * width + c];
+    dst[c] = acc;
+    return;
+  }
+  // The residual add and norm (CombineNorm): h first, then this block's squares, then the row's
+  // last block normalizes the whole row.
+  float* h = nn.h + t * width;
+  float v = 0.0f;
+  if (c < width) {
+    float acc = first ? first[t * width + c] : dst[c];
+    for (int s = 0; s < k; ++s)
+      if (row[s] >= 0) acc += weight[s] * expert_out[int64_t(row[s]) * width + c];
+    v = h[c] + acc;
+    h[c] = v;
+  }
+  __threadfence();  // this thread's h before the counter (the last block reads it)
+  const float ss = cuda::block_sum(v * v);
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    nn.partial[t * gridDim.y + blockIdx.y] = ss;
+    __threadfence();
+    last = atomicAdd(nn.count + t, 1u) == gridDim.y - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  __shared__ float scale;
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (unsigned b = 0; b < gridDim.y; ++b) sum += __ldcg(nn.partial + t * gridDim.y + b);
+    scale = 1.0f / sqrtf(sum / float(width) + nn.eps);
+    nn.count[t] = 0;  // for the next call
+  }
+  __syncthreads();
+  float* x = nn.x + t * width;
+  for (int64_t i = threadIdx.x; i < width; i += kColumnThreads) x[i] = __ldcg(h + i) * scale * nn.w[i];
 }
 
 __global__ void localize_experts_kernel(const int32_t* __restrict__ ids, int64_t n, int32_t first, int32_t count,
@@ -295,9 +331,11 @@ void gather_rows(const float* x, int64_t width, const int32_t* idx, int32_t divi
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
+int64_t combine_norm_blocks(int64_t width) { return std::max<int64_t>(1, (width + kColumnThreads - 1) / kColumnThreads); }
+
 void moe_combine(const float* expert_out, const int32_t* perm, int64_t n_routed, const int32_t* ids,
                  const float* weights, int64_t T, int k, int64_t width, int32_t* inv, float* out, cuda::Stream s,
-                 const float* first) {
+                 const float* first, const CombineNorm* then) {
   if (T == 0) return;
   if (k <= 0 || k > kMaxSlots || T > INT32_MAX) fail("moe_combine: {} tokens with {} experts each", T, k);
   if (!perm) inv = nullptr;  // the identity: nothing to invert
@@ -309,8 +347,11 @@ void moe_combine(const float* expert_out, const int32_t* perm, int64_t n_routed,
   if (width <= 0) return;
   const unsigned chunks = unsigned((width + kColumnThreads - 1) / kColumnThreads);
   if (chunks > 65535) fail("moe_combine: rows of {} values", width);
+  if (then && (!then->h || !then->w || !then->x || !then->partial || !then->count))
+    fail("moe_combine: a residual norm without its h, w, x, partial or count");
   moe_combine_kernel<<<dim3(unsigned(T), chunks), kColumnThreads, 0, st(s)>>>(expert_out, ids, weights, inv, k,
-                                                                           n_routed, width, first, out);
+                                                                           n_routed, width, first, out,
+                                                                           then ? *then : CombineNorm{});
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 

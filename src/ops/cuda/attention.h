@@ -189,6 +189,10 @@ struct AttentionArgs {
   const int32_t* selected = nullptr;  // [T, top_k] positions, or null for dense
   int top_k = 0;
   int64_t max_ctx = 0;                // >= every n_ctx (sizes the dense split)
+  // Every selection lists its positions before its -1 entries, as top_k writes them: a token has at
+  // most n_ctx <= max_ctx positions, so the launch splits only the first min(top_k, max_ctx) entries
+  // (at contexts shorter than top_k, no blocks over entries that are all -1). False: any order.
+  bool selected_front = false;
   PagedRows latent;
   KvDtype dtype = KvDtype::BF16;
   float* out = nullptr;

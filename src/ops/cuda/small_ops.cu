@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ops/cuda/activation.cuh"
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/rope.cuh"
 #include "ops/cuda/row_norm.cuh"
@@ -127,8 +128,6 @@ __global__ void rope_kernel(const float* x, int64_t x_stride, float* out, int64_
 }
 
 // ---- elementwise ----
-
-__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 __global__ void silu_mul_kernel(float* gate, const float* __restrict__ up, int64_t n) {
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
