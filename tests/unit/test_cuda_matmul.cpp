@@ -304,9 +304,8 @@ TEST_P(CudaMatmul, OneTokenTensorCoreKernelMatchesCpu) {
   }
   uint32_t seed = 700;
   double worst = 0;
-  // 20000 rows: 1250 tiles of 16, more than one per block of the persistent kernel on any GPU. Where
-  // the device has clusters, rows of more than 8 256-blocks are split over 2-8 blocks (2560: 2 of
-  // 5 blocks; 8960: 5 of 7; 6144: 3 of 8; 16384: 8 of 8; kOneTokenMaxCols: 8, the last of 6).
+  // 20000 rows: 1250 tiles of 16, more than one per block of the persistent kernel on any GPU; rows
+  // of GLM-5's widths (6144, 16384) and of the widest the kernel stages.
   for (const Shape& sh : {Shape{67, 768}, Shape{131, 256}, Shape{19, 8960}, Shape{40, 2560}, Shape{16, 4096},
                           Shape{20000, 512}, Shape{50, 6144}, Shape{24, 16384}, Shape{8, kOneTokenMaxCols}}) {
     const TestWeight w(type(), sh.n_rows, sh.n_cols, seed++);

@@ -13,11 +13,6 @@
 // round-robin (warp w takes w, w + 8, ...) and add their sums in warp order (shuffles over a row's 4
 // threads, then shared memory), so an expert pair is summed exactly as a product of the expert's
 // rows alone, whatever the tile count.
-// Where the device has thread-block clusters (SM90 and later), a row tile is split over a cluster
-// of up to 8 blocks, each taking a run of its 256-blocks (about one per warp, so that a warp's
-// weights are all loaded at its start and it waits on memory once), and the cluster's first block
-// adds the blocks' sums in rank order (one_token_splits; SPARSEMLA_ONE_TOKEN_SPLIT=0: one block
-// per tile). The split depends on the column count alone, so every product of a shape sums alike.
 // The block first stages the token in shared memory (stage_bf16): bf16 values, so each pass's b
 // registers are one shared load for two mma (zeros from a zero row for the threads whose group it
 // is not), and the sum of every 16 columns, so the group sums need no second mma.
@@ -26,13 +21,10 @@
 // Q8_0: fp16 1024 + (q + 128) with each group of activations scaled by a power of 2) measured
 // slower than their fp32 kernels at one token, both held back by loads of 2-byte aligned blocks
 // (docs/PERFORMANCE.md, session 13).
-#include <algorithm>
-
 #include "ops/cuda/activation.cuh"
 #include "ops/cuda/gemv_mma.cuh"
 #include "ops/cuda/gemv_reduce.cuh"
 #include "ops/cuda/quant_matmul.h"
-#include "util/env.h"
 
 namespace sparsemla::cuda {
 
@@ -139,13 +131,12 @@ __device__ __forceinline__ void one_block(const Q4KMma::Raw (&r)[2 * NT], const 
 // up) are written; the second of the row tile's two blocks to get here reads both and writes
 // silu(gate) * up over the gate's (silu_mul's bits), then puts the counter back to zero.
 template <int ROWS>
-__device__ __forceinline__ void swiglu_tile(const MatArgs& a, const BlockView& v, int64_t row0, int64_t tile,
-                                            int64_t tiles) {
+__device__ __forceinline__ void swiglu_tile(const MatArgs& a, const BlockView& v, int64_t row0) {
   __shared__ bool second;
   __threadfence();  // this block's outputs before its count
   __syncthreads();
   if (threadIdx.x == 0) {
-    uint32_t* count = a.swiglu_count + int64_t(blockIdx.y) * tiles + tile;
+    uint32_t* count = a.swiglu_count + int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
     second = atomicAdd(count, 1u) == 1u;
     if (second) *count = 0u;  // both blocks have counted
   }
@@ -159,32 +150,6 @@ __device__ __forceinline__ void swiglu_tile(const MatArgs& a, const BlockView& v
   if (threadIdx.x < ROWS && r < v.n_rows) gate[r] = silu_times(__ldcg(gate + r), __ldcg(up + r));
 }
 
-// Row splits (one_token_splits): the blocks of a row tile are a thread-block cluster, block r of it
-// taking the r-th run of the row's 256-blocks; block 0 adds the blocks' sums in rank order from
-// their shared memory (SM90 and later; never launched split before).
-__device__ __forceinline__ void cluster_barrier() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-// Value p of the shared memory of the cluster's block `rank` (p: this block's address of it).
-__device__ __forceinline__ float cluster_load(const float* p, uint32_t rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t at;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(at) : "r"(uint32_t(__cvta_generic_to_shared(p))), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(at) : "memory");
-  return v;
-#else
-  (void)p;
-  (void)rank;
-  __trap();
-  return 0.0f;
-#endif
-}
-
 // With the kernel's static shared memory, kOneTokenMaxCols columns stay within the default 48 KB.
 static_assert(bf16_staged_bytes(kOneTokenMaxCols) + sizeof(float) * kMmaWarps * kMmaRows * 2 <= 48 * 1024);
 
@@ -192,20 +157,14 @@ static_assert(bf16_staged_bytes(kOneTokenMaxCols) + sizeof(float) * kMmaWarps * 
 // 256-blocks w, w + 8, ..., U of them loaded at a time (the block's 8 warps split the row, then add
 // their sums in warp order).
 template <int NT, int MinBlocks>
-__global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel(const MatArgs a, int splits) {
+__global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel(const MatArgs a) {
   constexpr int NR = 2 * NT, ROWS = kMmaRows * NT, U = NT == 1 ? 2 : 1;
   using Raw = Q4KMma::Raw;
-  extern __shared__ uint4 smem[];  // bf16_staged_bytes(the split's columns)
+  extern __shared__ uint4 smem[];  // bf16_staged_bytes(n_cols)
   __shared__ float part[kMmaWarps][ROWS];
-  __shared__ float mine[ROWS];  // the block's row sums (split launches: read by the cluster's block 0)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
-  // Row tile blockIdx.x / splits; its split blockIdx.x % splits (the block's rank in its cluster)
-  // takes the 256-blocks [kb0, kb1) of the rows.
-  const int split = int(blockIdx.x % unsigned(splits));
-  const int64_t tile = blockIdx.x / unsigned(splits), tiles = gridDim.x / unsigned(splits);
-  const int64_t row0 = tile * ROWS;
-  const int n_all = int(a.n_cols / 256), per = (n_all + splits - 1) / splits;
-  const int kb0 = min(n_all, split * per), n_blocks = min(n_all, kb0 + per);
+  const int64_t row0 = int64_t(blockIdx.x) * ROWS;
+  const int n_blocks = int(a.n_cols / 256);
   const uint8_t* w[NR];
   // The warp's first U blocks are loaded before the token is staged, so that their memory latency
   // overlaps the staging and its barrier. Outside expert mode they are loaded even before the wait
@@ -217,24 +176,22 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel
     block_rows(base, m.n_rows, m.row_bytes, row0, g, w);
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (kb0 + warp + u * kMmaWarps < n_blocks) load_rows<Q4KMma>(w, kb0 + warp + u * kMmaWarps, c, first[u]);
+      if (warp + u * kMmaWarps < n_blocks) load_rows<Q4KMma>(w, warp + u * kMmaWarps, c, first[u]);
   };
   if (!a.expert_ids) load_first(m.w);
   gemv_prologue<ROWS>(a.prefetch && !a.expert_ids, m.w, m.row_bytes, row0, m.n_rows);
   BlockView v;
   if (!block_view(a, v)) return;
   if (a.expert_ids) load_first(v.w);
-  const UnitToken token =
-      stage_bf16(v.token(a, 0) + 256 * int64_t(kb0), 256 * (n_blocks - kb0), reinterpret_cast<uint8_t*>(smem));
+  const UnitToken token = stage_bf16(v.token(a, 0), int(a.n_cols), reinterpret_cast<uint8_t*>(smem));
   float tot[NR] = {};
   const auto step = [&](const Raw (&r)[NR], int kb) {
-    const int at = kb - kb0;  // the staged columns start at the split's
-    one_block<NT>(r, {token.x + 512 * at, token.sums + 16 * at, token.zeros}, g, c, tot);
+    one_block<NT>(r, {token.x + 512 * kb, token.sums + 16 * kb, token.zeros}, g, c, tot);
   };
 #pragma unroll
   for (int u = 0; u < U; ++u)
-    if (kb0 + warp + u * kMmaWarps < n_blocks) step(first[u], kb0 + warp + u * kMmaWarps);
-  for_warp_blocks<Q4KMma, U>(w, n_blocks, kb0 + warp + U * kMmaWarps, c, step);
+    if (warp + u * kMmaWarps < n_blocks) step(first[u], warp + u * kMmaWarps);
+  for_warp_blocks<Q4KMma, U>(w, n_blocks, warp + U * kMmaWarps, c, step);
 #pragma unroll
   for (int i = 0; i < NR; ++i) {
     tot[i] += __shfl_xor_sync(0xffffffffu, tot[i], 1);
@@ -242,24 +199,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel
     if (c == 0) part[warp][g + 8 * i] = tot[i];
   }
   __syncthreads();
-  float sum = 0.0f;
   if (threadIdx.x < ROWS) {
-    sum = part[0][threadIdx.x];
+    float sum = part[0][threadIdx.x];
 #pragma unroll
     for (int k = 1; k < kMmaWarps; ++k) sum += part[k][threadIdx.x];
+    if (row0 + threadIdx.x < v.n_rows) v.y[row0 + threadIdx.x] = sum;
   }
-  if (splits > 1) {  // the cluster's blocks' sums, added by block 0 in rank order
-    if (threadIdx.x < ROWS) mine[threadIdx.x] = sum;
-    cluster_barrier();
-    if (split == 0 && threadIdx.x < ROWS) {
-      sum = mine[threadIdx.x];
-      for (int r = 1; r < splits; ++r) sum += cluster_load(mine + threadIdx.x, uint32_t(r));
-    }
-    cluster_barrier();  // the other blocks' shared memory stays until block 0 has read it
-    if (split != 0) return;
-  }
-  if (threadIdx.x < ROWS && row0 + threadIdx.x < v.n_rows) v.y[row0 + threadIdx.x] = sum;
-  if (a.swiglu_count) swiglu_tile<ROWS>(a, v, row0, tile, tiles);
+  if (a.swiglu_count) swiglu_tile<ROWS>(a, v, row0);
 }
 
 // Row tiles per block. Two (the b registers and the staged token shared by 32 rows, half the blocks)
@@ -274,29 +220,18 @@ bool two_tiles(const MatArgs& a) {
   return a.n_cols <= 256 * kMmaWarps || a.blocks_of_all(2 * kMmaRows) * items >= 2 * int64_t(a.sm_count);
 }
 
-// Blocks per row tile: each takes a run of the row's 256-blocks, about one per warp, where the
-// device has thread-block clusters (SM90 and later) and SPARSEMLA_ONE_TOKEN_SPLIT is not 0; at most
-// 8 (a portable cluster). A function of the column count alone, so that every product of these
-// columns (alone, several in one launch, an expert pair) sums its rows alike.
-int one_token_splits(int64_t n_cols) {
-  static const bool off = env_off("SPARSEMLA_ONE_TOKEN_SPLIT");
-  if (off || !pdl::clusters()) return 1;
-  return int(std::clamp<int64_t>((n_cols / 256 + kMmaWarps - 1) / kMmaWarps, 1, 8));
-}
-
 template <int NT>
 void launch_tiles(const MatArgs& a, cudaStream_t s) {
   const int64_t items = a.expert_ids ? a.n_tokens : 1;  // blocks per row tile of each product
-  const int splits = one_token_splits(a.n_cols);
-  const int64_t tiles = ceil_div(a.max_rows(), int64_t(kMmaRows) * NT);
-  const dim3 grid{unsigned(tiles * splits), unsigned(items), 1u + unsigned(a.n_more)};
-  const size_t smem = bf16_staged_bytes((a.n_cols / 256 + splits - 1) / splits * 256);
+  const dim3 grid{unsigned(ceil_div(a.max_rows(), int64_t(kMmaRows) * NT)), unsigned(items), 1u + unsigned(a.n_more)};
+  const size_t smem = bf16_staged_bytes(a.n_cols);
   // Three blocks per multiprocessor (80 registers) where the grid fills them; a grid of one wave
   // or less (the 2048-row shapes: 128 blocks) keeps the uncapped kernel, faster there (session 7).
   // (Blocks past a product's rows leave at once: only the others count.)
-  const bool full = a.blocks_of_all(int64_t(kMmaRows) * NT) * items >= 2 * int64_t(a.sm_count);
-  const auto kernel = full ? gemv_mma_one_kernel<NT, NT == 1 ? 3 : 2> : gemv_mma_one_kernel<NT, 1>;
-  pdl::launch_clustered(unsigned(splits), kernel, grid, kMmaWarps * 32, smem, s, a, splits);
+  if (a.blocks_of_all(int64_t(kMmaRows) * NT) * items >= 2 * int64_t(a.sm_count))
+    pdl::launch(gemv_mma_one_kernel<NT, NT == 1 ? 3 : 2>, grid, kMmaWarps * 32, smem, s, a);
+  else
+    pdl::launch(gemv_mma_one_kernel<NT, 1>, grid, kMmaWarps * 32, smem, s, a);
 }
 
 }  // namespace

@@ -35,20 +35,6 @@ bool enabled() {
   return v == 2;
 }
 
-bool clusters() {
-  static std::atomic<int8_t> state[kMaxDevices];  // 0 unknown, 1 no, 2 yes
-  const int d = current_device();
-  if (d < 0 || d >= kMaxDevices) return false;
-  int8_t v = state[d].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int can = 0;
-    SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&can, cudaDevAttrClusterLaunch, d));
-    v = can ? 2 : 1;
-    state[d].store(v, std::memory_order_relaxed);
-  }
-  return v == 2;
-}
-
 bool prefetch() {
   static const int env = env_switch("SPARSEMLA_GEMV_PREFETCH");
   return env == -1 ? enabled() : env == 1;

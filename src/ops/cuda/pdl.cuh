@@ -61,10 +61,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t n) {
 // SPARSEMLA_PDL not set to 0. Asked once per device.
 bool enabled();
 
-// Whether the current device launches thread-block clusters (compute capability 9.0 or later).
-// Asked once per device.
-bool clusters();
-
 // Whether the decode products prefetch their weight rows into L2 before pdl::wait():
 // SPARSEMLA_GEMV_PREFETCH (default 1 where PDL is on; 0 turns it off, 1 forces it without PDL).
 bool prefetch();
@@ -72,13 +68,11 @@ bool prefetch();
 // kernel<<<grid, block, smem, s>>>(args...), with the programmatic-serialization attribute when
 // enabled(), and as a cooperative launch (every block resident at once, or the launch fails) with
 // Cooperative::kYes. The kernel must follow the rules above.
-// With cluster_x > 1 (launch_clustered), the blocks go in thread-block clusters of cluster_x
-// consecutive blocks along x (SM90 and later; grid.x a multiple of it).
 enum class Cooperative { kNo, kYes };
 template <class... Params, class... Args>
-void launch_as(Cooperative cooperative, unsigned cluster_x, void (*kernel)(Params...), dim3 grid, dim3 block,
-               size_t smem, cudaStream_t s, Args&&... args) {
-  cudaLaunchAttribute attr[3];
+void launch_as(Cooperative cooperative, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+               cudaStream_t s, Args&&... args) {
+  cudaLaunchAttribute attr[2];
   unsigned n = 0;
   if (enabled()) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -87,12 +81,6 @@ void launch_as(Cooperative cooperative, unsigned cluster_x, void (*kernel)(Param
   if (cooperative == Cooperative::kYes) {
     attr[n].id = cudaLaunchAttributeCooperative;
     attr[n++].val.cooperative = 1;
-  }
-  if (cluster_x > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster_x;
-    attr[n].val.clusterDim.y = 1;
-    attr[n++].val.clusterDim.z = 1;
   }
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
@@ -106,12 +94,7 @@ void launch_as(Cooperative cooperative, unsigned cluster_x, void (*kernel)(Param
 
 template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
-  launch_as(Cooperative::kNo, 1, kernel, grid, block, smem, s, std::forward<Args>(args)...);
-}
-template <class... Params, class... Args>
-void launch_clustered(unsigned cluster_x, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                      cudaStream_t s, Args&&... args) {
-  launch_as(Cooperative::kNo, cluster_x, kernel, grid, block, smem, s, std::forward<Args>(args)...);
+  launch_as(Cooperative::kNo, kernel, grid, block, smem, s, std::forward<Args>(args)...);
 }
 
 }  // namespace sparsemla::cuda::pdl

@@ -222,7 +222,7 @@ int team_blocks_per_sm() {
 void launch_team(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, RowState* state,
                  uint32_t* masks, int64_t mask_words, int parts, int list_cap, bool counted, int32_t* out,
                  cudaStream_t st) {
-  pdl::launch_as(pdl::Cooperative::kYes, 1, topk_team_kernel, dim3{unsigned(parts), unsigned(T)}, dim3(kThreads), 0, st,
+  pdl::launch_as(pdl::Cooperative::kYes, topk_team_kernel, dim3{unsigned(parts), unsigned(T)}, dim3(kThreads), 0, st,
                  scores, stride, n, k, state, reinterpret_cast<uint64_t*>(masks), mask_words, masks + 2 * parts,
                  2 * mask_words, list_cap, counted, out);
 }
