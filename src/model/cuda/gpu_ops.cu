@@ -24,6 +24,7 @@ constexpr int kColumnThreads = 256, kColumnChunk = 1024;
 
 __global__ void gather_rows_kernel(const float* __restrict__ x, int64_t width, const int32_t* __restrict__ idx,
                                    int32_t divisor, float* __restrict__ out) {
+  cuda::pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
   cuda::pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const float* src = x + int64_t(idx[blockIdx.x] / divisor) * width;
   float* dst = out + int64_t(blockIdx.x) * width;
@@ -49,6 +50,7 @@ __global__ void moe_combine_kernel(const float* __restrict__ expert_out, const i
                                    const float* __restrict__ weights, const int32_t* __restrict__ inv, int k,
                                    int64_t n_routed, int64_t width, const float* __restrict__ first,
                                    float* __restrict__ out, CombineNorm nn) {
+  cuda::pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
   cuda::pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   __shared__ int32_t order[kMaxSlots], row[kMaxSlots];
   __shared__ float weight[kMaxSlots];
@@ -327,7 +329,8 @@ void gather_rows(const float* x, int64_t width, const int32_t* idx, int32_t divi
                  cuda::Stream s) {
   if (n == 0) return;
   if (n > INT32_MAX || divisor <= 0) fail("gather_rows: {} rows, divisor {}", n, divisor);
-  gather_rows_kernel<<<dim3(unsigned(n), column_chunks(width)), kColumnThreads, 0, st(s)>>>(x, width, idx, divisor, out);
+  cuda::pdl::launch_small(gather_rows_kernel, dim3(unsigned(n), column_chunks(width)), kColumnThreads, 0, st(s), x, width, idx,
+                          divisor, out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
@@ -349,9 +352,9 @@ void moe_combine(const float* expert_out, const int32_t* perm, int64_t n_routed,
   if (chunks > 65535) fail("moe_combine: rows of {} values", width);
   if (then && (!then->h || !then->w || !then->x || !then->partial || !then->count))
     fail("moe_combine: a residual norm without its h, w, x, partial or count");
-  moe_combine_kernel<<<dim3(unsigned(T), chunks), kColumnThreads, 0, st(s)>>>(expert_out, ids, weights, inv, k,
-                                                                           n_routed, width, first, out,
-                                                                           then ? *then : CombineNorm{});
+  cuda::pdl::launch_small(moe_combine_kernel, dim3(unsigned(T), chunks), kColumnThreads, 0, st(s), expert_out, ids,
+                          weights, static_cast<const int32_t*>(inv), k, n_routed, width, first, out,
+                          then ? *then : CombineNorm{});
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
