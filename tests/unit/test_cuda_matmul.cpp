@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -34,7 +33,6 @@
 #include "ops/cuda/moe_router.h"
 #include "ops/cuda/quant_matmul.h"
 #include "ops/cuda/quant_matmul_q8.h"
-#include "ops/cuda/small_ops.h"
 #include "test_util.h"
 #include "util/half.h"
 
@@ -482,64 +480,6 @@ TEST_P(CudaMatmul, SharedExpertPairEqualsItsOneTokenProduct) {
     EXPECT_THROW(matmul_experts(w.mat, F, dids.as<int32_t>(), k, dx.as<float>(), k, y.as<float>(), nullptr, kernel, &bad),
                  Error)
         << what << ": a shared expert of another shape";
-  }
-}
-
-// One token's gate/up pairs with the SwiGLU in the same launch (matmul_experts_swiglu): the gate
-// output equals matmul_experts_pair's followed by silu_mul, bit for bit, and the up output the
-// pair's; an unused slot stays unwritten; the counters are zero again after each call (three calls
-// in a row, the same bits). Row counts of one and of several 16- and 32-row tiles, a partial last
-// tile, the shared expert as the last pair, 9 pairs of GLM-5's 2048 x 6144 shape (many blocks
-// meeting at their counters at once). Types the one-token kernel does not take are refused.
-TEST_P(CudaMatmul, SwigluPairEqualsThePairThenSiluMul) {
-  SPARSEMLA_REQUIRE_GPU();
-  struct Case {
-    int64_t E, F, H, k;
-  };
-  std::vector<Case> cases = {{4, 40, 768, 3}, {3, 8, 256, 2}};
-  if (!std::getenv("SPARSEMLA_GPU_TEST_SMALL")) cases.push_back({9, 2048, 6144, 8});  // (not under the sanitizer)
-  for (const Case& c : cases) {
-    const TestWeight w(type(), c.E * c.F, c.H, 91), w2(type(), c.E * c.F, c.H, 92), sh(type(), c.F, c.H, 93),
-        sh2(type(), c.F, c.H, 94);
-    std::vector<int32_t> ids(size_t(c.k));
-    for (int64_t s = 0; s < c.k; ++s) ids[size_t(s)] = int32_t((3 * s + 1) % c.E);
-    ids[1] = -1;  // an unused slot
-    const std::vector<float> x = randn(size_t(2 * c.H), 95);  // the shared expert reads row 1
-    const DeviceBuffer dx = to_device(x), dids = to_device(ids);
-    const SharedPair two{&sh.mat, &sh2.mat, 1};
-    const int64_t n = (c.k + 1) * c.F;
-    const std::vector<float> unwritten(size_t(n), kUnwritten);
-    const int64_t n_count = swiglu_pair_counters(c.F, c.k + 1);
-    DeviceBuffer count = to_device(std::vector<uint32_t>(size_t(n_count), 0u));
-    const std::string what = GetParam() + " " + std::to_string(c.F) + "x" + std::to_string(c.H);
-    if (!swiglu_pair_takes(w.mat, w2.mat)) {
-      DeviceBuffer g = to_device(unwritten), u = to_device(unwritten);
-      EXPECT_THROW(matmul_experts_swiglu(w.mat, w2.mat, c.F, dids.as<int32_t>(), c.k, dx.as<float>(), c.k,
-                                         g.as<float>(), u.as<float>(), count.as<uint32_t>(), nullptr, &two),
-                   Error)
-          << what;
-      return;
-    }
-    DeviceBuffer g0 = to_device(unwritten), u0 = to_device(unwritten);
-    matmul_experts_pair(w.mat, w2.mat, c.F, dids.as<int32_t>(), c.k, dx.as<float>(), c.k, g0.as<float>(),
-                        u0.as<float>(), nullptr, ExpertKernel::kOneToken, &two);
-    ASSERT_EQ(to_host<float>(u0, size_t(n))[size_t(c.F)], kUnwritten) << what << ": the pair wrote the unused slot";
-    silu_mul(g0.as<float>(), u0.as<float>(), n, nullptr);
-    synchronize();
-    std::vector<float> want_g = to_host<float>(g0, size_t(n));
-    const std::vector<float> want_u = to_host<float>(u0, size_t(n));
-    // silu_mul ran over every row, the unused slot's too; the SwiGLU pair leaves that slot unwritten.
-    std::fill(want_g.begin() + c.F, want_g.begin() + 2 * c.F, kUnwritten);
-    for (int rep = 0; rep < 3; ++rep) {
-      DeviceBuffer g = to_device(unwritten), u = to_device(unwritten);
-      matmul_experts_swiglu(w.mat, w2.mat, c.F, dids.as<int32_t>(), c.k, dx.as<float>(), c.k, g.as<float>(),
-                            u.as<float>(), count.as<uint32_t>(), nullptr, &two);
-      synchronize();
-      EXPECT_EQ(to_host<float>(g, size_t(n)), want_g) << what << " call " << rep << ": silu(gate) * up";
-      EXPECT_EQ(to_host<float>(u, size_t(n)), want_u) << what << " call " << rep << ": up";
-      EXPECT_EQ(to_host<uint32_t>(count, size_t(n_count)), std::vector<uint32_t>(size_t(n_count), 0u))
-          << what << " call " << rep << ": counters left set";
-    }
   }
 }
 

@@ -17,15 +17,12 @@
 
 #if SPARSEMLA_HAVE_CUDA
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <string>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -35,7 +32,6 @@
 #include "model/cuda/gpu_ops.h"
 #include "model/model.h"
 #include "ops/cuda/buffer.h"
-#include "ops/cuda/small_ops.h"
 #include "legacy_kv_b.h"
 #include "logit_agreement.h"
 #include "test_util.h"
@@ -663,76 +659,6 @@ TEST(GpuModel, ExpertGatherAndCombineMatchTheHost) {
         ASSERT_NEAR(out[size_t(t * W + c)], want, 1e-5) << t << " " << c << " of " << W;
       }
   }
-}
-
-// The combine with the residual add and norm folded in (gpu::CombineNorm): h is add_rms_norm's bit
-// for bit (the same sum, then h + it), x is the host's rms norm of h in double within fp32 rounding
-// and add_rms_norm's within 1e-6, out is left as it was, and the counters are zero after every call.
-// Grouped (a permutation, 7 tokens) and one token's pairs in entry order with the shared row first;
-// rows of one block, several, a partial last one, and GLM-5's 6144.
-TEST(GpuModel, CombineWithResidualNormMatchesTheHost) {
-  SPARSEMLA_REQUIRE_GPU();
-  std::mt19937 rng(4);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  const float eps = 1e-5f;
-  for (const int64_t W : {int64_t(40), int64_t(777), int64_t(6144)})
-    for (const bool grouped : {true, false}) {
-      const int64_t T = grouped ? 7 : 1, k = 3, E = 5;
-      std::vector<float> base(size_t(T * W)), h0(size_t(T * W)), wts(size_t(T * k)), nw(static_cast<size_t>(W));
-      for (float& v : base) v = u(rng);
-      for (float& v : h0) v = 4.0f * u(rng);
-      for (float& v : wts) v = u(rng);
-      for (float& v : nw) v = 1.0f + 0.5f * u(rng);
-      std::vector<int32_t> ids(size_t(T * k));
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t s = 0; s < k; ++s) ids[size_t(t * k + s)] = int32_t((t + 2 * s + 1) % E);
-      std::vector<int32_t> perm;
-      if (grouped)
-        for (int32_t e = 0; e < E; ++e)
-          for (int64_t j = 0; j < T * k; ++j)
-            if (ids[size_t(j)] == e) perm.push_back(int32_t(j));
-      const int64_t n = T * k;
-      std::vector<float> expert_out(size_t((n + 1) * W));  // (one token: the shared row after the pairs)
-      for (float& v : expert_out) v = u(rng);
-      const int64_t blocks = gpu::combine_norm_blocks(W);
-      cuda::DeviceBuffer dperm = cuda::to_device(perm.empty() ? std::vector<int32_t>{0} : perm),
-                         dids = cuda::to_device(ids), dw = cuda::to_device(wts), deo = cuda::to_device(expert_out),
-                         dnw = cuda::to_device(nw), dinv(size_t(T * k) * 4), dpart(size_t(T * blocks) * 4),
-                         dcount = cuda::to_device(std::vector<uint32_t>(size_t(T), 0u));
-      const int32_t* p = grouped ? dperm.as<int32_t>() : nullptr;
-      const float* first = grouped ? nullptr : deo.as<float>() + n * W;
-      // The two launches the fold replaces.
-      cuda::DeviceBuffer out_ref = cuda::to_device(base), h_ref = cuda::to_device(h0), x_ref(size_t(T * W) * 4);
-      gpu::moe_combine(deo.as<float>(), p, n, dids.as<int32_t>(), dw.as<float>(), T, int(k), W, dinv.as<int32_t>(),
-                       out_ref.as<float>(), nullptr, first);
-      cuda::add_rms_norm(h_ref.as<float>(), out_ref.as<float>(), dnw.as<float>(), T, W, eps, x_ref.as<float>(), nullptr);
-      const std::vector<float> want_h = cuda::to_host<float>(h_ref, size_t(T * W));
-      const std::vector<float> near_x = cuda::to_host<float>(x_ref, size_t(T * W));
-      const std::string what = fmt::format("width {} {}", W, grouped ? "grouped" : "one token");
-      for (int rep = 0; rep < 2; ++rep) {
-        cuda::DeviceBuffer out = cuda::to_device(base), h = cuda::to_device(h0), x(size_t(T * W) * 4);
-        const gpu::CombineNorm then{h.as<float>(), dnw.as<float>(), eps, x.as<float>(), dpart.as<float>(),
-                                    dcount.as<uint32_t>()};
-        gpu::moe_combine(deo.as<float>(), p, n, dids.as<int32_t>(), dw.as<float>(), T, int(k), W, dinv.as<int32_t>(),
-                         out.as<float>(), nullptr, first, &then);
-        const std::vector<float> got_h = cuda::to_host<float>(h, size_t(T * W));
-        const std::vector<float> got_x = cuda::to_host<float>(x, size_t(T * W));
-        ASSERT_EQ(got_h, want_h) << what << ": h";
-        EXPECT_EQ(cuda::to_host<float>(out, size_t(T * W)), base) << what << ": out was written";
-        EXPECT_EQ(cuda::to_host<uint32_t>(dcount, size_t(T)), std::vector<uint32_t>(size_t(T), 0u)) << what;
-        for (int64_t t = 0; t < T; ++t) {
-          double ss = 0;
-          for (int64_t c = 0; c < W; ++c) ss += double(want_h[size_t(t * W + c)]) * want_h[size_t(t * W + c)];
-          const double inv = 1.0 / std::sqrt(ss / double(W) + double(eps));
-          for (int64_t c = 0; c < W; ++c) {
-            const size_t i = size_t(t * W + c);
-            const double want = double(want_h[i]) * inv * nw[size_t(c)];
-            ASSERT_NEAR(got_x[i], want, 1e-5 * std::max(1.0, std::fabs(want))) << what << " token " << t << " col " << c;
-            ASSERT_NEAR(got_x[i], near_x[i], 1e-6 * std::max(1.0f, std::fabs(near_x[i]))) << what << " vs add_rms_norm";
-          }
-        }
-      }
-    }
 }
 
 }  // namespace

@@ -263,7 +263,6 @@ struct GpuModel::Workspace {
   int32_t* offsets = nullptr;   // [E + 1]
   int32_t* perm = nullptr;      // [T * k]
   int32_t* inv = nullptr;       // [T * k]
-  float* norm_part = nullptr;   // [T, gpu::combine_norm_blocks(H)] (gpu::CombineNorm::partial)
   int32_t* active = nullptr;    // [E] experts with tokens (the grouped decode path)
   int32_t* n_active = nullptr;  // [1]
   // int64
@@ -335,7 +334,6 @@ uint64_t layout_workspace(const HParams& hp, bool sparse, const WsDims& d, char*
   take(ws.offsets, E + 1);
   take(ws.perm, T * k);
   take(ws.inv, T * k);
-  take(ws.norm_part, E > 0 ? T * gpu::combine_norm_blocks(H) : 0);
   take(ws.active, E);
   take(ws.n_active, E > 0 ? 1 : 0);
   take(ws.pos, T);
@@ -420,16 +418,10 @@ struct GpuModel::State {
   std::string graph_error;  // why the last capture that failed failed
   // The addresses of every buffer the graphs use that grows on demand. Buffers only grow, so the
   // graphs stay valid while these are unchanged; when an eager step moved one, they are dropped.
-  std::array<const void*, 5> buffers() const {
-    return {ws_buf.get(), attn_ws.partial.get(), topk_ws.candidates.get(), blas.scratch(), counters.get()};
+  std::array<const void*, 4> buffers() const {
+    return {ws_buf.get(), attn_ws.partial.get(), topk_ws.candidates.get(), blas.scratch()};
   }
-  std::array<const void*, 5> graph_buffers = {};
-  // uint32 counters of the kernels whose last block finishes a row's work, zeroed when allocated
-  // (every call leaves its counters zero): [T] the MoE combine's residual norm
-  // (gpu::CombineNorm::count), then one token's expert pairs' SwiGLU (cuda::matmul_experts_swiglu).
-  cuda::DeviceBuffer counters;
-  uint32_t* norm_count() const { return counters.as<uint32_t>(); }
-  uint32_t* swiglu_count() const { return counters.as<uint32_t>() + T; }
+  std::array<const void*, 4> graph_buffers = {};
   void eager_step_done() {
     if (buffers() != graph_buffers) {
       graphs.clear();
@@ -907,11 +899,6 @@ int64_t GpuModel::enqueue(const std::vector<SeqInput>& batch, GpuCache& cache, D
   if (record) record->layers.assign(hp.n_layer, LayerDecisions{});
   Workspace& w = st.ws;
   const cuda::Stream s = st.s();
-  const size_t counters = size_t(T + cuda::swiglu_pair_counters(hp.n_ff_exp, hp.n_expert_used + 1)) * sizeof(uint32_t);
-  if (st.counters.bytes() < counters) {
-    st.counters = cuda::DeviceBuffer(counters);
-    gpu::fill_bytes(st.counters.get(), 0, counters, s);
-  }
   gpu::upload_async(w.ids, ids.data(), size_t(T) * 4, s);
   gpu::upload_async(w.seq, seq.data(), size_t(T) * 4, s);
   gpu::upload_async(w.nctx, nctx.data(), size_t(T) * 4, s);
@@ -980,13 +967,7 @@ void GpuModel::run_step(GpuCache& cache) {
     reduce(w.attn, T * H);
     cuda::add_rms_norm(w.h, w.attn, L.ffn_norm, T, H, hp.rms_eps, w.x, s);
     mark("attention: output all-reduce, norm");
-    // The residual add and the next layer's norm, done by the MoE combine where nothing comes
-    // between them (SPARSEMLA_COMBINE_NORM=0: a launch of their own, for A/B).
-    static const bool combine_norm_off = env_off("SPARSEMLA_COMBINE_NORM");
-    gpu::CombineNorm then;
-    if (!sharded() && il + 1 < hp.n_layer && !combine_norm_off)
-      then = {w.h, st.layers[il + 1].attn_norm, hp.rms_eps, w.x, w.norm_part, st.norm_count()};
-    if (ffn(L, int32_t(il), then.h ? &then : nullptr)) continue;
+    ffn(L, int32_t(il));
     reduce(w.attn, T * H);
     if (il + 1 < hp.n_layer) cuda::add_rms_norm(w.h, w.attn, st.layers[il + 1].attn_norm, T, H, hp.rms_eps, w.x, s);
     else cuda::add(w.h, w.attn, T * H, s);
@@ -1250,7 +1231,7 @@ void GpuModel::mlp(const QuantMatrix& gate, const QuantMatrix& up, const QuantMa
 //  - larger batches (prefill): the per-expert token counts are read back to the host (one
 //    synchronization per MoE layer) and each expert with tokens runs cuda::matmul over its rows of
 //    the stacked expert tensors, on the tokens gathered for it (tensor cores past 16 tokens).
-bool GpuModel::ffn(const Layer& L, int32_t il, const gpu::CombineNorm* then) {
+void GpuModel::ffn(const Layer& L, int32_t il) {
   State& st = *st_;
   Workspace& w = st.ws;
   const HParams& hp = hp_;
@@ -1259,7 +1240,7 @@ bool GpuModel::ffn(const Layer& L, int32_t il, const gpu::CombineNorm* then) {
   if (!L.moe) {
     mlp(L.gate, L.up, L.down, w.x, T, w.attn);
     mark("ffn: dense MLP");
-    return false;
+    return;
   }
   const int64_t k = hp.n_expert_used, Fe = hp.n_ff_exp;
   // The experts this model holds: all, or a rank's range (expert parallel).
@@ -1308,15 +1289,7 @@ bool GpuModel::ffn(const Layer& L, int32_t il, const gpu::CombineNorm* then) {
       return !opts_.precise && cuda::mma_one_token_takes(m) ? cuda::ExpertKernel::kOneToken : cuda::ExpertKernel::kFp32;
     };
     const auto int8 = [](const cuda::Q8Activations* q, const QuantMatrix& m) { return q && cuda::q8_supported(m.type); };
-    // The SwiGLU in the gate/up launch where the one-token kernel runs it (SPARSEMLA_SWIGLU_PAIR=0:
-    // silu_mul after it, for A/B).
-    static const bool swiglu_off = env_off("SPARSEMLA_SWIGLU_PAIR");
-    const bool swiglu = !swiglu_off && !int8(qx, L.gate_exps) && kernel(L.gate_exps) == cuda::ExpertKernel::kOneToken &&
-                        cuda::swiglu_pair_takes(L.gate_exps, L.up_exps);
-    if (swiglu) {
-      cuda::matmul_experts_swiglu(L.gate_exps, L.up_exps, Fe, ids, k, w.x, k, w.g, w.u, st.swiglu_count(), s,
-                                  fold ? &up_pair : nullptr);
-    } else if (L.gate_exps.type == L.up_exps.type) {  // gate and up in one launch (one kernel choice)
+    if (L.gate_exps.type == L.up_exps.type) {  // gate and up in one launch (one kernel choice)
       if (int8(qx, L.gate_exps))
         cuda::matmul_experts_pair_q8(L.gate_exps, L.up_exps, Fe, ids, k, *qx, k, w.g, w.u, s, fold ? &up_pair : nullptr);
       else
@@ -1328,16 +1301,16 @@ bool GpuModel::ffn(const Layer& L, int32_t il, const gpu::CombineNorm* then) {
         else cuda::matmul_experts(*m, Fe, ids, k, w.x, k, y, s, kernel(*m));
       }
     }
-    if (!swiglu) cuda::silu_mul(w.g, w.u, pairs * Fe, s);
+    cuda::silu_mul(w.g, w.u, pairs * Fe, s);
     const cuda::Q8Activations* qg = quantized(w.g, pairs, Fe, 1);
     if (int8(qg, L.down_exps))
       cuda::matmul_experts_q8(L.down_exps, H, ids, k, *qg, 1, w.oe, s, fold ? &down_pair : nullptr);
     else
       cuda::matmul_experts(L.down_exps, H, ids, k, w.g, 1, w.oe, s, kernel(L.down_exps), fold ? &down_pair : nullptr);
     // Outputs are in pair order: the combine's permutation is the identity (null).
-    gpu::moe_combine(w.oe, nullptr, k, ids, w.rw, T, int(k), H, w.inv, w.attn, s, fold ? w.oe + k * H : nullptr, then);
-    mark(then ? "moe: routed experts (one token), residual, norm" : "moe: routed experts (one token)");
-    return then != nullptr;
+    gpu::moe_combine(w.oe, nullptr, k, ids, w.rw, T, int(k), H, w.inv, w.attn, s, fold ? w.oe + k * H : nullptr);
+    mark("moe: routed experts (one token)");
+    return;
   }
   if (T <= kSyncFreeTokens) {
     cuda::moe_group(ids, T * k, E, w.counts, w.offsets, w.perm, w.group_ws, s, w.active, w.n_active);
@@ -1360,9 +1333,9 @@ bool GpuModel::ffn(const Layer& L, int32_t il, const gpu::CombineNorm* then) {
     g.perm = nullptr;                      // the down products read the grouped rows in place
     cuda::matmul_expert_groups(L.down_exps, H, g, w.g, 1, w.oe, s, tc);
     // Entries left out of the grouping (other ranks' experts) are -1 in perm and add nothing.
-    gpu::moe_combine(w.oe, w.perm, P, ids, w.rw, T, int(k), H, w.inv, w.attn, s, nullptr, then);
-    mark(then ? "moe: routed experts (grouped on the device), residual, norm" : "moe: routed experts (grouped on the device)");
-    return then != nullptr;
+    gpu::moe_combine(w.oe, w.perm, P, ids, w.rw, T, int(k), H, w.inv, w.attn, s);
+    mark("moe: routed experts (grouped on the device)");
+    return;
   }
   cuda::moe_group(ids, T * k, E, w.counts, w.offsets, w.perm, w.group_ws, s);
   st.host_counts.resize(size_t(E));
@@ -1371,7 +1344,7 @@ bool GpuModel::ffn(const Layer& L, int32_t il, const gpu::CombineNorm* then) {
 
   int64_t n_routed = 0;
   for (int32_t c : st.host_counts) n_routed += c;
-  if (n_routed == 0) return false;
+  if (n_routed == 0) return;
   gpu::gather_rows(w.x, H, w.perm, int32_t(k), n_routed, w.ye, s);
   int64_t off = 0;
   for (int64_t e = 0; e < E; ++e) {
@@ -1389,9 +1362,8 @@ bool GpuModel::ffn(const Layer& L, int32_t il, const gpu::CombineNorm* then) {
     product(rows(L.down_exps, e * H, H), w.g + off * Fe, n, w.oe + off * H);
     off += n;
   }
-  gpu::moe_combine(w.oe, w.perm, n_routed, ids, w.rw, T, int(k), H, w.inv, w.attn, s, nullptr, then);
-  mark(then ? "moe: shared + routed experts (grouped), residual, norm" : "moe: shared + routed experts (grouped)");
-  return then != nullptr;
+  gpu::moe_combine(w.oe, w.perm, n_routed, ids, w.rw, T, int(k), H, w.inv, w.attn, s);
+  mark("moe: shared + routed experts (grouped)");
 }
 
 }  // namespace sparsemla::model

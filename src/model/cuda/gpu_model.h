@@ -30,10 +30,6 @@
 #include "ops/cuda/sampling.h"
 #include "ops/select/select.h"
 
-namespace sparsemla::model::gpu {
-struct CombineNorm;  // gpu_ops.h
-}  // namespace sparsemla::model::gpu
-
 namespace sparsemla::model {
 
 class Model;
@@ -215,8 +211,7 @@ class GpuModel {
   void attention_layer(const Layer& L, int32_t il, GpuCache& cache);
   void index_keys(const Layer& L, int32_t il, GpuCache& cache);  // after attention_layer's first products
   void indexer(int32_t il, GpuCache& cache);                     // after index_keys and q_b's product
-  // Returns whether the MoE combine also did the residual add and norm `then` (null: it did not).
-  bool ffn(const Layer& L, int32_t il, const gpu::CombineNorm* then);
+  void ffn(const Layer& L, int32_t il);
   // y = x W^T by the options' kernels.   x: [T, w.n_cols]   y: [T, w.n_rows]
   // With q (x quantized by quantized()), the int8-activation product where W's type has one.
   void product(const cuda::QuantMatrix& w, const float* x, int64_t T, float* y,

@@ -6,7 +6,6 @@
 
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/pdl.cuh"
-#include "ops/cuda/small_ops_reduce.cuh"
 
 namespace sparsemla::model::gpu {
 namespace {
@@ -24,7 +23,6 @@ constexpr int kColumnThreads = 256, kColumnChunk = 1024;
 
 __global__ void gather_rows_kernel(const float* __restrict__ x, int64_t width, const int32_t* __restrict__ idx,
                                    int32_t divisor, float* __restrict__ out) {
-  cuda::pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
   cuda::pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const float* src = x + int64_t(idx[blockIdx.x] / divisor) * width;
   float* dst = out + int64_t(blockIdx.x) * width;
@@ -49,8 +47,7 @@ constexpr int kMaxSlots = 64;  // moe_route takes at most 64 experts per token
 __global__ void moe_combine_kernel(const float* __restrict__ expert_out, const int32_t* __restrict__ ids,
                                    const float* __restrict__ weights, const int32_t* __restrict__ inv, int k,
                                    int64_t n_routed, int64_t width, const float* __restrict__ first,
-                                   float* __restrict__ out, CombineNorm nn) {
-  cuda::pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
+                                   float* __restrict__ out) {
   cuda::pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   __shared__ int32_t order[kMaxSlots], row[kMaxSlots];
   __shared__ float weight[kMaxSlots];
@@ -74,47 +71,12 @@ __global__ void moe_combine_kernel(const float* __restrict__ expert_out, const i
   }
   __syncthreads();
   const int64_t c = int64_t(blockIdx.y) * kColumnThreads + threadIdx.x;
+  if (c >= width) return;
   float* dst = out + t * width;
-  if (!nn.h) {
-    if (c >= width) return;
-    float acc = first ? first[t * width + c] : dst[c];
-    for (int s = 0; s < k; ++s)
-      if (row[s] >= 0) acc += weight[s] * expert_out[int64_t(row[s]) * width + c];
-    dst[c] = acc;
-    return;
-  }
-  // The residual add and norm (CombineNorm): h first, then this block's squares, then the row's
-  // last block normalizes the whole row.
-  float* h = nn.h + t * width;
-  float v = 0.0f;
-  if (c < width) {
-    float acc = first ? first[t * width + c] : dst[c];
-    for (int s = 0; s < k; ++s)
-      if (row[s] >= 0) acc += weight[s] * expert_out[int64_t(row[s]) * width + c];
-    v = h[c] + acc;
-    h[c] = v;
-  }
-  __threadfence();  // this thread's h before the counter (the last block reads it)
-  const float ss = cuda::block_sum(v * v);
-  __shared__ bool last;
-  if (threadIdx.x == 0) {
-    nn.partial[t * gridDim.y + blockIdx.y] = ss;
-    __threadfence();
-    last = atomicAdd(nn.count + t, 1u) == gridDim.y - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  __shared__ float scale;
-  if (threadIdx.x == 0) {
-    float sum = 0.0f;
-    for (unsigned b = 0; b < gridDim.y; ++b) sum += __ldcg(nn.partial + t * gridDim.y + b);
-    scale = 1.0f / sqrtf(sum / float(width) + nn.eps);
-    nn.count[t] = 0;  // for the next call
-  }
-  __syncthreads();
-  float* x = nn.x + t * width;
-  for (int64_t i = threadIdx.x; i < width; i += kColumnThreads) x[i] = __ldcg(h + i) * scale * nn.w[i];
+  float acc = first ? first[t * width + c] : dst[c];
+  for (int s = 0; s < k; ++s)
+    if (row[s] >= 0) acc += weight[s] * expert_out[int64_t(row[s]) * width + c];
+  dst[c] = acc;
 }
 
 __global__ void localize_experts_kernel(const int32_t* __restrict__ ids, int64_t n, int32_t first, int32_t count,
@@ -329,16 +291,13 @@ void gather_rows(const float* x, int64_t width, const int32_t* idx, int32_t divi
                  cuda::Stream s) {
   if (n == 0) return;
   if (n > INT32_MAX || divisor <= 0) fail("gather_rows: {} rows, divisor {}", n, divisor);
-  cuda::pdl::launch_small(gather_rows_kernel, dim3(unsigned(n), column_chunks(width)), kColumnThreads, 0, st(s), x, width, idx,
-                          divisor, out);
+  gather_rows_kernel<<<dim3(unsigned(n), column_chunks(width)), kColumnThreads, 0, st(s)>>>(x, width, idx, divisor, out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
-int64_t combine_norm_blocks(int64_t width) { return std::max<int64_t>(1, (width + kColumnThreads - 1) / kColumnThreads); }
-
 void moe_combine(const float* expert_out, const int32_t* perm, int64_t n_routed, const int32_t* ids,
                  const float* weights, int64_t T, int k, int64_t width, int32_t* inv, float* out, cuda::Stream s,
-                 const float* first, const CombineNorm* then) {
+                 const float* first) {
   if (T == 0) return;
   if (k <= 0 || k > kMaxSlots || T > INT32_MAX) fail("moe_combine: {} tokens with {} experts each", T, k);
   if (!perm) inv = nullptr;  // the identity: nothing to invert
@@ -350,11 +309,8 @@ void moe_combine(const float* expert_out, const int32_t* perm, int64_t n_routed,
   if (width <= 0) return;
   const unsigned chunks = unsigned((width + kColumnThreads - 1) / kColumnThreads);
   if (chunks > 65535) fail("moe_combine: rows of {} values", width);
-  if (then && (!then->h || !then->w || !then->x || !then->partial || !then->count))
-    fail("moe_combine: a residual norm without its h, w, x, partial or count");
-  cuda::pdl::launch_small(moe_combine_kernel, dim3(unsigned(T), chunks), kColumnThreads, 0, st(s), expert_out, ids,
-                          weights, static_cast<const int32_t*>(inv), k, n_routed, width, first, out,
-                          then ? *then : CombineNorm{});
+  moe_combine_kernel<<<dim3(unsigned(T), chunks), kColumnThreads, 0, st(s)>>>(expert_out, ids, weights, inv, k,
+                                                                           n_routed, width, first, out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 

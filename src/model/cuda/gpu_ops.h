@@ -132,24 +132,9 @@ void gather_rows(const float* x, int64_t width, const int32_t* idx, int32_t divi
 // first[t] + ... instead of out[t] + ..., the same sum.
 //   expert_out: [n_routed, width] (grouped by expert)   perm: [n_routed]
 //   ids, weights: [T, k]   inv: [T * k] int32 scratch   out: [T, width]
-//
-// With `then`, the residual add and RMS norm that would follow in a launch of their own are done
-// here instead: h[t] += (the row out[t] would get; out is read for its starting value where first
-// is null, and not written), then x[t] = h[t] / sqrt(mean(h[t]^2) + eps) * w. Each of a row's blocks
-// adds its columns' squares; the row's last block to finish (a counter per token) sums those in
-// block order and writes x[t], so the bits do not depend on which block finishes last.
-struct CombineNorm {
-  float* h = nullptr;          // [T, width] residual stream
-  const float* w = nullptr;    // [width] norm weights
-  float eps = 0.0f;
-  float* x = nullptr;          // [T, width] normalized
-  float* partial = nullptr;    // [T, combine_norm_blocks(width)] scratch
-  uint32_t* count = nullptr;   // [T] zero before the call, left zero after it
-};
-int64_t combine_norm_blocks(int64_t width);
 void moe_combine(const float* expert_out, const int32_t* perm, int64_t n_routed, const int32_t* ids,
                  const float* weights, int64_t T, int k, int64_t width, int32_t* inv, float* out, cuda::Stream s,
-                 const float* first = nullptr, const CombineNorm* then = nullptr);
+                 const float* first = nullptr);
 
 // Expert ids of the whole model to a rank's own: out[i] = ids[i] - first when that is in
 // [0, count), else -1 (an expert another rank computes).   ids, out: [n]

@@ -65,7 +65,6 @@ __device__ __forceinline__ void store_row(const float* x, uint8_t* dst, int n_fp
 template <KvDtype D>
 __global__ void write_rows_kernel(const float* rows, const int64_t* slots, int n_fp8, int n_tail, uint8_t* cache,
                                   int64_t row_bytes) {
-  pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   store_row<D>(rows + int64_t(blockIdx.x) * (n_fp8 + n_tail), cache + slots[blockIdx.x] * row_bytes, n_fp8, n_tail);
 }
@@ -81,10 +80,12 @@ void write_rows(const float* rows, const int64_t* slots, int64_t T, KvDtype d, i
   auto st = static_cast<cudaStream_t>(s);
   auto* c = static_cast<uint8_t*>(cache);
   const int threads = store_threads(d, n_fp8);
-  const auto kernel = d == KvDtype::F32    ? write_rows_kernel<KvDtype::F32>
-                      : d == KvDtype::BF16 ? write_rows_kernel<KvDtype::BF16>
-                                           : write_rows_kernel<KvDtype::FP8>;
-  pdl::launch_small(kernel, unsigned(T), threads, 0, st, rows, slots, n_fp8, n_tail, c, row_bytes);
+  if (d == KvDtype::F32)
+    write_rows_kernel<KvDtype::F32><<<unsigned(T), threads, 0, st>>>(rows, slots, n_fp8, n_tail, c, row_bytes);
+  else if (d == KvDtype::BF16)
+    write_rows_kernel<KvDtype::BF16><<<unsigned(T), threads, 0, st>>>(rows, slots, n_fp8, n_tail, c, row_bytes);
+  else
+    write_rows_kernel<KvDtype::FP8><<<unsigned(T), threads, 0, st>>>(rows, slots, n_fp8, n_tail, c, row_bytes);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
@@ -97,7 +98,6 @@ __global__ void write_normed_kernel(const float* rows, int64_t in_stride, int n_
                                     const int64_t* __restrict__ pos, const int64_t* slots, int n_fp8, int n_tail,
                                     uint8_t* cache, int64_t row_bytes) {
   extern __shared__ float row[];  // [n_fp8 + n_tail]
-  pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const int n = n_fp8 + n_tail;
   const float* x = rows + int64_t(blockIdx.x) * in_stride;
@@ -149,8 +149,8 @@ void write_normed(const char* op, const float* rows, int64_t in_stride, int n_no
   const size_t smem = size_t(n) * 4;
   auto launch = [&](auto kernel) {
     allow_smem(kernel, smem);
-    pdl::launch_small(kernel, unsigned(T), threads, smem, st, rows, in_stride, n_norm, w, b, eps, rot0, rope, pos, slots,
-                      n_fp8, n_tail, c, row_bytes);
+    kernel<<<unsigned(T), threads, smem, st>>>(rows, in_stride, n_norm, w, b, eps, rot0, rope, pos, slots, n_fp8,
+                                                n_tail, c, row_bytes);
   };
   if (d == KvDtype::F32) launch(write_normed_kernel<KvDtype::F32, LAYER>);
   else if (d == KvDtype::BF16) launch(write_normed_kernel<KvDtype::BF16, LAYER>);

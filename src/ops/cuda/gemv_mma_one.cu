@@ -21,7 +21,6 @@
 // Q8_0: fp16 1024 + (q + 128) with each group of activations scaled by a power of 2) measured
 // slower than their fp32 kernels at one token, both held back by loads of 2-byte aligned blocks
 // (docs/PERFORMANCE.md, session 13).
-#include "ops/cuda/activation.cuh"
 #include "ops/cuda/gemv_mma.cuh"
 #include "ops/cuda/gemv_reduce.cuh"
 #include "ops/cuda/quant_matmul.h"
@@ -127,29 +126,6 @@ __device__ __forceinline__ void one_block(const Q4KMma::Raw (&r)[2 * NT], const 
   }
 }
 
-// matmul_experts_swiglu (MatArgs::swiglu_count): this block's rows of product blockIdx.z (0 gate, 1
-// up) are written; the second of the row tile's two blocks to get here reads both and writes
-// silu(gate) * up over the gate's (silu_mul's bits), then puts the counter back to zero.
-template <int ROWS>
-__device__ __forceinline__ void swiglu_tile(const MatArgs& a, const BlockView& v, int64_t row0) {
-  __shared__ bool second;
-  __threadfence();  // this block's outputs before its count
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t* count = a.swiglu_count + int64_t(blockIdx.y) * gridDim.x + blockIdx.x;
-    second = atomicAdd(count, 1u) == 1u;
-    if (second) *count = 0u;  // both blocks have counted
-  }
-  __syncthreads();
-  if (!second) return;
-  __threadfence();
-  const int64_t at = v.y - (blockIdx.z == 0 ? a.y : a.more[0].y);  // the pair's output row
-  float* gate = a.y + at;
-  const float* up = a.more[0].y + at;
-  const int64_t r = row0 + threadIdx.x;
-  if (threadIdx.x < ROWS && r < v.n_rows) gate[r] = silu_times(__ldcg(gate + r), __ldcg(up + r));
-}
-
 // With the kernel's static shared memory, kOneTokenMaxCols columns stay within the default 48 KB.
 static_assert(bf16_staged_bytes(kOneTokenMaxCols) + sizeof(float) * kMmaWarps * kMmaRows * 2 <= 48 * 1024);
 
@@ -205,7 +181,6 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel
     for (int k = 1; k < kMmaWarps; ++k) sum += part[k][threadIdx.x];
     if (row0 + threadIdx.x < v.n_rows) v.y[row0 + threadIdx.x] = sum;
   }
-  if (a.swiglu_count) swiglu_tile<ROWS>(a, v, row0);
 }
 
 // Row tiles per block. Two (the b registers and the staged token shared by 32 rows, half the blocks)
@@ -245,8 +220,6 @@ void launch_gemv_mma_one(gguf::GgmlType t, const MatArgs& a, cudaStream_t s) {
          a.n_cols, kOneTokenMaxCols);
   if (t != gguf::GgmlType::Q4_K)
     fail("cuda::launch_gemv_mma_one: no one-token tensor-core kernel for {}", gguf::type_name(t));
-  if (a.swiglu_count && (!a.expert_ids || a.n_more != 1 || a.more[0].n_rows != a.n_rows))
-    fail("cuda::launch_gemv_mma_one: the SwiGLU pair takes expert pairs of two products of one shape");
   if (two_tiles(a)) launch_tiles<2>(a, s);
   else launch_tiles<1>(a, s);
   SPARSEMLA_CUDA_LAUNCH_CHECK();

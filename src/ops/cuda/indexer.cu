@@ -636,7 +636,6 @@ constexpr int kQueryHeadsPerBlock = 8;
 template <class T16>
 __global__ void index_queries_kernel(float* q, float* w, int heads, int dim, RopeTable rope,
                                      const int64_t* __restrict__ pos, float w_scale, T16* q16) {
-  pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
   pdl::launch_dependents();  // the next kernel may start its prologue (pdl.cuh)
   const int t = blockIdx.x, h = blockIdx.y * kQueryHeadsPerBlock + threadIdx.y, lane = threadIdx.x;
   if (h >= heads) return;
@@ -672,11 +671,11 @@ void index_queries(float* q, float* w, int64_t T, int heads, int dim, const Rope
   const dim3 grid{unsigned(T), unsigned(ceil_div(heads, kQueryHeadsPerBlock))};
   const dim3 block(32, kQueryHeadsPerBlock);
   if (index_queries_fp16(keys))
-    pdl::launch_small(index_queries_kernel<__half>, grid, block, 0, st, q, w, heads, dim, rope, pos, w_scale,
-                      reinterpret_cast<__half*>(q16));
+    index_queries_kernel<__half><<<grid, block, 0, st>>>(q, w, heads, dim, rope, pos, w_scale,
+                                                         reinterpret_cast<__half*>(q16));
   else
-    pdl::launch_small(index_queries_kernel<__nv_bfloat16>, grid, block, 0, st, q, w, heads, dim, rope, pos, w_scale,
-                      reinterpret_cast<__nv_bfloat16*>(q16));
+    index_queries_kernel<__nv_bfloat16><<<grid, block, 0, st>>>(q, w, heads, dim, rope, pos, w_scale,
+                                                                reinterpret_cast<__nv_bfloat16*>(q16));
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 

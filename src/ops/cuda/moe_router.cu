@@ -28,7 +28,6 @@ struct RouterShape {
 // One block per token. Shared memory: score [E] | choice [E] | group score [G] | taken [E] | group kept [G].
 __global__ void route_kernel(RouterShape sh, const float* __restrict__ logits, const float* __restrict__ bias,
                              int32_t* __restrict__ ids, float* __restrict__ weights) {
-  pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   extern __shared__ float smem[];
   const int E = sh.E, G = sh.groups;
@@ -223,7 +222,7 @@ void moe_route(const model::HParams& hp, const float* logits, const float* bias,
   if (T < 0 || T > INT32_MAX) fail("cuda::moe_route: {} tokens", T);
   if (T == 0) return;
   const size_t smem = size_t(2 * sh.E + sh.groups) * sizeof(float) + size_t(sh.E + sh.groups);
-  pdl::launch_small(route_kernel, int(T), kRouterThreads, smem, stream_of(s), sh, logits, bias, ids, weights);
+  route_kernel<<<int(T), kRouterThreads, smem, stream_of(s)>>>(sh, logits, bias, ids, weights);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 

@@ -35,11 +35,6 @@ bool enabled() {
   return v == 2;
 }
 
-bool small() {
-  static const int env = env_switch("SPARSEMLA_PDL_SMALL");
-  return env != 0 && enabled();
-}
-
 bool prefetch() {
   static const int env = env_switch("SPARSEMLA_GEMV_PREFETCH");
   return env == -1 ? enabled() : env == 1;

@@ -97,15 +97,4 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   launch_as(Cooperative::kNo, kernel, grid, block, smem, s, std::forward<Args>(args)...);
 }
 
-// Whether the small kernels of a step (norms, rope, elementwise, routing, the MoE combine, cache
-// writes, attention and its combine) go through launch_small with PDL: enabled() and
-// SPARSEMLA_PDL_SMALL not 0 (A/B runs). Each such kernel starts with pdl::wait() and then
-// pdl::launch_dependents(), so its launch and start overlap the end of the kernel before it.
-bool small();
-template <class... Params, class... Args>
-void launch_small(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
-  if (small()) launch_as(Cooperative::kNo, kernel, grid, block, smem, s, std::forward<Args>(args)...);
-  else kernel<<<grid, block, smem, s>>>(std::forward<Args>(args)...);
-}
-
 }  // namespace sparsemla::cuda::pdl

@@ -403,13 +403,8 @@ void experts_one(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* e
 
 void experts_pair(const QuantMatrix& w1, const QuantMatrix& w2, int64_t rows_per_expert, const int32_t* expert_ids,
                   int64_t n_pairs, const Input& x, int64_t x_div, float* y1, float* y2, Stream s, ExpertKernel kernel,
-                  const SharedPair* shared, const char* op, uint32_t* swiglu_count = nullptr) {
+                  const SharedPair* shared, const char* op) {
   if (shared && (!shared->w || !shared->w2)) fail("cuda::{}: a shared expert pair has two matrices (w, w2)", op);
-  if (swiglu_count && (x.q || kernel != ExpertKernel::kOneToken || !swiglu_pair_takes(w1, w2)))
-    fail("cuda::{}: the SwiGLU pair takes two {}-column matrices of one shape that the one-token kernel takes "
-         "(got {} x {} {} and {} x {} {})",
-         op, kOneTokenMaxCols, w1.n_rows, w1.n_cols, gguf::type_name(w1.type), w2.n_rows, w2.n_cols,
-         gguf::type_name(w2.type));
   if ((!x.q && kernel == ExpertKernel::kTensorCores) || !same_shape(w1, w2)) {
     const SharedPair s1{shared ? shared->w : nullptr, nullptr, shared ? shared->x_row : 0};
     const SharedPair s2{shared ? shared->w2 : nullptr, nullptr, s1.x_row};
@@ -421,10 +416,10 @@ void experts_pair(const QuantMatrix& w1, const QuantMatrix& w2, int64_t rows_per
   const int64_t x_row = shared ? shared->x_row : 0;
   const MatArgs a = expert_args(w1, rows_per_expert, expert_ids, n_pairs, x, x_div, y1, kernel, op,
                                 shared ? shared->w : nullptr, x_row);
-  MatArgs both = with_product(a, expert_args(w2, rows_per_expert, expert_ids, n_pairs, x, x_div, y2, kernel, op,
-                                             shared ? shared->w2 : nullptr, x_row));
-  both.swiglu_count = swiglu_count;
-  launch_experts(k, both, kernel, s);
+  launch_experts(k,
+                 with_product(a, expert_args(w2, rows_per_expert, expert_ids, n_pairs, x, x_div, y2, kernel, op,
+                                             shared ? shared->w2 : nullptr, x_row)),
+                 kernel, s);
 }
 
 }  // namespace
@@ -440,22 +435,6 @@ void matmul_experts_pair(const QuantMatrix& w1, const QuantMatrix& w2, int64_t r
                          float* y2, Stream s, ExpertKernel kernel, const SharedPair* shared) {
   experts_pair(w1, w2, rows_per_expert, expert_ids, n_pairs, Input{x, nullptr}, x_div, y1, y2, s, kernel, shared,
                "matmul_experts_pair");
-}
-
-bool swiglu_pair_takes(const QuantMatrix& w1, const QuantMatrix& w2) {
-  return mma_one_token_takes(w1) && same_shape(w1, w2);
-}
-
-int64_t swiglu_pair_counters(int64_t rows_per_expert, int64_t grid_pairs) {
-  return std::max<int64_t>(0, grid_pairs) * ((std::max<int64_t>(0, rows_per_expert) + kMmaRowsPerBlock - 1) / kMmaRowsPerBlock);
-}
-
-void matmul_experts_swiglu(const QuantMatrix& w1, const QuantMatrix& w2, int64_t rows_per_expert,
-                           const int32_t* expert_ids, int64_t n_pairs, const float* x, int64_t x_div, float* y1,
-                           float* y2, uint32_t* count, Stream s, const SharedPair* shared) {
-  if (!count) fail("cuda::matmul_experts_swiglu: no counters");
-  experts_pair(w1, w2, rows_per_expert, expert_ids, n_pairs, Input{x, nullptr}, x_div, y1, y2, s,
-               ExpertKernel::kOneToken, shared, "matmul_experts_swiglu", count);
 }
 
 void matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,

@@ -122,17 +122,6 @@ void matmul_experts_pair(const QuantMatrix& w1, const QuantMatrix& w2, int64_t r
                          const int32_t* expert_ids, int64_t n_pairs, const float* x, int64_t x_div, float* y1,
                          float* y2, Stream s, ExpertKernel kernel = ExpertKernel::kFp32,
                          const SharedPair* shared = nullptr);
-// The same launch with kOneToken, followed in it by the SwiGLU: y1 = silu(w1 x) * (w2 x) per pair
-// (y2 = w2 x as above), the bits of matmul_experts_pair and then silu_mul(y1, y2). The second of
-// each row tile's two blocks (its gate rows and its up rows) to finish writes the tile's silu, so
-// no launch of its own follows. Where the one-token kernel does not take both (swiglu_pair_takes),
-// it fails. count: swiglu_pair_counters(rows_per_expert, pairs with the shared one) uint32 counters,
-// zero before the call and left zero after it.
-bool swiglu_pair_takes(const QuantMatrix& w1, const QuantMatrix& w2);
-int64_t swiglu_pair_counters(int64_t rows_per_expert, int64_t grid_pairs);
-void matmul_experts_swiglu(const QuantMatrix& w1, const QuantMatrix& w2, int64_t rows_per_expert,
-                           const int32_t* expert_ids, int64_t n_pairs, const float* x, int64_t x_div, float* y1,
-                           float* y2, uint32_t* count, Stream s, const SharedPair* shared = nullptr);
 
 // The experts' products grouped by expert, without a host round trip (cuda::moe_group's output on
 // the device): each expert with pairs reads its weights once for all of them. For every active

@@ -65,10 +65,6 @@ struct MatArgs {
   static constexpr int kMaxMore = 3;
   Mat more[kMaxMore];
   int n_more = 0;
-  // matmul_experts_swiglu (the one-token kernel, expert pairs, gate and up as products 0 and 1): one
-  // counter per (grid row, row tile); the second of a tile's two blocks writes silu(gate) * up over
-  // the tile's gate outputs and puts the counter back to zero.
-  uint32_t* swiglu_count = nullptr;
   // Host: the rows of product i (0: the first) and the most rows of any.
   int64_t rows_of(int i) const { return i == 0 ? n_rows : more[i - 1].n_rows; }
   int64_t max_rows() const {

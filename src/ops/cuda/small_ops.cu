@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "ops/cuda/activation.cuh"
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/rope.cuh"
 #include "ops/cuda/row_norm.cuh"
@@ -27,7 +26,6 @@ int elementwise_blocks(int64_t n) {
 // x may be out (an in-place norm), hence no __restrict__ on either.
 __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const float* __restrict__ w,
                                 int64_t n, float eps, float* out, int64_t out_stride) {
-  pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const float* xr = x + int64_t(blockIdx.x) * x_stride;
   float* orow = out + int64_t(blockIdx.x) * out_stride;
@@ -48,7 +46,6 @@ __global__ void rms_norm_kernel(const float* x, int64_t x_stride, const float* _
 
 __global__ void add_rms_norm_kernel(float* __restrict__ h, const float* __restrict__ delta,
                                     const float* __restrict__ w, int64_t n, float eps, float* __restrict__ out) {
-  pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   float* hr = h + int64_t(blockIdx.x) * n;
   const float* dr = delta + int64_t(blockIdx.x) * n;
@@ -77,7 +74,6 @@ __global__ void add_rms_norm_kernel(float* __restrict__ h, const float* __restri
 
 __global__ void layer_norm_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                   const float* __restrict__ b, int64_t n, float eps, float* __restrict__ out) {
-  pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const float* xr = x + int64_t(blockIdx.x) * n;
   float* orow = out + int64_t(blockIdx.x) * n;
@@ -110,7 +106,6 @@ constexpr int kRopePairThreads = 32, kRopeHeadThreads = 8;
 template <class Pos>
 __global__ void rope_kernel(const float* x, int64_t x_stride, float* out, int64_t out_stride, int64_t width,
                             int64_t heads, const Pos* __restrict__ pos, RopeTable r) {
-  pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   const int64_t t = blockIdx.x;
   const float p = float(pos[t]);
@@ -133,8 +128,9 @@ __global__ void rope_kernel(const float* x, int64_t x_stride, float* out, int64_
 
 // ---- elementwise ----
 
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 __global__ void silu_mul_kernel(float* gate, const float* __restrict__ up, int64_t n) {
-  pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     gate[i] = silu_times(gate[i], up[i]);
@@ -142,7 +138,6 @@ __global__ void silu_mul_kernel(float* gate, const float* __restrict__ up, int64
 
 __global__ void silu_mul_fused_kernel(const float* __restrict__ gate_up, int64_t T, int64_t F,
                                       float* __restrict__ out) {
-  pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < T * F; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / F, f = i - t * F;
@@ -151,14 +146,12 @@ __global__ void silu_mul_fused_kernel(const float* __restrict__ gate_up, int64_t
 }
 
 __global__ void add_kernel(float* h, const float* __restrict__ delta, int64_t n) {
-  pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     h[i] += delta[i];
 }
 
 __global__ void scale_kernel(float* x, float factor, int64_t n) {
-  pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] *= factor;
@@ -209,7 +202,7 @@ void rms_norm(const float* x, int64_t x_stride, const float* w, int64_t T, int64
   if (x_stride < n || out_stride < n)
     fail("cuda::rms_norm: strides {} / {} shorter than the row ({})", x_stride, out_stride, n);
   if (T == 0 || n == 0) return;
-  pdl::launch_small(rms_norm_kernel, int(T), row_threads(n), 0, stream_of(s), x, x_stride, w, n, eps, out, out_stride);
+  rms_norm_kernel<<<int(T), row_threads(n), 0, stream_of(s)>>>(x, x_stride, w, n, eps, out, out_stride);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
@@ -217,7 +210,7 @@ void add_rms_norm(float* h, const float* delta, const float* w, int64_t T, int64
                   Stream s) {
   check_rows("add_rms_norm", T, n);
   if (T == 0 || n == 0) return;
-  pdl::launch_small(add_rms_norm_kernel, int(T), row_threads(n), 0, stream_of(s), h, delta, w, n, eps, out);
+  add_rms_norm_kernel<<<int(T), row_threads(n), 0, stream_of(s)>>>(h, delta, w, n, eps, out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
@@ -225,7 +218,7 @@ void layer_norm(const float* x, const float* w, const float* b, int64_t T, int64
                 Stream s) {
   check_rows("layer_norm", T, n);
   if (T == 0 || n == 0) return;
-  pdl::launch_small(layer_norm_kernel, int(T), row_threads(n), 0, stream_of(s), x, w, b, n, eps, out);
+  layer_norm_kernel<<<int(T), row_threads(n), 0, stream_of(s)>>>(x, w, b, n, eps, out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
@@ -248,7 +241,7 @@ void launch_rope(const float* x, int64_t x_stride, float* out, int64_t out_strid
   const dim3 block(kRopePairThreads, kRopeHeadThreads);
   // blockIdx.y: groups of kRopeHeadThreads heads (one block walked all 64 heads of a token, ~3 us).
   const dim3 grid(unsigned(T), unsigned(std::min<int64_t>((heads + kRopeHeadThreads - 1) / kRopeHeadThreads, 65535)));
-  pdl::launch_small(rope_kernel<Pos>, grid, block, 0, stream_of(s), x, x_stride, out, out_stride, width, heads, pos, r);
+  rope_kernel<<<grid, block, 0, stream_of(s)>>>(x, x_stride, out, out_stride, width, heads, pos, r);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 }  // namespace
@@ -270,27 +263,26 @@ void DeviceRope::apply_to(const float* x, int64_t x_stride, float* out, int64_t 
 
 void silu_mul(float* gate, const float* up, int64_t n, Stream s) {
   if (n <= 0) return;
-  pdl::launch_small(silu_mul_kernel, elementwise_blocks(n), kElementwiseThreads, 0, stream_of(s), gate, up, n);
+  silu_mul_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream_of(s)>>>(gate, up, n);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
 void silu_mul_fused(const float* gate_up, int64_t T, int64_t F, float* out, Stream s) {
   check_rows("silu_mul_fused", T, F);
   if (T * F == 0) return;
-  pdl::launch_small(silu_mul_fused_kernel, elementwise_blocks(T * F), kElementwiseThreads, 0, stream_of(s), gate_up, T, F,
-                    out);
+  silu_mul_fused_kernel<<<elementwise_blocks(T * F), kElementwiseThreads, 0, stream_of(s)>>>(gate_up, T, F, out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
 void add(float* h, const float* delta, int64_t n, Stream s) {
   if (n <= 0) return;
-  pdl::launch_small(add_kernel, elementwise_blocks(n), kElementwiseThreads, 0, stream_of(s), h, delta, n);
+  add_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream_of(s)>>>(h, delta, n);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
 void scale(float* x, float factor, int64_t n, Stream s) {
   if (n <= 0) return;
-  pdl::launch_small(scale_kernel, elementwise_blocks(n), kElementwiseThreads, 0, stream_of(s), x, factor, n);
+  scale_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream_of(s)>>>(x, factor, n);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 

@@ -17,7 +17,6 @@
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
-#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/sparse_mla_tile.cuh"
 #include "util/env.h"
 
@@ -34,8 +33,6 @@ template <int NV, bool FP8, int HG, int STAGES, int KS>
 __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geometry geo, float* part) {
   constexpr int THREADS = HG * 64;
   extern __shared__ __align__(16) unsigned char smem[];
-  pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
-  pdl::launch_dependents();
   const int stride = geo.stride, D = geo.d;
   const int64_t row_bytes = a.latent.row_bytes;
   unsigned char* sp = smem;
@@ -283,8 +280,6 @@ constexpr int kMaxSplits = 128;
 constexpr int kCombineDims = 128;
 __global__ void __launch_bounds__(kCombineDims) mla_combine_kernel(AttentionArgs a, int splits, const float* part) {
   __shared__ float s_w[kMaxSplits];
-  pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
-  pdl::launch_dependents();
   const int t = blockIdx.z, h = blockIdx.y, tid = threadIdx.x;
   const int64_t stride = a.kv_lora + 2;
   const int64_t split_step = int64_t(a.heads) * stride;
@@ -404,7 +399,7 @@ void launch_mma(const AttentionArgs& a, const Geometry& geo, float* part, cudaSt
                                              : mla_mma_kernel<NV, FP8, HG, STAGES, 0>;
   allow_smem(kernel, smem);
   const dim3 grid(unsigned(ceil_div(a.heads, HG * 16)), unsigned(a.T), unsigned(geo.splits));
-  pdl::launch_small(kernel, grid, HG * 64, smem, st, a, geo, part);
+  kernel<<<grid, HG * 64, smem, st>>>(a, geo, part);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
@@ -585,7 +580,7 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
   else dispatch_mma<false>(a, geo, part, st);
   if (geo.splits > 1) {
     const dim3 grid(unsigned(ceil_div(a.kv_lora, kCombineDims)), unsigned(a.heads), unsigned(a.T));
-    pdl::launch_small(mla_combine_kernel, grid, kCombineDims, 0, st, a, geo.splits, static_cast<const float*>(part));
+    mla_combine_kernel<<<grid, kCombineDims, 0, st>>>(a, geo.splits, part);
     SPARSEMLA_CUDA_LAUNCH_CHECK();
   }
 }

@@ -25,7 +25,6 @@
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
-#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/sparse_mla_tile.cuh"
 
 namespace sparsemla::cuda {
@@ -73,8 +72,6 @@ template <int HG, int STAGES>
 __global__ void __launch_bounds__(HG * 64) mla_fp8_kernel(AttentionArgs a, MlaGeometry geo, float* part) {
   constexpr int THREADS = HG * 64;
   extern __shared__ __align__(16) unsigned char smem[];
-  pdl::wait();  // the kernel before it has finished (launch_small: pdl.cuh)
-  pdl::launch_dependents();
   unsigned char* sp = smem;
   __half* sQh = reinterpret_cast<__half*>(sp);  // [HG * 16][kQStride]: latent columns, permuted
   sp += HG * 16 * kQStride * 2;
@@ -329,7 +326,7 @@ void launch(const AttentionArgs& a, const MlaGeometry& geo, float* part, cudaStr
   auto kernel = mla_fp8_kernel<HG, STAGES>;
   allow_smem(kernel, smem);
   const dim3 grid(unsigned(ceil_div(a.heads, HG * 16)), unsigned(a.T), unsigned(geo.splits));
-  pdl::launch_small(kernel, grid, HG * 64, smem, st, a, geo, part);
+  kernel<<<grid, HG * 64, smem, st>>>(a, geo, part);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
