@@ -338,9 +338,6 @@ struct IndexerCase {
   std::vector<int> ctx;  // per query token: its context length (tokens t share sequences round-robin)
   int n_seq;
   int block_size;
-  // Selections in top_k's order (positions ascending, then the -1 entries) and launched with
-  // AttentionArgs::selected_front; else in random order with the -1 entries among them.
-  bool front = false;
 };
 
 // The indexer's arguments for T tokens of `heads` x `dim` fp32 queries and head weights, scoring into
@@ -1028,9 +1025,9 @@ TEST(CudaAttention, FrontSelectionsSplitOnlyTheContext) {
       {8, 512, 64, {2100, 40}, 2048, 2, 16, true},    // max_ctx above top-k: unchanged
       {4, 32, 16, {25, 5}, 12, 1, 4, true},           // glm_share
   };
-  const ops::DeviceInfo dev = ops::list_devices().at(0);
   std::vector<cuda::AttentionKernel> kernels = {cuda::AttentionKernel::Mma};
 #if SPARSEMLA_HAVE_SM90A
+  const ops::DeviceInfo dev = ops::list_devices().at(0);
   if (dev.cc_major == 9 && dev.cc_minor == 0) kernels.push_back(cuda::AttentionKernel::Wgmma);
 #endif
   for (const MlaCase& c : cases)
