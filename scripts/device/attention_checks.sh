@@ -32,6 +32,20 @@ bench_runs() {
 }
 [ -n "${BASE_BIN:-}" ] && bench_runs "$BASE_BIN" "${BASE_RUNS:-}" "$OUT/bench_base.log" "before: "
 [ "${BENCH:-1}" = 1 ] && bench_runs "$BIN" "${BENCH_RUNS:-${BENCH_ARGS:-}}" "$OUT/bench.log" ""
+# SWEEP="bench attention arguments" (e.g. "--shapes glm5 --batch 1 --context 1024 --kv bf16"): the mma
+# kernel at every forced split count (SWEEP_SPLITS) and heads per block (16, 32, 64), after the
+# launch's own choice, one line each: the forced shape, then the table row of the shape (its
+# attention column and, last, what ran). The rows start with the shape's name, not with '|'.
+if [ -n "${SWEEP:-}" ]; then
+  row() { grep -E '^(glm5|dsv32) ' | head -1 | sed -E 's/ +/ /g'; }
+  {
+    echo "auto: $(timeout 60 "$BIN/sparsemla" bench attention $SWEEP 2>&1 | row)"
+    for hpb in 16 32 64; do for sp in ${SWEEP_SPLITS:-4 8 16 32}; do
+      echo "heads/block $hpb splits $sp: $(timeout 60 "$BIN/sparsemla" bench attention $SWEEP --kernel mma \
+        --splits $sp --heads-per-block $hpb 2>&1 | row)"
+    done; done
+  } | tee "$OUT/sweep.log"
+fi
 # PROFILE="bench attention arguments": Nsight Compute on one launch of the attention kernel, or
 # with PROFILE_KERNELS (a regex), the first launch of each kernel and launch shape it matches, with
 # their durations and throughputs only.
