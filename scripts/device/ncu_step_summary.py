@@ -15,6 +15,7 @@ timed alone (ncu serializes them), so the sum is the step's kernel time without 
 """
 import argparse
 import collections
+import signal
 import csv
 import re
 import sys
@@ -87,4 +88,5 @@ def main():
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # piped into head: stop quietly
     main()
