@@ -39,6 +39,7 @@ struct BenchAttentionArgs {
   int smem_per_sm = 0;      // attention: shared memory per SM to emulate (blocks per SM; 0: the device's)
   int reps = 5;
   std::string topk_path = "auto";  // auto, block, rows, team, spans: the top-k path (cuda::TopKPath)
+  int topk_threads = 0;            // threads per block of the team and block paths (cuda::TopKWorkspace::threads)
 };
 
 #if SPARSEMLA_HAVE_CUDA
@@ -148,6 +149,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
                      : a.topk_path == "team"  ? cuda::TopKPath::kTeam
                      : a.topk_path == "spans" ? cuda::TopKPath::kSpans
                                               : cuda::TopKPath::kAuto;
+      topk_ws.threads = a.topk_threads;
       for (int B : a.batches)
         for (int ctx : a.contexts) {
           const int sets = sets_of(B);
@@ -309,6 +311,10 @@ Runner add_bench_attention(CLI::App& bench) {
                   "rows up to 16K; auto takes it up to 4K), rows (one block per row, reading the row on every pass), "
                   "team (one cooperative launch, where the row's blocks fit on the device), spans (three launches)")
       ->check(CLI::IsMember({"auto", "block", "rows", "team", "spans"}));
+  cmd->add_option("--topk-threads", a->topk_threads,
+                  "threads per block of the top-k's team path and of its block path on rows of up to 4K: 256, 512 "
+                  "or 1024 (0: the engine's choice)")
+      ->check(CLI::IsMember({0, 256, 512, 1024}));
   return [a] { return run_bench_attention(*a); };
 }
 

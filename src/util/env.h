@@ -16,4 +16,13 @@ inline int env_switch(const char* name) {
 // Whether switch `name` is set to "0" (turned off).
 inline bool env_off(const char* name) { return env_switch(name) == 0; }
 
+// The integer in `name`, or `fallback` where it is unset, empty or not a whole number.
+inline long long env_int(const char* name, long long fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long long x = std::strtoll(v, &end, 10);
+  return *end ? fallback : x;
+}
+
 }  // namespace sparsemla

@@ -501,12 +501,17 @@ void expect_selection(const std::vector<int32_t>& got, const std::vector<float>&
 }
 
 // A workspace that asks for one top-k path: one block per row, the span path for long rows, or the
-// team path (where the rows' blocks fit on the device at once; else the span path).
-cuda::TopKWorkspace topk_workspace(cuda::TopKPath path) {
+// team path (where the rows' blocks fit on the device at once; else the span path); `threads` per
+// block of the team and block paths (0: the default).
+cuda::TopKWorkspace topk_workspace(cuda::TopKPath path, int threads = 0) {
   cuda::TopKWorkspace ws;
   ws.path = path;
+  ws.threads = threads;
   return ws;
 }
+// Every block size the team and block paths take.
+const int kPathThreads[] = {256, 512, 1024};
+std::string threads_name(int threads) { return std::to_string(threads) + " threads"; }
 
 // Whether T rows of `stride` scores take the team path (one block per span of the row shifted to its
 // 16-byte boundary, every block resident at once) on this device.
@@ -518,11 +523,15 @@ void expect_same_selection(const std::vector<float>& scores, const std::vector<i
                            const char* what) {
   cuda::TopKWorkspace rows = topk_workspace(cuda::TopKPath::kRows);
   expect_selection(gpu_top_k(scores, n, stride, k, &rows), scores, n, stride, k, std::string(what) + ", rows");
-  cuda::TopKWorkspace spans = topk_workspace(cuda::TopKPath::kSpans), team = topk_workspace(cuda::TopKPath::kTeam);
+  cuda::TopKWorkspace spans = topk_workspace(cuda::TopKPath::kSpans);
   expect_selection(gpu_top_k(scores, n, stride, k, &spans), scores, n, stride, k, std::string(what) + ", spans");
-  expect_selection(gpu_top_k(scores, n, stride, k, &team), scores, n, stride, k, std::string(what) + ", team");
-  cuda::TopKWorkspace block = topk_workspace(cuda::TopKPath::kBlock);  // (rows over 16K: as kAuto)
-  expect_selection(gpu_top_k(scores, n, stride, k, &block), scores, n, stride, k, std::string(what) + ", block");
+  for (int threads : kPathThreads) {
+    const std::string th = ", " + threads_name(threads);
+    cuda::TopKWorkspace team = topk_workspace(cuda::TopKPath::kTeam, threads);
+    expect_selection(gpu_top_k(scores, n, stride, k, &team), scores, n, stride, k, std::string(what) + ", team" + th);
+    cuda::TopKWorkspace block = topk_workspace(cuda::TopKPath::kBlock, threads);  // (rows over 16K: as kAuto)
+    expect_selection(gpu_top_k(scores, n, stride, k, &block), scores, n, stride, k, std::string(what) + ", block" + th);
+  }
 }
 
 // The block path (one block per row, its keys in registers: 4, 8 or 16 per thread) on strides at
@@ -544,23 +553,29 @@ TEST(CudaAttention, TopKBlockPathEqualsTheCpuSelection) {
     const std::string at = "stride " + std::to_string(stride);
     std::vector<float> s = random_vec(size_t(T * stride), rng);
     for (int kk : {k, 1, 12}) {
-      cuda::TopKWorkspace ws = topk_workspace(cuda::TopKPath::kBlock);
-      expect_selection(gpu_top_k(s, n, stride, kk, &ws), s, n, stride, kk, at + ", random, k " + std::to_string(kk));
-      EXPECT_EQ(ws.last_path == cuda::TopKPath::kBlock, fits(stride, 16384)) << at;
+      for (int threads : kPathThreads) {  // (rows of 4K on each block size; longer ones on 1024 threads)
+        cuda::TopKWorkspace ws = topk_workspace(cuda::TopKPath::kBlock, threads);
+        expect_selection(gpu_top_k(s, n, stride, kk, &ws), s, n, stride, kk,
+                         at + ", random, k " + std::to_string(kk) + ", " + threads_name(threads));
+        EXPECT_EQ(ws.last_path == cuda::TopKPath::kBlock, fits(stride, 16384)) << at;
+      }
       cuda::TopKWorkspace unasked = topk_workspace(cuda::TopKPath::kAuto);
       gpu_top_k(s, n, stride, kk, &unasked);
       EXPECT_EQ(unasked.last_path == cuda::TopKPath::kBlock, fits(stride, 4096)) << at << ", kAuto";
     }
-    cuda::TopKWorkspace ws = topk_workspace(cuda::TopKPath::kBlock);
     std::vector<float> lv(s.size());
     for (size_t i = 0; i < s.size(); ++i) lv[i] = std::round(s[i] * 4.0f);  // few levels: ties at every boundary
-    expect_selection(gpu_top_k(lv, n, stride, k, &ws), lv, n, stride, k, at + ", ties");
     std::vector<float> eq(s.size(), 0.0f);
     for (size_t i = 0; i < eq.size(); i += 3) eq[i] = -0.0f;
-    expect_selection(gpu_top_k(eq, n, stride, k, &ws), eq, n, stride, k, at + ", all equal");
     std::vector<float> up(s.size());
     for (size_t i = 0; i < up.size(); ++i) up[i] = float(i % size_t(stride));
-    expect_selection(gpu_top_k(up, n, stride, k, &ws), up, n, stride, k, at + ", rising");
+    for (int threads : kPathThreads) {
+      cuda::TopKWorkspace ws = topk_workspace(cuda::TopKPath::kBlock, threads);
+      const std::string th = ", " + threads_name(threads);
+      expect_selection(gpu_top_k(lv, n, stride, k, &ws), lv, n, stride, k, at + ", ties" + th);
+      expect_selection(gpu_top_k(eq, n, stride, k, &ws), eq, n, stride, k, at + ", all equal" + th);
+      expect_selection(gpu_top_k(up, n, stride, k, &ws), up, n, stride, k, at + ", rising" + th);
+    }
   }
   {  // many rows (a prefill chunk), causal lengths
     const int64_t T = 257, stride = 6001;
@@ -638,9 +653,14 @@ void expect_one_long_row_selections(cuda::TopKWorkspace& ws);
 // and rows shorter than k. One workspace serves every call: its state must be left clean.
 TEST(CudaAttention, TopKOneLongRowEqualsTheCpuSelection) {
   SPARSEMLA_REQUIRE_GPU();
-  for (cuda::TopKPath path : {cuda::TopKPath::kSpans, cuda::TopKPath::kTeam}) {
-    SCOPED_TRACE(path == cuda::TopKPath::kTeam ? "team path" : "span path");
-    cuda::TopKWorkspace ws = topk_workspace(path);
+  {
+    SCOPED_TRACE("span path");
+    cuda::TopKWorkspace ws = topk_workspace(cuda::TopKPath::kSpans);
+    expect_one_long_row_selections(ws);
+  }
+  for (int threads : kPathThreads) {
+    SCOPED_TRACE("team path, " + threads_name(threads));
+    cuda::TopKWorkspace ws = topk_workspace(cuda::TopKPath::kTeam, threads);
     expect_one_long_row_selections(ws);
   }
 }
@@ -710,7 +730,7 @@ void expect_one_long_row_selections(cuda::TopKWorkspace& ws) {
 // scores fall in hundreds of first digits, more than its table holds (the straight global adds).
 // Each workspace serves several calls in a row: the state must be left clean for the next.
 void check_counted_top_k(const std::vector<int>& ctx, int block_size, KvDtype dtype, int k, bool spread,
-                         cuda::TopKPath path, std::mt19937& rng) {
+                         cuda::TopKPath path, int threads, std::mt19937& rng) {
   const int heads = 32, dim = 128, T = int(ctx.size());
   std::vector<int32_t> seq(static_cast<size_t>(T)), n_ctx(ctx.begin(), ctx.end());
   std::iota(seq.begin(), seq.end(), 0);
@@ -726,7 +746,7 @@ void check_counted_top_k(const std::vector<int>& ctx, int block_size, KvDtype dt
   GpuCache cache = make_cache(keys, pg.n_slots(), dim, 0, dtype, false);
   const int64_t stride = *std::max_element(n_ctx.begin(), n_ctx.end()) + 40;
   DeviceBuffer d_seq = cuda::to_device(seq), d_n = cuda::to_device(n_ctx);
-  cuda::TopKWorkspace ws = topk_workspace(path);
+  cuda::TopKWorkspace ws = topk_workspace(path, threads);
   ws.count_max = INT64_MAX;  // (past the default bound: the span path, many rows)
   for (int round = 0; round < 2; ++round) {
     std::vector<float> q = random_vec(size_t(T) * heads * dim, rng), w = random_vec(size_t(T) * heads, rng, 0.1f);
@@ -747,7 +767,8 @@ void check_counted_top_k(const std::vector<int>& ctx, int block_size, KvDtype dt
     for (int t = 0; t < T; ++t)
       for (int p = 0; p < n_ctx[size_t(t)]; ++p)
         ASSERT_EQ(got[size_t(t * stride + p)], plain[size_t(t * stride + p)]) << "token " << t << " position " << p;
-    const std::string what = std::string(path == cuda::TopKPath::kTeam ? "team" : "spans") + (spread ? ", spread" : "") +
+    const std::string what = std::string(path == cuda::TopKPath::kTeam ? "team, " + threads_name(threads) : "spans") +
+                             (spread ? ", spread" : "") +
                              ", " + cuda::kv_dtype_name(dtype) + ", k " + std::to_string(k) + ", round " +
                              std::to_string(round);
     expect_selection(cuda::to_host<int32_t>(d_sel, size_t(T) * k), got, n_ctx, stride, k, what);
@@ -765,13 +786,16 @@ TEST(CudaAttention, IndexerCountsTheTopKFirstDigit) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(21);
   const int len = small_mode() ? 20000 : 70000;
-  for (cuda::TopKPath path : {cuda::TopKPath::kTeam, cuda::TopKPath::kSpans})
+  // (the team path on each block size, the span path once: its blocks have 1024 threads)
+  for (int threads : {256, 512, 1024, 0}) {
+    const cuda::TopKPath path = threads ? cuda::TopKPath::kTeam : cuda::TopKPath::kSpans;
     for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
       // a long row, rows around k (not counted at n <= k), a row of one
-      check_counted_top_k({len, 2047, 2048, 2049, 9000, 1}, 64, d, 2048, false, path, rng);
-      check_counted_top_k({len, 5000}, 64, d, 2048, true, path, rng);
-      check_counted_top_k({9000, 300}, 16, d, 100, true, path, rng);  // pages smaller than a tile, small k
+      check_counted_top_k({len, 2047, 2048, 2049, 9000, 1}, 64, d, 2048, false, path, threads, rng);
+      check_counted_top_k({len, 5000}, 64, d, 2048, true, path, threads, rng);
+      check_counted_top_k({9000, 300}, 16, d, 100, true, path, threads, rng);  // pages smaller than a tile, small k
     }
+  }
 }
 
 TEST(CudaAttention, TopKCountsRefuseMismatchedCallsAndDropUnreadCounts) {
@@ -815,6 +839,14 @@ TEST(CudaAttention, TopKCountsRefuseMismatchedCallsAndDropUnreadCounts) {
   DeviceBuffer d_s = cuda::to_device(sh);
   cuda::top_k(d_s.as<float>(), T, stride, d_n.as<int32_t>(), 2048, sel.as<int32_t>(), nullptr, &ws);
   expect_selection(cuda::to_host<int32_t>(sel, size_t(T) * 2048), sh, n_host, stride, 2048, "after dropped counts");
+  // A block size the paths do not take is refused, on the team path and on the block path.
+  for (cuda::TopKPath path : {cuda::TopKPath::kTeam, cuda::TopKPath::kBlock}) {
+    cuda::TopKWorkspace odd = topk_workspace(path, 300);
+    EXPECT_THROW(cuda::top_k(d_s.as<float>(), T, stride, d_n.as<int32_t>(), 2048, sel.as<int32_t>(), nullptr, &odd),
+                 Error);
+    EXPECT_THROW(cuda::top_k(d_s.as<float>(), 1, 4000, d_n.as<int32_t>(), 2048, sel.as<int32_t>(), nullptr, &odd),
+                 Error);
+  }
   // The fma indexer does not count.
   cuda::IndexerArgs a;
   a.T = 1;

@@ -145,6 +145,10 @@ struct TopKWorkspace {
   int sm_count = 0;
   int team_blocks = 0;  // blocks of the team path's kernel resident at once on the device
   TopKPath path = TopKPath::kAuto;
+  // Threads per block of the team path, and of the block path on rows of up to 4K: 256, 512 or 1024
+  // (the span's scores spread over them); 0: SPARSEMLA_TOPK_THREADS where set, else the paths' own
+  // choice (the block path 1024; the team path the largest whose blocks fit on the device at once).
+  int threads = 0;
   TopKPath last_path = TopKPath::kAuto;  // the path the last call took (kSpans, kTeam, kRows or kBlock)
   int64_t count_max = -1;  // top_k_counts counts at most this many scores (T * stride; -1: kTopKCountMax)
   struct Counted {  // top_k_counts' pending call: its histograms are being filled for this top_k

@@ -493,6 +493,7 @@ struct LongRowPlan {
   int64_t mask_words = 0;
   int spans_per_block = 0;
   bool team = false;
+  int threads = kThreads;  // team path: threads per block
   int list_cap = 0;  // team path: entries of the boundary list per row
   dim3 grid;
 };
@@ -513,7 +514,6 @@ bool plan_long_rows(const float* scores, int64_t T, int64_t stride, TopKWorkspac
     int dev = 0;
     SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
     SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&ws->sm_count, cudaDevAttrMultiProcessorCount, dev));
-    ws->team_blocks = team_blocks_per_sm() * ws->sm_count;
   }
   const int64_t words = ceil_div(stride, 128) * 4;  // mask words per row, whole 16-byte groups
   if (T > ws->rows || words > ws->cap) {  // grown (both ways at once); the state rows start zero
@@ -527,9 +527,21 @@ bool plan_long_rows(const float* scores, int64_t T, int64_t stride, TopKWorkspac
   plan->mask_words = ws->cap;
   // Team path: one block per span of a row shifted by up to 3 (a row that starts off a 16-byte
   // boundary), every block of the grid resident at once, positions within 22 bits (the list's). Its
-  // counts (two words a block) and the boundary list (up to one entry per thread of a block) share
-  // the row's 2 * mask_words.
+  // counts (two words a block) and the boundary list (up to one entry per kThreads of a block) share
+  // the row's 2 * mask_words. Blocks of 1024 threads where the rows' blocks fit on the device at once
+  // (one per SM), else of 512 or 256 (more per SM; each thread holds more of the span's scores, which
+  // costs per key: H200, one row of 128K scores, top-k alone, 11.2 / 11.7 / 14.4 us on 1024 / 512 /
+  // 256 threads; 8 rows, which take the team path on 512 threads and not on 1024: 15.0 us against
+  // 18.8 on the span path, docs/PERFORMANCE.md, session 21). TopKWorkspace::threads asks for one size.
   const int team_parts = ceil_div(stride + 3, kSpan);
+  const int asked = path_threads(ws->threads);
+  ws->team_blocks = 0;
+  for (int threads : {1024, 512, 256}) {
+    if (asked && threads != asked) continue;
+    ws->team_blocks = team_blocks_per_sm(threads) * ws->sm_count;
+    plan->threads = threads;
+    if (T * team_parts <= ws->team_blocks) break;
+  }
   if (team_allowed(*ws) && reinterpret_cast<uintptr_t>(scores) % 16 == 0 && T * team_parts <= ws->team_blocks &&
       stride + 3 < (int64_t(1) << 22)) {
     plan->team = true;
@@ -553,7 +565,7 @@ void launch_long_rows(const float* scores, int64_t stride, const int32_t* n, int
                       bool counted, cudaStream_t st) {
   if (p.team)
     return launch_team(scores, p.grid.y, stride, n, k, p.state, p.masks, p.mask_words, int(p.grid.x), p.list_cap,
-                       counted, out, st);
+                       counted, out, p.threads, st);
   if (!counted)
     pdl::launch(topk_span_first_kernel, p.grid, dim3(kThreads), 0, st, scores, stride, n, k, p.spans_per_block,
                 p.state);
@@ -585,6 +597,19 @@ void drop_counted(TopKWorkspace& ws, cudaStream_t st) {
 
 }  // namespace
 
+namespace topk {
+int path_threads(int asked) {
+  static const int env = [] {  // SPARSEMLA_TOPK_THREADS=256|512|1024: for A/B runs
+    const int v = int(env_int("SPARSEMLA_TOPK_THREADS", 0));
+    return v == 256 || v == 512 || v == 1024 ? v : 0;
+  }();
+  if (asked == 0) return env;
+  if (asked != 256 && asked != 512 && asked != 1024)
+    fail("top_k: TopKWorkspace::threads must be 0, 256, 512 or 1024, got {}", asked);
+  return asked;
+}
+}  // namespace topk
+
 void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, int32_t* out, Stream s,
            TopKWorkspace* ws) {
   if (T == 0) return;
@@ -609,7 +634,7 @@ void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int
     ws->last_path = block ? TopKPath::kBlock : !long_rows ? TopKPath::kRows : plan.team ? TopKPath::kTeam : TopKPath::kSpans;
     ws->last_counted = counted;
   }
-  if (block) return launch_block(scores, T, stride, n, k, out, st);
+  if (block) return launch_block(scores, T, stride, n, k, out, path_threads(ws ? ws->threads : 0), st);
   if (long_rows) return launch_long_rows(scores, stride, n, k, out, plan, counted, st);
   topk_rows_kernel<<<unsigned(T), kThreads, 0, st>>>(scores, stride, n, k, out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();

@@ -12,6 +12,8 @@
 // alone; docs/PERFORMANCE.md, session 16): 4K 8.6 us against 11.2 for the team path, so top_k takes
 // it for rows of up to 4K; at 16K (16 keys per thread counted one after another per pass) 14.2
 // against 10.7, so longer rows take it only when asked for (TopKPath::kBlock).
+#include <type_traits>
+
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/topk_common.cuh"
@@ -20,17 +22,17 @@ namespace sparsemla::cuda::topk {
 namespace {
 
 // PER (4, 8 or 16) scores per thread: rows of up to PER * kThreads scores from their 16-byte boundary.
-template <int PER>
-__global__ void __launch_bounds__(kThreads) topk_block_kernel(const float* scores, int64_t stride, const int32_t* nn,
+template <int PER, int THREADS = kThreads>
+__global__ void __launch_bounds__(THREADS) topk_block_kernel(const float* scores, int64_t stride, const int32_t* nn,
                                                               int k, int32_t* out) {
   __shared__ SelectSmem sm;
   const int t = blockIdx.x, tid = threadIdx.x;
-  for (int b = tid; b < kMaxBins; b += kThreads) sm.hist[b] = 0;
+  for (int b = tid; b < kMaxBins; b += THREADS) sm.hist[b] = 0;
   pdl::wait();  // the scores come from the kernel just before (pdl.cuh)
   pdl::launch_dependents();
   const int n = nn[t];
   int32_t* o = out + int64_t(t) * k;
-  if (n <= k) return write_short_row(n, k, o, 0, 1);
+  if (n <= k) return write_short_row<THREADS>(n, k, o, 0, 1);
   const float* start = scores + int64_t(t) * stride;
   const int a = int((reinterpret_cast<uintptr_t>(start) / sizeof(float)) & 3);
   const float* row = start - a;  // 16-byte aligned; shifted index i is position i - a
@@ -67,11 +69,20 @@ __global__ void __launch_bounds__(kThreads) topk_block_kernel(const float* score
     for (int j = 0; j < PER; ++j)
       count_bin(sm.hist, (key[j] >> shift) & uint32_t(nb - 1), ((live >> j) & 1u) && (key[j] & mask) == prefix);
     __syncthreads();
-    const int hi = top_bin_of(nb);
-    const uint32_t c_hi = sm.hist[hi], c_lo = nb == 2 * kThreads ? sm.hist[hi - 1] : 0u;
-    sm.hist[hi] = 0;  // (read by this thread alone; the next pass counts after find_bucket_of's barrier)
-    if (nb == 2 * kThreads) sm.hist[hi - 1] = 0;
-    find_bucket_of(sm, nb, c_hi, c_lo, rank);
+    // (each bin read by one thread alone, which zeroes it; the next pass counts after the search's barrier)
+    auto search = [&](auto bins_per_thread) {
+      constexpr int B = decltype(bins_per_thread)::value;
+      const int hi = top_bin_of<THREADS>(B * THREADS);
+      uint32_t c[B];
+#pragma unroll
+      for (int i = 0; i < B; ++i) {
+        c[i] = sm.hist[hi - i];
+        sm.hist[hi - i] = 0;
+      }
+      find_bucket_in<THREADS, B>(sm, hi, c, rank);
+    };
+    if (nb == 2048) search(std::integral_constant<int, 2048 / THREADS>{});
+    else search(std::integral_constant<int, 1024 / THREADS>{});
     rank -= sm.above;
     prefix |= sm.bucket << shift;
     __syncthreads();  // sm.bucket and sm.above are written again by the next search
@@ -85,7 +96,7 @@ __global__ void __launch_bounds__(kThreads) topk_block_kernel(const float* score
     c_eq += ((live >> j) & 1u) && key[j] == thr;
   }
   uint64_t total;
-  const uint64_t before = block_exclusive_sum(uint64_t(c_gt) | uint64_t(c_eq) << 32, sm.totals, &total);
+  const uint64_t before = block_exclusive_sum<uint64_t, THREADS>(uint64_t(c_gt) | uint64_t(c_eq) << 32, sm.totals, &total);
   uint32_t r_gt = uint32_t(before), r_eq = uint32_t(before >> 32);
 #pragma unroll
   for (int j = 0; j < PER; ++j) {
@@ -105,11 +116,15 @@ int block_path_per_thread(const float* scores, int64_t stride) {
   return 0;
 }
 
-void launch_block(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, int32_t* out,
+void launch_block(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, int32_t* out, int threads,
                   cudaStream_t st) {
   const int per = block_path_per_thread(scores, stride);
   const dim3 grid{unsigned(T)};
-  if (per == 4) pdl::launch(topk_block_kernel<4>, grid, dim3(kThreads), 0, st, scores, stride, n, k, out);
+  if (per == 4 && threads == 256)
+    pdl::launch(topk_block_kernel<16, 256>, grid, dim3(256), 0, st, scores, stride, n, k, out);
+  else if (per == 4 && threads == 512)
+    pdl::launch(topk_block_kernel<8, 512>, grid, dim3(512), 0, st, scores, stride, n, k, out);
+  else if (per == 4) pdl::launch(topk_block_kernel<4>, grid, dim3(kThreads), 0, st, scores, stride, n, k, out);
   else if (per == 8) pdl::launch(topk_block_kernel<8>, grid, dim3(kThreads), 0, st, scores, stride, n, k, out);
   else if (per == 16) pdl::launch(topk_block_kernel<16>, grid, dim3(kThreads), 0, st, scores, stride, n, k, out);
   else fail("top_k: rows of {} scores are longer than the block path takes ({})", stride, 16 * kThreads);

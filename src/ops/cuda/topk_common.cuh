@@ -44,13 +44,15 @@ __device__ __forceinline__ void count_bin(uint32_t* hist, uint32_t bin, bool liv
 
 constexpr int kWarps = kThreads / 32;
 
-// Exclusive prefix sum of v over the block's threads, and the block's total: a shuffle scan per warp,
-// then every warp scans the warp totals itself (one barrier). As fast as cub's raking block scan on
-// an H200 (~0.4 us a boundary search at 1024 threads; cub's warp-scans variant took twice that) with
-// 256 bytes of shared memory instead of 8 KB, which the span path's compaction uses. `totals`:
-// kWarps values of shared memory, free again after the next barrier.
-template <class T>
+// Exclusive prefix sum of v over the block's THREADS threads, and the block's total: a shuffle scan
+// per warp, then every warp scans the warp totals itself (one barrier). As fast as cub's raking block
+// scan on an H200 (~0.4 us a boundary search at 1024 threads; cub's warp-scans variant took twice
+// that) with 256 bytes of shared memory instead of 8 KB, which the span path's compaction uses.
+// `totals`: THREADS / 32 values of shared memory, free again after the next barrier.
+template <class T, int THREADS = kThreads>
 __device__ __forceinline__ T block_exclusive_sum(T v, T* totals, T* total) {
+  constexpr int WARPS = THREADS / 32;
+  static_assert(WARPS >= 1 && WARPS <= 32 && THREADS % 32 == 0, "whole warps, at most 32");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   T x = v;
 #pragma unroll
@@ -60,13 +62,13 @@ __device__ __forceinline__ T block_exclusive_sum(T v, T* totals, T* total) {
   }
   if (lane == 31) totals[warp] = x;
   __syncthreads();
-  T w = lane < kWarps ? totals[lane] : T(0);
+  T w = lane < WARPS ? totals[lane] : T(0);
 #pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
+  for (int o = 1; o < WARPS; o <<= 1) {
     const T y = __shfl_up_sync(0xffffffffu, w, o);
     if (lane >= o) w += y;
   }
-  *total = __shfl_sync(0xffffffffu, w, kWarps - 1);
+  *total = __shfl_sync(0xffffffffu, w, WARPS - 1);
   const T before_warp = warp == 0 ? T(0) : __shfl_sync(0xffffffffu, w, warp == 0 ? 0 : warp - 1);
   return before_warp + x - v;
 }
@@ -78,28 +80,42 @@ struct SelectSmem {
   uint32_t run_gt, run_eq;  // positions above / equal to thr counted by the compaction's earlier rounds
 };
 
-// Over a histogram of nb bins (1024 or 2048), the bin holding the `rank`-th largest (1-based) key:
-// sm.bucket, sm.above = the count in the bins above it, sm.count = its own. Thread j gives the
-// counts of its bins, counted from the top down: c_hi of bin hi = nb - 1 - (nb / kThreads) j and,
-// when nb = 2048, c_lo of bin hi - 1 (top_bin_of gives hi). Ends with a barrier.
-__device__ __forceinline__ int top_bin_of(int nb) { return nb - 1 - (nb / kThreads) * int(threadIdx.x); }
-__device__ inline void find_bucket_of(SelectSmem& sm, int nb, uint32_t c_hi, uint32_t c_lo, uint32_t rank) {
-  const int hi = top_bin_of(nb);
+// Over a histogram of nb bins, the bin holding the `rank`-th largest (1-based) key: sm.bucket,
+// sm.above = the count in the bins above it, sm.count = its own. Thread j of THREADS gives the counts
+// of its B = nb / THREADS bins, counted from the top down: c[i] of bin hi - i, hi = nb - 1 - B j
+// (top_bin_of). Ends with a barrier.
+template <int THREADS = kThreads>
+__device__ __forceinline__ int top_bin_of(int nb) { return nb - 1 - (nb / THREADS) * int(threadIdx.x); }
+template <int THREADS, int B>
+__device__ inline void find_bucket_in(SelectSmem& sm, int hi, const uint32_t (&c)[B], uint32_t rank) {
+  uint32_t sum = 0;
+#pragma unroll
+  for (int i = 0; i < B; ++i) sum += c[i];
   uint32_t total;
-  const uint32_t excl = block_exclusive_sum(c_hi + c_lo, reinterpret_cast<uint32_t*>(sm.totals), &total);
-  const uint32_t incl = excl + c_hi + c_lo;
-  if (excl < rank && rank <= incl) {
-    if (excl + c_hi >= rank) {
-      sm.bucket = uint32_t(hi);
-      sm.above = excl;
-      sm.count = c_hi;
-    } else {
-      sm.bucket = uint32_t(hi - 1);
-      sm.above = excl + c_hi;
-      sm.count = c_lo;
+  uint32_t above = block_exclusive_sum<uint32_t, THREADS>(sum, reinterpret_cast<uint32_t*>(sm.totals), &total);
+  if (above < rank && rank <= above + sum) {
+#pragma unroll
+    for (int i = 0; i < B; ++i) {
+      if (above < rank && rank <= above + c[i]) {
+        sm.bucket = uint32_t(hi - i);
+        sm.above = above;
+        sm.count = c[i];
+      }
+      above += c[i];
     }
   }
   __syncthreads();
+}
+// The same for kThreads threads and nb = 1024 (c_lo unused) or 2048 bins.
+__device__ inline void find_bucket_of(SelectSmem& sm, int nb, uint32_t c_hi, uint32_t c_lo, uint32_t rank) {
+  const int hi = top_bin_of(nb);
+  if (nb == 2 * kThreads) {
+    const uint32_t c[2] = {c_hi, c_lo};
+    find_bucket_in<kThreads, 2>(sm, hi, c, rank);
+  } else {
+    const uint32_t c[1] = {c_hi};
+    find_bucket_in<kThreads, 1>(sm, hi, c, rank);
+  }
 }
 __device__ inline void find_bucket(SelectSmem& sm, const uint32_t* hist, int nb, uint32_t rank) {
   const int hi = top_bin_of(nb);
@@ -120,9 +136,10 @@ __device__ __forceinline__ void write_selected(uint32_t key, int32_t pos, uint32
   }
 }
 
-// Rows with n <= k list 0 .. n-1, then -1; `part` of `parts` blocks of the row writes its share.
+// Rows with n <= k list 0 .. n-1, then -1; `part` of `parts` blocks (of THREADS) of the row writes its share.
+template <int THREADS = kThreads>
 __device__ inline void write_short_row(int n, int k, int32_t* out, int part, int parts) {
-  for (int i = part * kThreads + threadIdx.x; i < k; i += parts * kThreads) out[i] = i < n ? i : -1;
+  for (int i = part * THREADS + threadIdx.x; i < k; i += parts * THREADS) out[i] = i < n ? i : -1;
 }
 
 // Per row of the span and team paths, in global memory (zero between calls).
@@ -136,21 +153,26 @@ struct RowState {
   uint32_t pad[2];       // the masks after the states stay 16-byte aligned
 };
 
+// Threads per block of the team path and of the block path's 4K rows: `asked` (TopKWorkspace::threads:
+// 256, 512 or 1024; anything else is refused), or where it is 0 SPARSEMLA_TOPK_THREADS; 0 where
+// neither is set: the paths' own choice (topk.cu).
+int path_threads(int asked);
+
 // The block path (topk_block.cu): scores per thread for rows of `stride` at `scores` (4, 8 or 16; 0
 // where a row with its shift to the 16-byte boundary before it is longer than 16 * kThreads), and
 // its one launch for T rows.
 int block_path_per_thread(const float* scores, int64_t stride);
-void launch_block(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, int32_t* out,
-                  cudaStream_t st);
+void launch_block(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, int32_t* out, int threads,
+                  cudaStream_t st);  // threads: 0 (1024), or 256 / 512 for rows of 4K
 
-// The team path (topk_team.cu). Blocks of its kernel resident at once per multiprocessor.
-int team_blocks_per_sm();
+// The team path (topk_team.cu). Blocks of its kernel (of `threads`) resident at once per multiprocessor.
+int team_blocks_per_sm(int threads);
 // One cooperative launch for T rows of `stride` scores, `parts` blocks per row: per row, RowState
 // state[t] and the 2 * mask_words words at masks + 2 * mask_words * t (the blocks' counts, then a
 // boundary list of up to list_cap entries). `counted`: the rows' first histograms were filled by the
 // scores' kernel (top_k_counts).   out: [T, k]
 void launch_team(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, RowState* state,
-                 uint32_t* masks, int64_t mask_words, int parts, int list_cap, bool counted, int32_t* out,
+                 uint32_t* masks, int64_t mask_words, int parts, int list_cap, bool counted, int32_t* out, int threads,
                  cudaStream_t st);
 
 }  // namespace sparsemla::cuda::topk

@@ -1,5 +1,8 @@
 // The top-k's team path (topk.cu describes the paths): a few long rows in one cooperative
 // launch, the row's blocks meeting at barriers in global memory.
+#include <atomic>
+#include <type_traits>
+
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/topk_common.cuh"
@@ -34,9 +37,10 @@ __device__ void team_leave(RowState& st, uint32_t end) {
 }
 
 // Team path: one launch for a few rows, every block of the grid resident at once (a cooperative
-// launch). Block x of row t (blockIdx.y) holds one span of the row in registers, thread j the four
-// consecutive scores at 4 j of it (one 16-byte load: the row is taken from the 16-byte boundary at
-// or before its start, shifted by a = row start mod 4). The row's blocks meet at barriers: after
+// launch). Block x of row t (blockIdx.y) holds one span of the row in registers: of THREADS threads
+// (1024, 512 or 256: topk.cu chooses), thread j the PER = kSpan / THREADS consecutive scores at PER j
+// of it (16-byte loads: the row is taken from the 16-byte boundary at or before its start, shifted
+// by a = row start mod 4). The row's blocks meet at barriers: after
 // adding the histograms of the first and second digit (each block then finds the digit of thr
 // itself, from the row's histogram in global memory), which gives P, thr's first 22 bits. Then, when
 // the keys with prefix P (the boundary) are few (<= list_cap, as on any row but one of heavy ties),
@@ -51,19 +55,22 @@ __device__ void team_leave(RowState& st, uint32_t end) {
 // a share per block, once every block has read it (after the next barrier).
 //   counts: [T, counts_stride] per block (above P; or above | equal to thr << 32)
 //   list: [T, list_stride] (position << 10 | last digit), list_cap of them used
-__global__ void __launch_bounds__(kThreads, 1)
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS, 1)
     topk_team_kernel(const float* scores, int64_t stride, const int32_t* nn, int k, RowState* state,
                      uint64_t* counts, int64_t counts_stride, uint32_t* list, int64_t list_stride, int list_cap,
                      bool counted, int32_t* out) {
+  constexpr int PER = kSpan / THREADS;  // consecutive scores per thread
+  static_assert(PER % 4 == 0 && PER <= 32, "whole 16-byte loads, a bit per score");
   __shared__ SelectSmem sm;
   __shared__ uint64_t s_base;
   const int t = blockIdx.y, x = blockIdx.x, tid = threadIdx.x;
-  for (int b = tid; b < kMaxBins; b += kThreads) sm.hist[b] = 0;
+  for (int b = tid; b < kMaxBins; b += THREADS) sm.hist[b] = 0;
   pdl::wait();  // the scores come from the kernel just before (pdl.cuh)
   pdl::launch_dependents();
   const int n = nn[t];
   int32_t* o = out + int64_t(t) * k;
-  if (n <= k) return write_short_row(n, k, o, x, gridDim.x);
+  if (n <= k) return write_short_row<THREADS>(n, k, o, x, gridDim.x);
   const int64_t row0 = int64_t(t) * stride;
   const int a = int(row0 & 3);
   const float* row = scores + (row0 - a);  // shifted index i is position i - a
@@ -71,24 +78,28 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (uint32_t(x) >= parts) return;
   RowState& st = state[t];
 
-  const int i0 = x * kSpan + kPerThread * tid;  // shifted index of this thread's first score
-  uint32_t key[kPerThread];
-  bool live[kPerThread];
-  if (i0 >= a && i0 + kPerThread <= n + a) {
-    const float4 v = *reinterpret_cast<const float4*>(row + i0);
-    const float f[4] = {v.x, v.y, v.z, v.w};
+  const int i0 = x * kSpan + PER * tid;  // shifted index of this thread's first score
+  uint32_t key[PER];
+  uint32_t live = 0;  // bit j: score j of this thread is one of the row's
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      key[j] = order_key(f[j]);
-      live[j] = true;
-    }
-  } else {
+  for (int q = 0; q < PER / 4; ++q) {
+    const int i = i0 + 4 * q;
+    if (i >= a && i + 4 <= n + a) {
+      const float4 v = *reinterpret_cast<const float4*>(row + i);
+      const float f[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      live[j] = i0 + j >= a && i0 + j < n + a;
-      key[j] = live[j] ? order_key(row[i0 + j]) : 0u;
+      for (int j = 0; j < 4; ++j) key[4 * q + j] = order_key(f[j]);
+      live |= 0xFu << (4 * q);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bool in = i + j >= a && i + j < n + a;
+        key[4 * q + j] = in ? order_key(row[i + j]) : 0u;
+        live |= uint32_t(in) << (4 * q + j);
+      }
     }
   }
+  auto is_live = [&](int j) { return ((live >> j) & 1u) != 0u; };
   __syncthreads();  // (the local histogram's zeros)
 
   uint32_t prefix = 0, rank = uint32_t(k);  // thr's digits found so far; its rank among their keys
@@ -97,27 +108,35 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto count_digit = [&](int pass, uint32_t* g) {
     const int nb = digit_bins(pass);
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j)
+    for (int j = 0; j < PER; ++j)
       count_bin(sm.hist, (key[j] >> digit_shift(pass)) & uint32_t(nb - 1),
-                live[j] && (key[j] & prefix_mask(pass)) == prefix);
+                is_live(j) && (key[j] & prefix_mask(pass)) == prefix);
     __syncthreads();
-    for (int b = tid; b < nb; b += kThreads) {
+    for (int b = tid; b < nb; b += THREADS) {
       if (sm.hist[b]) atomicAdd(&g[b], sm.hist[b]);
       sm.hist[b] = 0;
     }
     team_barrier(st, parts * ++barriers);
   };
-  // Digit `pass` of thr, from the row's histogram g.
+  // Digit `pass` of thr from a histogram of nb = B * THREADS bins (h: global with ldcg, else shared).
+  auto search = [&](auto bins_per_thread, const uint32_t* h, bool global) {
+    constexpr int B = decltype(bins_per_thread)::value;
+    const int nb = B * THREADS, hi = top_bin_of<THREADS>(nb);
+    uint32_t c[B];
+#pragma unroll
+    for (int i = 0; i < B; ++i) c[i] = global ? __ldcg(h + hi - i) : h[hi - i];
+    find_bucket_in<THREADS, B>(sm, hi, c, rank);
+  };
   auto select_digit = [&](int pass, const uint32_t* g) {
-    const int nb = digit_bins(pass), hi = top_bin_of(nb);
-    find_bucket_of(sm, nb, __ldcg(g + hi), nb == 2 * kThreads ? __ldcg(g + hi - 1) : 0u, rank);
+    if (digit_bins(pass) == 2048) search(std::integral_constant<int, 2048 / THREADS>{}, g, true);
+    else search(std::integral_constant<int, 1024 / THREADS>{}, g, true);
     rank -= sm.above;
     prefix |= sm.bucket << digit_shift(pass);
     __syncthreads();  // sm.bucket and sm.above are written again by the next search
   };
   // This block's share of the zeros that g must hold for the next call (every block has read it).
   auto zero_share = [&](uint32_t* g, int nb) {
-    for (int b = x * kThreads + tid; b < nb; b += int(parts) * kThreads) g[b] = 0;
+    for (int b = x * THREADS + tid; b < nb; b += int(parts) * THREADS) g[b] = 0;
   };
 
   if (!counted) count_digit(0, st.hist0);  // (else the scores' kernel filled it: top_k_counts)
@@ -132,54 +151,66 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto scan_counts = [&] {  // this block's keys above and equal to thr: total, and before each thread
     uint32_t c_gt = 0, c_eq = 0;
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      c_gt += live[j] && key[j] > thr;
-      c_eq += live[j] && key[j] == thr;
+    for (int j = 0; j < PER; ++j) {
+      c_gt += is_live(j) && key[j] > thr;
+      c_eq += is_live(j) && key[j] == thr;
     }
-    before = block_exclusive_sum(uint64_t(c_gt) | uint64_t(c_eq) << 32, sm.totals, &total);
+    before = block_exclusive_sum<uint64_t, THREADS>(uint64_t(c_gt) | uint64_t(c_eq) << 32, sm.totals, &total);
   };
   if (n_on_p <= uint32_t(list_cap)) {
     // The boundary list: this block's keys with prefix P, at slots taken by one atomic per warp for
     // all its keys (one per key's round of ballots cost a dependent round trip each).
     uint32_t* row_list = list + int64_t(t) * list_stride;
-    uint32_t above = 0, on_warp[kPerThread], n_warp = 0;
+    uint32_t above = 0, on_warp[PER], n_warp = 0;
     const int lane = tid % 32;
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
+    for (int j = 0; j < PER; ++j) {
       const uint32_t p = key[j] & prefix_mask(2);
-      above += live[j] && p > prefix;
-      on_warp[j] = __ballot_sync(0xffffffffu, live[j] && p == prefix);
+      above += is_live(j) && p > prefix;
+      on_warp[j] = __ballot_sync(0xffffffffu, is_live(j) && p == prefix);
       n_warp += uint32_t(__popc(on_warp[j]));
     }
     uint32_t slot = 0;
     if (n_warp && lane == 0) slot = atomicAdd(&st.list_n, n_warp);
     slot = __shfl_sync(0xffffffffu, slot, 0);
 #pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
+    for (int j = 0; j < PER; ++j) {
       if ((on_warp[j] >> lane) & 1u)
         row_list[slot + uint32_t(__popc(on_warp[j] & ((1u << lane) - 1u)))] = uint32_t(i0 + j - a) << 10 | (key[j] & 1023u);
       slot += uint32_t(__popc(on_warp[j]));
     }
     uint64_t n_above;
-    block_exclusive_sum(uint64_t(above), sm.totals, &n_above);
+    block_exclusive_sum<uint64_t, THREADS>(uint64_t(above), sm.totals, &n_above);
     if (tid == 0) row_counts[x] = n_above;
     team_barrier(st, parts * ++barriers);
     zero_share(st.hist1, digit_bins(1));
-    // thr's last digit from the list's histogram (sm.hist is zero: count_digit leaves it so).
-    const uint32_t e = uint32_t(tid) < n_on_p ? __ldcg(row_list + tid) : 0u;
-    if (uint32_t(tid) < n_on_p) atomicAdd(&sm.hist[e & 1023u], 1u);
-    const uint64_t earlier = uint32_t(tid) < uint32_t(x) ? __ldcg(row_counts + tid) : 0u;
+    // thr's last digit from the list's histogram (sm.hist is zero: count_digit leaves it so); the
+    // list's entries tid + u THREADS (list_cap <= kThreads).
+    constexpr int LP = kThreads / THREADS;
+    uint32_t e[LP];
+#pragma unroll
+    for (int u = 0; u < LP; ++u) {
+      const uint32_t i = uint32_t(tid + u * THREADS);
+      e[u] = i < n_on_p ? __ldcg(row_list + i) : 0u;
+      if (i < n_on_p) atomicAdd(&sm.hist[e[u] & 1023u], 1u);
+    }
+    uint64_t earlier = 0;  // the counts above P of the blocks before this one
+    for (int b = tid; b < x; b += THREADS) earlier += __ldcg(row_counts + b);
     __syncthreads();
-    find_bucket(sm, sm.hist, 1024, rank);
+    search(std::integral_constant<int, 1024 / THREADS>{}, sm.hist, false);
     thr = prefix | sm.bucket;
     need_eq = rank - sm.above;
     // This block's offset: the keys above thr and equal to it before its first position, from the
     // counts above P of the blocks before it and the boundary keys before it.
-    const bool first = uint32_t(tid) < n_on_p && int(e >> 10) < x * kSpan - a;
-    const uint32_t d = e & 1023u;
+    uint64_t mine = earlier;
+#pragma unroll
+    for (int u = 0; u < LP; ++u) {
+      const bool first = uint32_t(tid + u * THREADS) < n_on_p && int(e[u] >> 10) < x * kSpan - a;
+      const uint32_t d = e[u] & 1023u;
+      mine += (first && d > sm.bucket) + (uint64_t(first && d == sm.bucket) << 32);
+    }
     uint64_t base;
-    const uint64_t mine = earlier + (first && d > sm.bucket) + (uint64_t(first && d == sm.bucket) << 32);
-    block_exclusive_sum(mine, sm.totals, &base);
+    block_exclusive_sum<uint64_t, THREADS>(mine, sm.totals, &base);
     if (tid == 0) s_base = base;
     __syncthreads();  // (the scan's storage is free again)
     scan_counts();
@@ -205,26 +236,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint64_t at = s_base + before;  // (the two halves never carry: each count is below 2^32)
   uint32_t r_gt = uint32_t(at), r_eq = uint32_t(at >> 32);
 #pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    if (!live[j]) continue;
+  for (int j = 0; j < PER; ++j) {
+    if (!is_live(j)) continue;
     write_selected(key[j], i0 + j - a, thr, need_eq, r_gt, r_eq, o);
+  }
+}
+
+template <class F>
+decltype(auto) with_team_kernel(int threads, F&& f) {
+  switch (threads) {
+    case 256: return f(topk_team_kernel<256>, 256);
+    case 512: return f(topk_team_kernel<512>, 512);
+    default: return f(topk_team_kernel<1024>, 1024);
   }
 }
 
 }  // namespace
 
-int team_blocks_per_sm() {
-  int per_sm = 0;
-  SPARSEMLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, topk_team_kernel, kThreads, 0));
-  return per_sm;
+int team_blocks_per_sm(int threads) {
+  static std::atomic<int> cached[3] = {-1, -1, -1};  // 256, 512, 1024 (the same on every device)
+  std::atomic<int>& c = cached[threads == 256 ? 0 : threads == 512 ? 1 : 2];
+  if (c.load() < 0)
+    c = with_team_kernel(threads, [](auto kernel, int th) {
+      int per_sm = 0;
+      SPARSEMLA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, th, 0));
+      return per_sm;
+    });
+  return c.load();
 }
 
 void launch_team(const float* scores, int64_t T, int64_t stride, const int32_t* n, int k, RowState* state,
-                 uint32_t* masks, int64_t mask_words, int parts, int list_cap, bool counted, int32_t* out,
+                 uint32_t* masks, int64_t mask_words, int parts, int list_cap, bool counted, int32_t* out, int threads,
                  cudaStream_t st) {
-  pdl::launch_as(pdl::Cooperative::kYes, topk_team_kernel, dim3{unsigned(parts), unsigned(T)}, dim3(kThreads), 0, st,
-                 scores, stride, n, k, state, reinterpret_cast<uint64_t*>(masks), mask_words, masks + 2 * parts,
-                 2 * mask_words, list_cap, counted, out);
+  with_team_kernel(threads, [&](auto kernel, int th) {
+    pdl::launch_as(pdl::Cooperative::kYes, kernel, dim3{unsigned(parts), unsigned(T)}, dim3(th), 0, st, scores,
+                   stride, n, k, state, reinterpret_cast<uint64_t*>(masks), mask_words, masks + 2 * parts,
+                   2 * mask_words, list_cap, counted, out);
+  });
 }
 
 }  // namespace sparsemla::cuda::topk
