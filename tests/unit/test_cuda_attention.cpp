@@ -724,6 +724,32 @@ void expect_one_long_row_selections(cuda::TopKWorkspace& ws) {
   }
 }
 
+// The team path on every block size, with m keys on thr's first digit (values in [1, 1.25): one
+// digit; a few repeated, so that ties fall at the boundary too), from a few hundred to more than a
+// block's threads hold (4 to 16 per thread), above them k - 100 keys that are all selected and below
+// them the rest. The same workspace serves two calls: its state must be left clean.
+TEST(CudaAttention, TopKTeamOnManyKeysOnTheBoundaryDigit) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(41);
+  const int k = 2048, len = small_mode() ? 20000 : 131072;
+  for (int m : {300, 1000, 2000, 2100, 4000, 4200, 8000, 8300, 16000}) {
+    if (m + k > len) continue;
+    std::vector<float> s(static_cast<size_t>(len));
+    std::uniform_real_distribution<float> top(100.0f, 200.0f), on(1.0f, 1.25f), low(0.0f, 0.5f);
+    for (int i = 0; i < len; ++i) s[size_t(i)] = i < k - 100 ? top(rng) : i < k - 100 + m ? on(rng) : low(rng);
+    for (int i = k - 100; i < k - 100 + m; i += 7) s[size_t(i)] = 1.125f;  // ties on the boundary digit
+    std::shuffle(s.begin(), s.end(), rng);
+    const std::vector<int32_t> n = {len};
+    for (int threads : kPathThreads) {
+      cuda::TopKWorkspace ws = topk_workspace(cuda::TopKPath::kTeam, threads);
+      for (int round = 0; round < 2; ++round)  // (the state left clean for the next call)
+        expect_selection(gpu_top_k(s, n, len, k, &ws), s, n, len, k,
+                         std::to_string(m) + " on thr's first digit, " + threads_name(threads));
+      EXPECT_EQ(ws.last_path, cuda::TopKPath::kTeam);
+    }
+  }
+}
+
 // The mma indexer filling the top-k's first histogram as it writes the scores (top_k_counts): the
 // same scores bit for bit, and the selection the CPU makes on them, on the span and the team path,
 // for rows longer and shorter than k. `spread`: every key scaled by 2^U(-40, 40), so that a block's

@@ -614,6 +614,7 @@ void top_k(const float* scores, int64_t T, int64_t stride, const int32_t* n, int
            TopKWorkspace* ws) {
   if (T == 0) return;
   if (k <= 0) fail("top_k: k must be > 0, got {}", k);
+  if (ws) path_threads(ws->threads);  // (refuses a size the paths do not take, whichever path the rows take)
   auto st = static_cast<cudaStream_t>(s);
   const bool block = takes_block(scores, stride, ws);
   LongRowPlan plan;
