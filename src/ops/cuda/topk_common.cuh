@@ -73,8 +73,38 @@ __device__ __forceinline__ T block_exclusive_sum(T v, T* totals, T* total) {
   return before_warp + x - v;
 }
 
+// Exclusive prefix sums of u and of v over the block's threads at once (one shuffle pass for both, one
+// barrier), and the block's totals. `totals`: 2 * THREADS / 32 values, free again after the next barrier.
+template <int THREADS>
+__device__ __forceinline__ void block_exclusive_sum2(uint64_t u, uint64_t v, uint64_t* totals, uint64_t* before_u,
+                                                     uint64_t* before_v, uint64_t* total_u, uint64_t* total_v) {
+  constexpr int WARPS = THREADS / 32;
+  static_assert(WARPS >= 1 && WARPS <= 32 && THREADS % 32 == 0, "whole warps, at most 32");
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  uint64_t x = u, y = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint64_t xo = __shfl_up_sync(0xffffffffu, x, o), yo = __shfl_up_sync(0xffffffffu, y, o);
+    if (lane >= o) x += xo, y += yo;
+  }
+  if (lane == 31) totals[warp] = x, totals[WARPS + warp] = y;
+  __syncthreads();
+  uint64_t wx = lane < WARPS ? totals[lane] : 0, wy = lane < WARPS ? totals[WARPS + lane] : 0;
+#pragma unroll
+  for (int o = 1; o < WARPS; o <<= 1) {
+    const uint64_t xo = __shfl_up_sync(0xffffffffu, wx, o), yo = __shfl_up_sync(0xffffffffu, wy, o);
+    if (lane >= o) wx += xo, wy += yo;
+  }
+  *total_u = __shfl_sync(0xffffffffu, wx, WARPS - 1);
+  *total_v = __shfl_sync(0xffffffffu, wy, WARPS - 1);
+  const int prev = warp == 0 ? 0 : warp - 1;
+  const uint64_t bx = __shfl_sync(0xffffffffu, wx, prev), by = __shfl_sync(0xffffffffu, wy, prev);
+  *before_u = (warp == 0 ? 0 : bx) + x - u;
+  *before_v = (warp == 0 ? 0 : by) + y - v;
+}
+
 struct SelectSmem {
-  uint64_t totals[kWarps];  // block_exclusive_sum's warp totals (a pair of counts in the compactions)
+  uint64_t totals[2 * kWarps];  // block scans' warp totals (a pair of counts in the compactions; two sums)
   uint32_t hist[kMaxBins];
   uint32_t bucket, above, count;  // find_bucket's bin, the count above it, its own count
   uint32_t run_gt, run_eq;  // positions above / equal to thr counted by the compaction's earlier rounds

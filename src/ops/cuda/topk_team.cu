@@ -62,43 +62,48 @@ __global__ void __launch_bounds__(THREADS, 1)
                      bool counted, int32_t* out) {
   constexpr int PER = kSpan / THREADS;  // consecutive scores per thread
   static_assert(PER % 4 == 0 && PER <= 32, "whole 16-byte loads, a bit per score");
+  constexpr int B0 = 2048 / THREADS;  // bins of the first digit per thread in its search
   __shared__ SelectSmem sm;
   __shared__ uint64_t s_base;
   const int t = blockIdx.y, x = blockIdx.x, tid = threadIdx.x;
   for (int b = tid; b < kMaxBins; b += THREADS) sm.hist[b] = 0;
   pdl::wait();  // the scores come from the kernel just before (pdl.cuh)
   pdl::launch_dependents();
-  const int n = nn[t];
-  int32_t* o = out + int64_t(t) * k;
-  if (n <= k) return write_short_row<THREADS>(n, k, o, x, gridDim.x);
   const int64_t row0 = int64_t(t) * stride;
   const int a = int(row0 & 3);
   const float* row = scores + (row0 - a);  // shifted index i is position i - a
-  const uint32_t parts = uint32_t((n + a + kSpan - 1) / kSpan);
-  if (uint32_t(x) >= parts) return;
   RowState& st = state[t];
-
+  // Loaded before the row's length is known, in one round trip: this thread's scores anywhere in
+  // the row's stride (those past n are dropped below), where counted the first digit's bins this
+  // thread searches, and n.
   const int i0 = x * kSpan + PER * tid;  // shifted index of this thread's first score
   uint32_t key[PER];
-  uint32_t live = 0;  // bit j: score j of this thread is one of the row's
 #pragma unroll
   for (int q = 0; q < PER / 4; ++q) {
     const int i = i0 + 4 * q;
-    if (i >= a && i + 4 <= n + a) {
+    if (i >= a && int64_t(i) + 4 <= stride + a) {
       const float4 v = *reinterpret_cast<const float4*>(row + i);
       const float f[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) key[4 * q + j] = order_key(f[j]);
-      live |= 0xFu << (4 * q);
     } else {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const bool in = i + j >= a && i + j < n + a;
-        key[4 * q + j] = in ? order_key(row[i + j]) : 0u;
-        live |= uint32_t(in) << (4 * q + j);
-      }
+      for (int j = 0; j < 4; ++j)
+        key[4 * q + j] = i + j >= a && int64_t(i + j) < stride + a ? order_key(row[i + j]) : 0u;
     }
   }
+  const int hi0 = top_bin_of<THREADS>(2048);
+  uint32_t c0[B0];
+#pragma unroll
+  for (int i = 0; i < B0; ++i) c0[i] = counted ? __ldcg(st.hist0 + hi0 - i) : 0u;
+  const int n = nn[t];
+  int32_t* o = out + int64_t(t) * k;
+  if (n <= k) return write_short_row<THREADS>(n, k, o, x, gridDim.x);
+  const uint32_t parts = uint32_t((n + a + kSpan - 1) / kSpan);
+  if (uint32_t(x) >= parts) return;
+  uint32_t live = 0;  // bit j: score j of this thread is one of the row's
+#pragma unroll
+  for (int j = 0; j < PER; ++j) live |= uint32_t(i0 + j >= a && i0 + j < n + a) << j;
   auto is_live = [&](int j) { return ((live >> j) & 1u) != 0u; };
   __syncthreads();  // (the local histogram's zeros)
 
@@ -139,8 +144,15 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int b = x * THREADS + tid; b < nb; b += int(parts) * THREADS) g[b] = 0;
   };
 
-  if (!counted) count_digit(0, st.hist0);  // (else the scores' kernel filled it: top_k_counts)
-  select_digit(0, st.hist0);
+  if (!counted) {  // (else the scores' kernel filled it: top_k_counts, and c0 holds its bins)
+    count_digit(0, st.hist0);
+#pragma unroll
+    for (int i = 0; i < B0; ++i) c0[i] = __ldcg(st.hist0 + hi0 - i);
+  }
+  find_bucket_in<THREADS, B0>(sm, hi0, c0, rank);
+  rank -= sm.above;
+  prefix = sm.bucket << digit_shift(0);
+  __syncthreads();  // sm.bucket and sm.above are written again by the next search
   count_digit(1, st.hist1);
   zero_share(st.hist0, digit_bins(0));
   select_digit(1, st.hist1);
@@ -148,14 +160,17 @@ __global__ void __launch_bounds__(THREADS, 1)
   uint64_t* row_counts = counts + int64_t(t) * counts_stride;
   uint64_t total, before;  // this block's counts (above thr | equal to it << 32); those of its threads before
   uint32_t thr, need_eq;
-  auto scan_counts = [&] {  // this block's keys above and equal to thr: total, and before each thread
+  auto own_counts = [&] {  // this thread's keys above thr | equal to it << 32
     uint32_t c_gt = 0, c_eq = 0;
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
       c_gt += is_live(j) && key[j] > thr;
       c_eq += is_live(j) && key[j] == thr;
     }
-    before = block_exclusive_sum<uint64_t, THREADS>(uint64_t(c_gt) | uint64_t(c_eq) << 32, sm.totals, &total);
+    return uint64_t(c_gt) | uint64_t(c_eq) << 32;
+  };
+  auto scan_counts = [&] {  // this block's counts: total, and before each thread
+    before = block_exclusive_sum<uint64_t, THREADS>(own_counts(), sm.totals, &total);
   };
   if (n_on_p <= uint32_t(list_cap)) {
     // The boundary list: this block's keys with prefix P, at slots taken by one atomic per warp for
@@ -209,11 +224,10 @@ __global__ void __launch_bounds__(THREADS, 1)
       const uint32_t d = e[u] & 1023u;
       mine += (first && d > sm.bucket) + (uint64_t(first && d == sm.bucket) << 32);
     }
-    uint64_t base;
-    block_exclusive_sum<uint64_t, THREADS>(mine, sm.totals, &base);
+    // The block's offset (the sum of mine) and each thread's own counts' prefix in one scan.
+    uint64_t base, unused;
+    block_exclusive_sum2<THREADS>(mine, own_counts(), sm.totals, &unused, &before, &base, &total);
     if (tid == 0) s_base = base;
-    __syncthreads();  // (the scan's storage is free again)
-    scan_counts();
   } else {
     count_digit(2, st.hist2);
     zero_share(st.hist1, digit_bins(1));
