@@ -16,10 +16,13 @@ namespace {
 // each block adds 1 once more when it has read the row's state for the last time (team_leave); the
 // block that brings the count to (barriers + 1) * parts sets it and the list's count back to 0 for
 // the next call. Every thread of the block calls both; global writes before a barrier (the
-// histogram atomics) are visible to the row's blocks after it.
-__device__ void team_barrier(RowState& st, uint32_t target) {
+// histogram atomics) are visible to the row's blocks after it, and so is what thread 0 writes in
+// `publish` (after the block's threads have arrived).
+template <class Publish>
+__device__ void team_barrier(RowState& st, uint32_t target, Publish publish) {
   __syncthreads();
   if (threadIdx.x == 0) {
+    publish();
     asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(&st.n_done) : "memory");
     uint32_t v;
     do {
@@ -28,8 +31,12 @@ __device__ void team_barrier(RowState& st, uint32_t target) {
   }
   __syncthreads();
 }
+__device__ void team_barrier(RowState& st, uint32_t target) {
+  team_barrier(st, target, [] {});
+}
+// After a block barrier that follows the block's last read of the row's state: thread 0's add (the
+// other threads need not wait for it).
 __device__ void team_leave(RowState& st, uint32_t end) {
-  __syncthreads();
   if (threadIdx.x == 0 && atomicAdd(&st.n_done, 1u) == end - 1) {
     st.list_n = 0;
     atomicExch(&st.n_done, 0u);
@@ -65,8 +72,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   constexpr int B0 = 2048 / THREADS;  // bins of the first digit per thread in its search
   __shared__ SelectSmem sm;
   __shared__ uint64_t s_base;
+  __shared__ uint32_t s_above;
   const int t = blockIdx.y, x = blockIdx.x, tid = threadIdx.x;
   for (int b = tid; b < kMaxBins; b += THREADS) sm.hist[b] = 0;
+  if (tid == 0) s_above = 0;
   pdl::wait();  // the scores come from the kernel just before (pdl.cuh)
   pdl::launch_dependents();
   const int64_t row0 = int64_t(t) * stride;
@@ -194,10 +203,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         row_list[slot + uint32_t(__popc(on_warp[j] & ((1u << lane) - 1u)))] = uint32_t(i0 + j - a) << 10 | (key[j] & 1023u);
       slot += uint32_t(__popc(on_warp[j]));
     }
-    uint64_t n_above;
-    block_exclusive_sum<uint64_t, THREADS>(uint64_t(above), sm.totals, &n_above);
-    if (tid == 0) row_counts[x] = n_above;
-    team_barrier(st, parts * ++barriers);
+    // The block's count above P: warp sums added in shared memory, published at the barrier.
+    const uint32_t w_above = __reduce_add_sync(0xffffffffu, above);
+    if (lane == 0 && w_above) atomicAdd(&s_above, w_above);
+    team_barrier(st, parts * ++barriers, [&] { row_counts[x] = s_above; });
     zero_share(st.hist1, digit_bins(1));
     // thr's last digit from the list's histogram (sm.hist is zero: count_digit leaves it so); the
     // list's entries tid + u THREADS (list_cap <= kThreads).
@@ -246,7 +255,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       if (tid == 0) s_base = sum;
     }
   }
-  team_leave(st, parts * (barriers + 1));  // (its barrier also publishes s_base)
+  __syncthreads();  // (publishes s_base; no thread reads the row's state after it)
   const uint64_t at = s_base + before;  // (the two halves never carry: each count is below 2^32)
   uint32_t r_gt = uint32_t(at), r_eq = uint32_t(at >> 32);
 #pragma unroll
@@ -254,6 +263,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (!is_live(j)) continue;
     write_selected(key[j], i0 + j - a, thr, need_eq, r_gt, r_eq, o);
   }
+  team_leave(st, parts * (barriers + 1));  // (thread 0's writes are not held up by its round trip)
 }
 
 template <class F>
