@@ -143,7 +143,7 @@ struct TopKWorkspace {
   DeviceBuffer candidates;
   int64_t rows = 0, cap = 0;
   int sm_count = 0;
-  int team_blocks = 0;  // blocks of the team path's kernel resident at once on the device
+  int team_blocks = 0;  // blocks of the team kernel resident at once, at the block size the last plan took
   TopKPath path = TopKPath::kAuto;
   // Threads per block of the team path, and of the block path on rows of up to 4K: 256, 512 or 1024
   // (the span's scores spread over them); 0: SPARSEMLA_TOPK_THREADS where set, else the paths' own

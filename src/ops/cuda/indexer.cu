@@ -12,7 +12,6 @@
 //     the queries in shared memory.
 // Fma: one warp per key, any shape.
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include "ops/cuda/attention.h"
@@ -22,6 +21,7 @@
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/rope.cuh"
 #include "ops/cuda/topk_common.cuh"
+#include "util/env.h"
 
 namespace sparsemla::cuda {
 namespace {
@@ -613,10 +613,8 @@ void launch_mma(const IndexerArgs& a, cudaStream_t st) {
     // device run to the next by up to 30% (the staged kernel's by 2%): sometimes 2 us faster than the
     // staged kernel at 128K, sometimes 2 us slower; GLM-5's 32 heads gained less.
     const int hp16 = heads_padded(a.heads) / 16;
-    static const int64_t env_from = [] {  // SPARSEMLA_INDEXER_REGS_FROM=N: as IndexerArgs::regs_from (A/B runs)
-      const char* e = std::getenv("SPARSEMLA_INDEXER_REGS_FROM");
-      return e ? std::atoll(e) : int64_t(-1);
-    }();
+    // SPARSEMLA_INDEXER_REGS_FROM=N: as IndexerArgs::regs_from (A/B runs)
+    static const int64_t env_from = env_int("SPARSEMLA_INDEXER_REGS_FROM", -1);
     const int64_t from = a.regs_from >= 0 ? a.regs_from : env_from;
     const bool regs = from >= 0 ? a.T * a.max_ctx >= from : hp16 > 2 && a.T >= kRegsMinTokens;
     if (regs && hp16 <= 4 && a.keys.row_bytes == DIM * 2 && reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0 &&
