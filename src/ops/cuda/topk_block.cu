@@ -12,8 +12,6 @@
 // alone; docs/PERFORMANCE.md, session 16): 4K 8.6 us against 11.2 for the team path, so top_k takes
 // it for rows of up to 4K; at 16K (16 keys per thread counted one after another per pass) 14.2
 // against 10.7, so longer rows take it only when asked for (TopKPath::kBlock).
-#include <type_traits>
-
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/topk_common.cuh"
@@ -70,19 +68,11 @@ __global__ void __launch_bounds__(THREADS) topk_block_kernel(const float* scores
       count_bin(sm.hist, (key[j] >> shift) & uint32_t(nb - 1), ((live >> j) & 1u) && (key[j] & mask) == prefix);
     __syncthreads();
     // (each bin read by one thread alone, which zeroes it; the next pass counts after the search's barrier)
-    auto search = [&](auto bins_per_thread) {
-      constexpr int B = decltype(bins_per_thread)::value;
-      const int hi = top_bin_of<THREADS>(B * THREADS);
-      uint32_t c[B];
-#pragma unroll
-      for (int i = 0; i < B; ++i) {
-        c[i] = sm.hist[hi - i];
-        sm.hist[hi - i] = 0;
-      }
-      find_bucket_in<THREADS, B>(sm, hi, c, rank);
-    };
-    if (nb == 2048) search(std::integral_constant<int, 2048 / THREADS>{});
-    else search(std::integral_constant<int, 1024 / THREADS>{});
+    find_bucket_from<THREADS>(sm, nb, rank, [&](int b) {
+      const uint32_t c = sm.hist[b];
+      sm.hist[b] = 0;
+      return c;
+    });
     rank -= sm.above;
     prefix |= sm.bucket << shift;
     __syncthreads();  // sm.bucket and sm.above are written again by the next search

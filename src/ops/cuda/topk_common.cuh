@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace sparsemla::cuda::topk {
 
@@ -44,6 +45,21 @@ __device__ __forceinline__ void count_bin(uint32_t* hist, uint32_t bin, bool liv
 
 constexpr int kWarps = kThreads / 32;
 
+// Two sums carried through one block scan (block_exclusive_sum<Pair>): one pass of shuffles and one
+// barrier for both.
+struct Pair {
+  uint64_t u, v;
+};
+__device__ __forceinline__ Pair operator+(Pair a, Pair b) { return {a.u + b.u, a.v + b.v}; }
+__device__ __forceinline__ Pair operator-(Pair a, Pair b) { return {a.u - b.u, a.v - b.v}; }
+__device__ __forceinline__ Pair& operator+=(Pair& a, Pair b) { return a = a + b; }
+template <class T>
+__device__ __forceinline__ T shfl_up(T x, int o) { return __shfl_up_sync(0xffffffffu, x, o); }
+__device__ __forceinline__ Pair shfl_up(Pair x, int o) { return {shfl_up(x.u, o), shfl_up(x.v, o)}; }
+template <class T>
+__device__ __forceinline__ T shfl_from(T x, int lane) { return __shfl_sync(0xffffffffu, x, lane); }
+__device__ __forceinline__ Pair shfl_from(Pair x, int lane) { return {shfl_from(x.u, lane), shfl_from(x.v, lane)}; }
+
 // Exclusive prefix sum of v over the block's THREADS threads, and the block's total: a shuffle scan
 // per warp, then every warp scans the warp totals itself (one barrier). As fast as cub's raking block
 // scan on an H200 (~0.4 us a boundary search at 1024 threads; cub's warp-scans variant took twice
@@ -57,54 +73,24 @@ __device__ __forceinline__ T block_exclusive_sum(T v, T* totals, T* total) {
   T x = v;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
-    const T y = __shfl_up_sync(0xffffffffu, x, o);
+    const T y = shfl_up(x, o);
     if (lane >= o) x += y;
   }
   if (lane == 31) totals[warp] = x;
   __syncthreads();
-  T w = lane < WARPS ? totals[lane] : T(0);
+  T w = lane < WARPS ? totals[lane] : T{};
 #pragma unroll
   for (int o = 1; o < WARPS; o <<= 1) {
-    const T y = __shfl_up_sync(0xffffffffu, w, o);
+    const T y = shfl_up(w, o);
     if (lane >= o) w += y;
   }
-  *total = __shfl_sync(0xffffffffu, w, WARPS - 1);
-  const T before_warp = warp == 0 ? T(0) : __shfl_sync(0xffffffffu, w, warp == 0 ? 0 : warp - 1);
+  *total = shfl_from(w, WARPS - 1);
+  const T before_warp = warp == 0 ? T{} : shfl_from(w, warp == 0 ? 0 : warp - 1);
   return before_warp + x - v;
 }
 
-// Exclusive prefix sums of u and of v over the block's threads at once (one shuffle pass for both, one
-// barrier), and the block's totals. `totals`: 2 * THREADS / 32 values, free again after the next barrier.
-template <int THREADS>
-__device__ __forceinline__ void block_exclusive_sum2(uint64_t u, uint64_t v, uint64_t* totals, uint64_t* before_u,
-                                                     uint64_t* before_v, uint64_t* total_u, uint64_t* total_v) {
-  constexpr int WARPS = THREADS / 32;
-  static_assert(WARPS >= 1 && WARPS <= 32 && THREADS % 32 == 0, "whole warps, at most 32");
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  uint64_t x = u, y = v;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const uint64_t xo = __shfl_up_sync(0xffffffffu, x, o), yo = __shfl_up_sync(0xffffffffu, y, o);
-    if (lane >= o) x += xo, y += yo;
-  }
-  if (lane == 31) totals[warp] = x, totals[WARPS + warp] = y;
-  __syncthreads();
-  uint64_t wx = lane < WARPS ? totals[lane] : 0, wy = lane < WARPS ? totals[WARPS + lane] : 0;
-#pragma unroll
-  for (int o = 1; o < WARPS; o <<= 1) {
-    const uint64_t xo = __shfl_up_sync(0xffffffffu, wx, o), yo = __shfl_up_sync(0xffffffffu, wy, o);
-    if (lane >= o) wx += xo, wy += yo;
-  }
-  *total_u = __shfl_sync(0xffffffffu, wx, WARPS - 1);
-  *total_v = __shfl_sync(0xffffffffu, wy, WARPS - 1);
-  const int prev = warp == 0 ? 0 : warp - 1;
-  const uint64_t bx = __shfl_sync(0xffffffffu, wx, prev), by = __shfl_sync(0xffffffffu, wy, prev);
-  *before_u = (warp == 0 ? 0 : bx) + x - u;
-  *before_v = (warp == 0 ? 0 : by) + y - v;
-}
-
 struct SelectSmem {
-  uint64_t totals[2 * kWarps];  // block scans' warp totals (a pair of counts in the compactions; two sums)
+  uint64_t totals[2 * kWarps];  // block scans' warp totals (of a Pair at most)
   uint32_t hist[kMaxBins];
   uint32_t bucket, above, count;  // find_bucket's bin, the count above it, its own count
   uint32_t run_gt, run_eq;  // positions above / equal to thr counted by the compaction's earlier rounds
@@ -136,20 +122,23 @@ __device__ inline void find_bucket_in(SelectSmem& sm, int hi, const uint32_t (&c
   }
   __syncthreads();
 }
-// The same for kThreads threads and nb = 1024 (c_lo unused) or 2048 bins.
-__device__ inline void find_bucket_of(SelectSmem& sm, int nb, uint32_t c_hi, uint32_t c_lo, uint32_t rank) {
-  const int hi = top_bin_of(nb);
-  if (nb == 2 * kThreads) {
-    const uint32_t c[2] = {c_hi, c_lo};
-    find_bucket_in<kThreads, 2>(sm, hi, c, rank);
-  } else {
-    const uint32_t c[1] = {c_hi};
-    find_bucket_in<kThreads, 1>(sm, hi, c, rank);
-  }
+// find_bucket_in over a histogram of nb = 1024 or 2048 bins, bin b read as bin_of(b) (from shared or
+// global memory; a reader may also zero the bin, which only this thread reads).
+template <int THREADS, class BinOf>
+__device__ inline void find_bucket_from(SelectSmem& sm, int nb, uint32_t rank, BinOf bin_of) {
+  auto search = [&](auto bins_per_thread) {
+    constexpr int B = decltype(bins_per_thread)::value;
+    const int hi = top_bin_of<THREADS>(B * THREADS);
+    uint32_t c[B];
+#pragma unroll
+    for (int i = 0; i < B; ++i) c[i] = bin_of(hi - i);
+    find_bucket_in<THREADS, B>(sm, hi, c, rank);
+  };
+  if (nb == 2048) search(std::integral_constant<int, 2048 / THREADS>{});
+  else search(std::integral_constant<int, 1024 / THREADS>{});
 }
 __device__ inline void find_bucket(SelectSmem& sm, const uint32_t* hist, int nb, uint32_t rank) {
-  const int hi = top_bin_of(nb);
-  find_bucket_of(sm, nb, hist[hi], nb == 2 * kThreads ? hist[hi - 1] : 0u, rank);
+  find_bucket_from<kThreads>(sm, nb, rank, [&](int b) { return hist[b]; });
 }
 
 // The ordered write of the block and team paths: position pos with key `key` at its rank among the

@@ -1,7 +1,6 @@
 // The top-k's team path (topk.cu describes the paths): a few long rows in one cooperative
 // launch, the row's blocks meeting at barriers in global memory.
 #include <atomic>
-#include <type_traits>
 
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/pdl.cuh"
@@ -132,18 +131,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     team_barrier(st, parts * ++barriers);
   };
-  // Digit `pass` of thr from a histogram of nb = B * THREADS bins (h: global with ldcg, else shared).
-  auto search = [&](auto bins_per_thread, const uint32_t* h, bool global) {
-    constexpr int B = decltype(bins_per_thread)::value;
-    const int nb = B * THREADS, hi = top_bin_of<THREADS>(nb);
-    uint32_t c[B];
-#pragma unroll
-    for (int i = 0; i < B; ++i) c[i] = global ? __ldcg(h + hi - i) : h[hi - i];
-    find_bucket_in<THREADS, B>(sm, hi, c, rank);
-  };
   auto select_digit = [&](int pass, const uint32_t* g) {
-    if (digit_bins(pass) == 2048) search(std::integral_constant<int, 2048 / THREADS>{}, g, true);
-    else search(std::integral_constant<int, 1024 / THREADS>{}, g, true);
+    find_bucket_from<THREADS>(sm, digit_bins(pass), rank, [&](int b) { return __ldcg(g + b); });
     rank -= sm.above;
     prefix |= sm.bucket << digit_shift(pass);
     __syncthreads();  // sm.bucket and sm.above are written again by the next search
@@ -221,7 +210,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint64_t earlier = 0;  // the counts above P of the blocks before this one
     for (int b = tid; b < x; b += THREADS) earlier += __ldcg(row_counts + b);
     __syncthreads();
-    search(std::integral_constant<int, 1024 / THREADS>{}, sm.hist, false);
+    find_bucket_from<THREADS>(sm, 1024, rank, [&](int b) { return sm.hist[b]; });
     thr = prefix | sm.bucket;
     need_eq = rank - sm.above;
     // This block's offset: the keys above thr and equal to it before its first position, from the
@@ -234,9 +223,10 @@ __global__ void __launch_bounds__(THREADS, 1)
       mine += (first && d > sm.bucket) + (uint64_t(first && d == sm.bucket) << 32);
     }
     // The block's offset (the sum of mine) and each thread's own counts' prefix in one scan.
-    uint64_t base, unused;
-    block_exclusive_sum2<THREADS>(mine, own_counts(), sm.totals, &unused, &before, &base, &total);
-    if (tid == 0) s_base = base;
+    Pair sums;
+    before = block_exclusive_sum<Pair, THREADS>({mine, own_counts()}, reinterpret_cast<Pair*>(sm.totals), &sums).v;
+    total = sums.v;
+    if (tid == 0) s_base = sums.u;
   } else {
     count_digit(2, st.hist2);
     zero_share(st.hist1, digit_bins(1));
