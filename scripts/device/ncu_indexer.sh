@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine: Nsight Compute (full set) on the indexer's mma kernels as `sparsemla bench
-# attention` runs them, for one shape, the bf16 keys on both kernels: staged (shared-memory stages)
-# and regs (keys straight into registers; SPARSEMLA_INDEXER_REGS_FROM=0). Nsight Compute fixes the
-# clocks for each profiled kernel, so the two are compared without the run-to-run spread that the
-# regs kernel showed in session 17 (docs/PERFORMANCE.md).
+# attention` runs them, for one shape, the bf16 keys on each kernel (SPARSEMLA_INDEXER_BF16): staged
+# (shared-memory stages), regs (keys straight into registers) and qfrag (queries in registers).
+# Nsight Compute fixes the clocks for each profiled kernel, so they are compared without the
+# run-to-run spread that the regs kernel showed in session 17 (docs/PERFORMANCE.md).
 #   SHAPE glm5|dsv32 (dsv32)   KV bf16|fp8 (bf16)   BATCH (1)   CTX (131072)
-#   VARIANTS name:REGS_FROM pairs (default "staged:999999999999 regs:0")
+#   VARIANTS kernel names for SPARSEMLA_INDEXER_BF16 (default "staged regs qfrag")
 # Full reports in $OUT/ncu_indexer_<shape>_<kv>_<batch>_<ctx>_<name>.txt; the lines that say where
 # the time goes on stdout. The bench's first calls are its warm-up: SKIP of them are not profiled.
 set -uo pipefail
@@ -13,11 +13,10 @@ set -uo pipefail
 NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 SHAPE=${SHAPE:-dsv32} KV=${KV:-bf16} BATCH=${BATCH:-1} CTX=${CTX:-131072}
 mkdir -p "$OUT"
-for v in ${VARIANTS:-staged:999999999999 regs:0}; do
-  name=${v%%:*} from=${v#*:}
+for name in ${VARIANTS:-staged regs qfrag}; do
   f="$OUT/ncu_indexer_${SHAPE}_${KV}_${BATCH}_${CTX}_$name.txt"
-  SPARSEMLA_INDEXER_REGS_FROM=$from timeout "${NCU_TIMEOUT:-300}" "$NCU" --set full \
-    --kernel-name regex:"indexer_(mma|regs)_kernel" --launch-skip "${SKIP:-3}" --launch-count 1 \
+  SPARSEMLA_INDEXER_BF16=$name timeout "${NCU_TIMEOUT:-300}" "$NCU" --set full \
+    --kernel-name regex:"indexer_(mma|regs|qfrag)_kernel" --launch-skip "${SKIP:-3}" --launch-count 1 \
     "$BIN/sparsemla" bench attention --shapes "$SHAPE" --kv "$KV" --batch "$BATCH" --context "$CTX" --reps 1 >"$f" 2>&1
   echo "== $SHAPE $KV batch $BATCH context $CTX: $name (exit $?)"
   grep -E "^ +(Duration|DRAM Throughput|Memory Throughput|Compute \(SM\) Throughput|Registers Per Thread|Block Size|Grid Size|Dynamic Shared Memory Per Block|Waves Per SM|Achieved Occupancy|Theoretical Occupancy|Eligible Warps Per Scheduler|Issued Warp Per Scheduler|Warp Cycles Per Issued Instruction|L2 Hit Rate|Executed Instructions|Local Memory) " \

@@ -361,12 +361,23 @@ cuda::IndexerArgs indexer_args(const DeviceBuffer& q, const DeviceBuffer& w, int
   return a;
 }
 
+// The mma indexer's kernels for bf16 keys, each asked for by name.
+const std::vector<cuda::IndexerBf16> kBf16Kernels = {cuda::IndexerBf16::kRegs, cuda::IndexerBf16::kStaged,
+                                                     cuda::IndexerBf16::kQfrag};
+const char* bf16_kernel_name(cuda::IndexerBf16 b) {
+  switch (b) {
+    case cuda::IndexerBf16::kStaged: return " (staged)";
+    case cuda::IndexerBf16::kRegs: return " (regs)";
+    case cuda::IndexerBf16::kQfrag: return " (qfrag)";
+    default: return "";
+  }
+}
+
 // GPU scores vs model::indexer_score on the values the GPU reads (keys decoded from the cache; the
 // mma kernel also rounds q to bf16, or to fp16 for fp8 keys).
-// regs_from: IndexerArgs::regs_from (bf16 keys: 0 takes the regs kernel wherever it applies, INT64_MAX
-// never; -1 the default choice).
+// bf16: IndexerArgs::bf16, the mma kernel for bf16 keys (kAuto: the default choice).
 void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kernel, std::mt19937& rng,
-                   int64_t regs_from = -1) {
+                   cuda::IndexerBf16 bf16 = cuda::IndexerBf16::kAuto) {
   const int T = int(c.ctx.size());
   std::vector<int> lens(size_t(c.n_seq), 1);
   std::vector<int32_t> seq(static_cast<size_t>(T)), n_ctx(static_cast<size_t>(T));
@@ -384,7 +395,7 @@ void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kern
                d_n = cuda::to_device(n_ctx), d_scores(size_t(T * max_ctx) * 4);
   cuda::IndexerArgs a =
       indexer_args(d_q, d_w, T, c.heads, c.dim, d_seq, d_n, max_ctx, pg.rows(cache.data, cache.row_bytes), dtype, d_scores);
-  a.regs_from = regs_from;
+  a.bf16 = bf16;
   cuda::indexer_scores(a, kernel, nullptr);
   const std::vector<float> got = cuda::to_host<float>(d_scores, size_t(T * max_ctx));
   std::vector<float> qr = q;
@@ -431,7 +442,7 @@ void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kern
   }
   std::printf("  indexer %s%s %s heads %d dim %d: max error %.2e of the summed terms\n",
               kernel == cuda::IndexerKernel::Mma ? "mma" : "fma",
-              regs_from == 0 ? " (regs)" : regs_from == INT64_MAX ? " (staged)" : "", cuda::kv_dtype_name(dtype), c.heads,
+              bf16_kernel_name(bf16), cuda::kv_dtype_name(dtype), c.heads,
               c.dim, worst);
 }
 
@@ -453,10 +464,10 @@ TEST(CudaAttention, IndexerScoresMatchTheCpuReference) {
   for (const IndexerCase& c : kIndexerCases)
     for (KvDtype d : {KvDtype::BF16, KvDtype::FP8})
       for (cuda::IndexerKernel k : {cuda::IndexerKernel::Mma, cuda::IndexerKernel::Fma}) check_indexer(c, d, k, rng);
-  // Bf16 keys on both mma kernels (the default takes the staged one at these sizes): keys into
-  // registers (up to 64 heads; 80 and 128 stay staged) and through shared-memory stages.
+  // Bf16 keys on each mma kernel (the default takes the staged one at these sizes; regs and qfrag
+  // take up to 64 heads, so 80 and 128 stay staged).
   for (const IndexerCase& c : kIndexerCases)
-    for (int64_t from : {int64_t(0), INT64_MAX}) check_indexer(c, KvDtype::BF16, cuda::IndexerKernel::Mma, rng, from);
+    for (cuda::IndexerBf16 b : kBf16Kernels) check_indexer(c, KvDtype::BF16, cuda::IndexerKernel::Mma, rng, b);
   // f32 keys (the reference format: fma only), and shapes only the fma kernel takes.
   for (const IndexerCase& c : kIndexerCases) check_indexer(c, KvDtype::F32, cuda::IndexerKernel::Fma, rng);
   check_indexer({6, 40, {9, 70}, 2, 16}, KvDtype::BF16, cuda::IndexerKernel::Fma, rng);
@@ -469,8 +480,13 @@ TEST(CudaAttention, IndexerScoresOneLongRow) {
   std::mt19937 rng(12);
   const int len = small_mode() ? 30000 : 100003;
   for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) check_indexer({32, 128, {len}, 1, 64}, d, cuda::IndexerKernel::Mma, rng);
-  for (int64_t from : {int64_t(0), INT64_MAX})
-    check_indexer({64, 128, {len}, 1, 64}, KvDtype::BF16, cuda::IndexerKernel::Mma, rng, from);
+  for (cuda::IndexerBf16 b : kBf16Kernels) {
+    check_indexer({64, 128, {len}, 1, 64}, KvDtype::BF16, cuda::IndexerKernel::Mma, rng, b);
+    // four long rows: every block streams more tiles than its ring has stages
+    const int h = len / 2;
+    check_indexer({64, 128, {h, h - 5, h - 64, h + 1}, 4, 64}, KvDtype::BF16, cuda::IndexerKernel::Mma, rng, b);
+  }
+  check_indexer({16, 128, {len}, 1, 64}, KvDtype::BF16, cuda::IndexerKernel::Mma, rng, cuda::IndexerBf16::kQfrag);
 }
 
 // The top-k's span (ops/cuda/topk.cu): rows of a stride over it take the span path with a workspace.
@@ -774,13 +790,13 @@ void check_counted_top_k(const std::vector<int>& ctx, int block_size, KvDtype dt
   DeviceBuffer d_seq = cuda::to_device(seq), d_n = cuda::to_device(n_ctx);
   cuda::TopKWorkspace ws = topk_workspace(path, threads);
   ws.count_max = INT64_MAX;  // (past the default bound: the span path, many rows)
-  for (int round = 0; round < 2; ++round) {
+  for (int round = 0; round < 3; ++round) {
     std::vector<float> q = random_vec(size_t(T) * heads * dim, rng), w = random_vec(size_t(T) * heads, rng, 0.1f);
     DeviceBuffer d_q = cuda::to_device(q), d_w = cuda::to_device(w), d_plain(size_t(T * stride) * 4),
                  d_scores(size_t(T * stride) * 4), d_sel(size_t(T) * k * 4);
     cuda::IndexerArgs a =
         indexer_args(d_q, d_w, T, heads, dim, d_seq, d_n, stride, pg.rows(cache.data, cache.row_bytes), dtype, d_plain);
-    a.regs_from = round == 0 ? 0 : INT64_MAX;  // (bf16 keys: both mma kernels count)
+    a.bf16 = kBf16Kernels[size_t(round)];  // (bf16 keys: every mma kernel counts)
     cuda::indexer_scores(a, cuda::IndexerKernel::Mma, nullptr);
     a.scores = d_scores.as<float>();
     a.counts = cuda::top_k_counts(d_scores.as<float>(), T, stride, k, nullptr, &ws);

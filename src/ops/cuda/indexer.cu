@@ -7,11 +7,15 @@
 //     the next tile's keys in flight while one is scored; 16 keys per warp for bf16 keys, 32 for
 //     fp8. Fp8 keys (132-byte rows) are copied 16 bytes at a time as the runs of consecutive slots
 //     that a cache page holds.
-//   regs (bf16 keys, up to 64 heads; by default more than 32 heads and 64+ tokens per call): each
-//     warp loads its keys straight into its A fragments, the next tile's while one is scored; only
-//     the queries in shared memory.
+//   regs (bf16 keys, up to 64 heads; only when asked for): each warp loads its keys straight into
+//     its A fragments, the next tile's while one is scored; only the queries in shared memory.
+//   qfrag (bf16 keys, up to 64 heads; the default for them): the queries are the A operand, in each
+//     warp's registers for the whole block, and the keys the B operand from the stages: shared
+//     memory serves each key once per 32 heads instead of every query per 16 keys.
 // Fma: one warp per key, any shape.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "ops/cuda/attention.h"
@@ -113,6 +117,24 @@ __device__ __forceinline__ void load_pages(const BlockKeys& b, const IndexerArgs
   __syncthreads();
 }
 
+// Starts the copy (cp.async) of a tile's bf16 key rows, positions p0 .. p0 + 63 (those from n on
+// skipped: their rows keep stale values), into dst [64][DIM + 8]; slot_of(p): key p's cache slot.
+// Thread tid of THREADS copies 16-byte chunk tid % CH of rows tid / CH + u * (THREADS / CH): a
+// warp's copy is whole consecutive rows.
+template <int DIM, int THREADS, class T16, class SlotOf>
+__device__ __forceinline__ void issue_bf16_tile(T16* dst, const uint8_t* keys, int64_t RB, int p0, int n,
+                                                SlotOf slot_of) {
+  constexpr int CH = DIM / 8, ROWS = THREADS / CH, STR = DIM + 8;
+  static_assert(THREADS % CH == 0 && kKeysPerTile % ROWS == 0, "whole rows per pass");
+  const int c = int(threadIdx.x) % CH, r0 = int(threadIdx.x) / CH;
+  dst += r0 * STR + c * 8;
+#pragma unroll
+  for (int u = 0; u < kKeysPerTile / ROWS; ++u) {
+    const int p = p0 + r0 + u * ROWS;
+    if (p < n) cp_async16(dst + u * ROWS * STR, keys + slot_of(p) * RB + c * 16);
+  }
+}
+
 // Shared memory of the mma kernel: q [heads_pad][DIM + 8] (16-bit), bf16 key tiles [STAGES][64][DIM + 8]
 // (none for fp8 keys: those are widened in registers), w [heads_pad], the block's page-table entries
 // [pages] (padded to 16 bytes), fp8 rows as stored [STAGES][64][row_bytes], and when counting the
@@ -132,6 +154,45 @@ __device__ __forceinline__ uint2 pack4(float4 v) {
     return make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
   } else {
     return make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+  }
+}
+
+// Token t's queries into shared memory as 16-bit values (T16), rows [rows][DIM + 8], rows of zeros
+// past a.heads: 16-bit queries copied as they are (cp.async in 16-byte chunks through L1, which the
+// SM's other blocks of the token then hit: through L2 alone, every block of a one-token call fetching
+// the same 16 KB cost 3-5 us at 128K keys; one group committed, for the caller to wait on), fp32 ones
+// with eight loads in flight per thread, each float4 stored as four 16-bit values in one 8-byte store.
+template <int DIM, int THREADS, class T16>
+__device__ __forceinline__ void stage_queries(T16* sQ, const IndexerArgs& a, int t, int rows) {
+  constexpr int STR = DIM + 8;
+  const int tid = threadIdx.x;
+  if (a.q16) {
+    constexpr int CH = DIM / 8;  // 16-byte chunks per head
+    const uint16_t* q16 = a.q16 + int64_t(t) * a.heads * DIM;
+    for (int i = tid; i < rows * CH; i += THREADS) {
+      const int h = i / CH, c = i % CH;
+      T16* dst = sQ + h * STR + c * 8;
+      if (h < a.heads) cp_async16_l1(dst, q16 + h * DIM + c * 8);
+      else *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    cp_async_commit();
+  } else {
+    const float* q = a.q + int64_t(t) * a.heads * DIM;
+    constexpr int V4 = DIM / 4;  // float4 per head
+    const int q_vec = a.heads * V4;
+    for (int i0 = 0; i0 < rows * V4; i0 += 8 * THREADS) {
+      float4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int i = i0 + u * THREADS + tid;
+        v[u] = i < q_vec ? reinterpret_cast<const float4*>(q)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int i = i0 + u * THREADS + tid;
+        if (i / V4 < rows) *reinterpret_cast<uint2*>(sQ + i / V4 * STR + i % V4 * 4) = pack4<T16>(v[u]);
+      }
+    }
   }
 }
 
@@ -189,16 +250,7 @@ __global__ void __launch_bounds__(128 / MT) indexer_mma_kernel(IndexerArgs a, in
     const int64_t s0 = one_page ? bk.slot(p0) : 0;
     auto tile_slot = [&](int p) { return one_page ? s0 + (p - p0) : bk.slot(p); };
     if constexpr (!FP8) {
-      // Thread tid copies 16-byte chunk tid % CH of rows tid / CH + u * (128 / CH): a warp's copy
-      // is whole consecutive rows.
-      constexpr int CH = DIM / 8, ROWS = kThreads / CH;
-      const int c = tid % CH, r0 = tid / CH;
-      T16* dst = sK + st * kKeysPerTile * STR + r0 * STR + c * 8;
-#pragma unroll
-      for (int u = 0; u < kKeysPerTile / ROWS; ++u) {
-        const int p = p0 + r0 + u * ROWS;
-        if (p < n) cp_async16(dst + u * ROWS * STR, keys + tile_slot(p) * RB + c * 16);
-      }
+      issue_bf16_tile<DIM, kThreads>(sK + st * kKeysPerTile * STR, keys, RB, p0, n, tile_slot);
     } else {
       uint8_t* dst = sRaw + size_t(st) * kKeysPerTile * RB;
       if constexpr (TILE_RUN) {  // the tile's 64 rows are consecutive slots of one page
@@ -237,39 +289,8 @@ __global__ void __launch_bounds__(128 / MT) indexer_mma_kernel(IndexerArgs a, in
   pdl::wait();
   pdl::launch_dependents();  // the top-k after it may be scheduled (it waits for the scores)
 
-  // queries and head weights of token t, while the first tiles load: 16-bit queries copied as they
-  // are (16-byte chunks through L1, which the SM's other blocks of the token then hit: through L2
-  // alone, every block of a one-token call fetching the same 16 KB cost 3-5 us at 128K keys; rows
-  // of zeros for the padding heads; waited for with the first tile), fp32 ones with eight loads in
-  // flight per thread, each float4 stored as four 16-bit values in one 8-byte store
-  if (a.q16) {
-    constexpr int CH = DIM / 8;  // 16-byte chunks per head
-    const uint16_t* q16 = a.q16 + int64_t(t) * a.heads * DIM;
-    for (int i = tid; i < heads_pad * CH; i += kThreads) {
-      const int h = i / CH, c = i % CH;
-      T16* dst = sQ + h * STR + c * 8;
-      if (h < a.heads) cp_async16_l1(dst, q16 + h * DIM + c * 8);
-      else *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
-    }
-    cp_async_commit();
-  } else {
-    const float* q = a.q + int64_t(t) * a.heads * DIM;
-    constexpr int V4 = DIM / 4;  // float4 per head
-    const int q_vec = a.heads * V4;
-    for (int i0 = 0; i0 < heads_pad * V4; i0 += 8 * kThreads) {
-      float4 v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int i = i0 + u * kThreads + tid;
-        v[u] = i < q_vec ? reinterpret_cast<const float4*>(q)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int i = i0 + u * kThreads + tid;
-        if (i / V4 < heads_pad) *reinterpret_cast<uint2*>(sQ + i / V4 * STR + i % V4 * 4) = pack4<T16>(v[u]);
-      }
-    }
-  }
+  // queries and head weights of token t, while the first tiles load (waited for with the first tile)
+  stage_queries<DIM, kThreads>(sQ, a, t, heads_pad);
   for (int h = tid; h < heads_pad; h += kThreads) sW[h] = h < a.heads ? a.w[int64_t(t) * a.heads + h] : 0.0f;
 
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, q4 = lane % 4;
@@ -383,7 +404,6 @@ __global__ void __launch_bounds__(128 / MT) indexer_mma_kernel(IndexerArgs a, in
 // flight per warp, no barrier in the loop, and only the queries' B fragments read from shared
 // memory (the cp.async kernel also writes and reads every key there).
 constexpr int kRegThreads = 128;
-constexpr int64_t kRegsMinTokens = 64;  // launch_mma
 
 // The column of the queries' shared row (fragment order) that holds dimension d.
 __device__ __forceinline__ int qcol_of(int d) {
@@ -521,6 +541,179 @@ __global__ void __launch_bounds__(kRegThreads) indexer_regs_kernel(IndexerArgs a
   }
 }
 
+// Qfrag (bf16 keys, up to 64 heads): the operands swapped. The queries are the A operand (rows =
+// heads), loaded once per block straight from global memory into each warp's fragments, and the
+// keys the B operand (columns = keys), read from the shared-memory stages (cp.async, as the staged
+// kernel) with one ldmatrix per 8 keys x 32 dims. Per tile, each key row is read from shared memory
+// once per warp of heads, where the staged kernel reads every query per 16 keys: for DeepSeek-V3.2's
+// 64 heads 32 KB of shared-memory reads per tile against 80 KB, and 64 ldmatrix against 160.
+// HW warps (1, 2) share a group of keys, each with MH m-tiles of 16 heads (MH * 16 heads); the
+// second warp's sums reach the first through shared memory, at a named barrier of the two.
+constexpr int kQfragThreads = 128;
+
+// Keeps half of x (by `up`) and adds the partner lane's other half (lane ^ m).
+template <int P, int N>
+__device__ __forceinline__ void keep_half_add(float (&x)[N], bool up, int m) {
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const float keep = up ? x[i + P] : x[i], send = up ? x[i] : x[i + P];
+    x[i] = keep + __shfl_xor_sync(0xffffffffu, send, m);
+  }
+}
+// Each of V (4 or 8) values summed over the 8 lanes that share lane % 4 (g = lane / 4 = 0..7), a
+// transpose on the way: V - 1 shuffles (V = 8), 4 (V = 4). Lane g gets the sum of value g (V = 8) or
+// g / 2 (V = 4) in x[0].
+template <int V>
+__device__ __forceinline__ void sum_over_g(float (&x)[V], int lane) {
+  static_assert(V == 4 || V == 8, "four or eight values");
+  if constexpr (V == 8) {
+    keep_half_add<4>(x, lane & 16, 16);
+    keep_half_add<2>(x, lane & 8, 8);
+    keep_half_add<1>(x, lane & 4, 4);
+  } else {
+    keep_half_add<2>(x, lane & 16, 16);
+    keep_half_add<1>(x, lane & 8, 8);
+    x[0] += __shfl_xor_sync(0xffffffffu, x[0], 4);
+  }
+}
+
+template <int DIM, int HW, int MH, int STAGES>
+__global__ void __launch_bounds__(kQfragThreads) indexer_qfrag_kernel(IndexerArgs a, int tiles_per_block) {
+  static_assert(DIM % 32 == 0 && (HW == 1 || HW == 2) && (MH == 1 || MH == 2) && STAGES >= 2, "shape");
+  constexpr int STR = DIM + 8, KSTEPS = DIM / 16;
+  constexpr int KG = 4 / HW;                   // key groups of a tile (one per HW warps)
+  constexpr int KW = kKeysPerTile / KG;        // keys per group
+  constexpr int NT = KW / 8, V = 2 * NT;       // n-tiles of 8 keys; a lane's sums per tile
+  extern __shared__ __align__(16) unsigned char smem[];
+  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem);                 // [STAGES][64][STR]
+  float* sPart = reinterpret_cast<float*>(sK + STAGES * kKeysPerTile * STR);  // [KG][32]
+  int32_t* sPage = reinterpret_cast<int32_t*>(sPart + KG * 32);              // [pages]
+  const int max_pages = pages_per_block(tiles_per_block, a.keys.block_size);
+  uint32_t* sBin = reinterpret_cast<uint32_t*>(sPage + (max_pages + 3) / 4 * 4);  // [kCountSlots]
+  uint32_t* sCnt = sBin + kCountSlots;                                             // [kCountSlots]
+
+  const BlockKeys bk = block_keys(a, tiles_per_block, sPage);
+  if (bk.n_tiles <= 0) return;
+  const int tid = threadIdx.x, t = bk.t, n = bk.n, tile0 = bk.tile0, n_tiles = bk.n_tiles;
+  uint32_t* row_hist = bk.row_hist;
+  const uint8_t* keys = static_cast<const uint8_t*>(a.keys.data);
+  const int64_t RB = a.keys.row_bytes;
+  load_pages(bk, a, sPage, sBin, kQfragThreads);
+  const bool one_page = bk.bs % kKeysPerTile == 0;
+  auto issue = [&](int j, int st) {
+    const int p0 = (tile0 + j) * kKeysPerTile;
+    const int64_t s0 = one_page ? bk.slot(p0) : 0;
+    issue_bf16_tile<DIM, kQfragThreads>(sK + st * kKeysPerTile * STR, keys, RB, p0, n,
+                                        [&](int p) { return one_page ? s0 + (p - p0) : bk.slot(p); });
+  };
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (st < n_tiles) issue(st, st);
+    cp_async_commit();
+  }
+  pdl::wait();  // (as the staged kernel: the keys above may load before, the queries only after)
+  pdl::launch_dependents();
+
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, q4 = lane % 4;
+  const int kg = warp / HW, hw = warp % HW;
+  const int mi = lane / 8, ri = lane % 8;
+  // The queries through the last stage (its first tile is issued in the loop, after they are read):
+  // 16-byte copies through L1 as the staged kernel's, then this warp's heads as A fragments (ldmatrix
+  // rows = heads, matrices: rows +0 / +8, columns +0 / +8 of each k-step) for the whole block, with
+  // their weights; padding heads are zeros.
+  static_assert(HW * MH * 16 <= kKeysPerTile, "the queries fit in a stage");
+  __nv_bfloat16* sQ = sK + (STAGES - 1) * kKeysPerTile * STR;
+  stage_queries<DIM, kQfragThreads>(sQ, a, t, HW * MH * 16);
+  float wv[MH][2];
+#pragma unroll
+  for (int mh = 0; mh < MH; ++mh)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int h = (hw * MH + mh) * 16 + g + 8 * r;
+      wv[mh][r] = h < a.heads ? a.w[int64_t(t) * a.heads + h] : 0.0f;
+    }
+  cp_async_wait_all();
+  __syncthreads();
+  uint32_t qa[MH][KSTEPS][4];
+#pragma unroll
+  for (int mh = 0; mh < MH; ++mh)
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks)
+      ldmatrix_x4(qa[mh][ks], sQ + ((hw * MH + mh) * 16 + (mi % 2) * 8 + ri) * STR + ks * 16 + (mi / 2) * 8);
+  // (the loop's first __syncthreads comes before the stage is refilled)
+
+  float* out = a.scores + int64_t(t) * a.score_stride;
+  const int r0 = kg * KW;
+  // This lane's key after the sums: value idx of sum_over_g, which is key 8 (idx / 2) + 2 q4 + idx % 2
+  // of the group; with V = 4 lanes g and g + 1 hold the same sum, the even one keeps it.
+  const int idx = V == 8 ? g : g / 2;
+  const int key = r0 + 8 * (idx / 2) + 2 * q4 + idx % 2;
+  const bool owner = V == 8 || g % 2 == 0;
+  for (int it = 0; it < n_tiles; ++it) {
+    cp_async_wait_group<STAGES - 2>();
+    __syncthreads();  // tile `it` landed for every thread; the stage refilled below is no longer read
+    if (it + STAGES - 1 < n_tiles) issue(it + STAGES - 1, (it + STAGES - 1) % STAGES);
+    cp_async_commit();
+    const int p0 = (tile0 + it) * kKeysPerTile;
+    if (p0 + r0 >= n) continue;  // (the same for both warps of a group)
+    // B fragments: ldmatrix matrix mi = dims 8 mi .. 8 mi + 7 of 32, row ri = key ri of the n-tile
+    const __nv_bfloat16* kb = sK + (it % STAGES) * kKeysPerTile * STR + (r0 + ri) * STR + mi * 8;
+    float x[V];
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {  // two n-tiles at a time: 2 MH accumulators in flight
+      float c[2][MH][4] = {};
+#pragma unroll
+      for (int kp = 0; kp < KSTEPS / 2; ++kp) {
+        uint32_t fb[2][4];  // per n-tile: k-step 2 kp in fb[j][0..1], 2 kp + 1 in fb[j][2..3]
+#pragma unroll
+        for (int j = 0; j < 2; ++j) ldmatrix_x4(fb[j], kb + (2 * np + j) * 8 * STR + kp * 32);
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int mh = 0; mh < MH; ++mh) {
+            mma_16816(c[j][mh], qa[mh][2 * kp], fb[j], __nv_bfloat16());
+            mma_16816(c[j][mh], qa[mh][2 * kp + 1], fb[j] + 2, __nv_bfloat16());
+          }
+      }
+      // c[j][mh]: heads g (c0, c1) and g + 8 (c2, c3) against keys 8 nt + 2 q4 (c0, c2) and + 1 (c1, c3)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int nt = 2 * np + j;
+        x[2 * nt] = x[2 * nt + 1] = 0.0f;
+#pragma unroll
+        for (int mh = 0; mh < MH; ++mh) {
+          x[2 * nt] += wv[mh][0] * fmaxf(c[j][mh][0], 0.0f) + wv[mh][1] * fmaxf(c[j][mh][2], 0.0f);
+          x[2 * nt + 1] += wv[mh][0] * fmaxf(c[j][mh][1], 0.0f) + wv[mh][1] * fmaxf(c[j][mh][3], 0.0f);
+        }
+      }
+    }
+    sum_over_g<V>(x, lane);
+    float score = x[0];
+    if constexpr (HW == 2) {
+      // The second warp's heads: handed over in sPart, read before the first warp reaches the next
+      // tile's __syncthreads, after which the second warp writes sPart again.
+      // (barrier ids 1 and 2 named as constants: a computed id makes ptxas reserve all 16)
+      if (hw == 1) {
+        sPart[kg * 32 + lane] = score;
+        if (kg == 0) named_arrive(1, 64);
+        else named_arrive(2, 64);
+        continue;
+      }
+      if (kg == 0) named_sync(1, 64);
+      else named_sync(2, 64);
+      score += sPart[kg * 32 + lane];
+    }
+    const bool mine = owner && p0 + key < n;
+    if (mine) out[p0 + key] = score;
+    if (row_hist) count_scores(mine, score, sBin, sCnt, row_hist);
+  }
+  if (row_hist) {
+    __syncthreads();
+    for (int i = tid; i < kCountSlots; i += kQfragThreads)
+      if (const uint32_t b = sBin[i]) atomicAdd(&row_hist[b - 1], sCnt[i]);
+  }
+}
+
 // One warp per key: any head count and dimension, any key format.
 template <KvDtype D>
 __global__ void indexer_fma_kernel(IndexerArgs a) {
@@ -540,44 +733,78 @@ __global__ void indexer_fma_kernel(IndexerArgs a) {
   if (lane == 0) a.scores[int64_t(t) * a.score_stride + p] = score;
 }
 
-template <int DIM, bool FP8, int STAGES, bool TILE_RUN, int MT>
-void launch_stages(const IndexerArgs& a, int run, cudaStream_t st) {
-  auto kernel = indexer_mma_kernel<DIM, FP8, STAGES, TILE_RUN, MT>;
-  constexpr int kThreads = 128 / MT;
-  // Enough tiles per block that one wave of resident blocks covers the keys, so that each block
-  // streams several tiles through its stages.
-  const int sms = sm_count();
-  const bool count = a.counts.hist != nullptr;
-  const size_t smem_max = mma_smem_bytes<DIM, FP8, STAGES>(a.heads, a.keys.row_bytes,
-                                                           pages_per_block(kMaxTilesPerBlock, a.keys.block_size), count);
-  allow_smem(kernel, smem_max);
-  const int per_sm = blocks_per_sm(kernel, kThreads, smem_max);
-  const int64_t tiles = ceil_div(a.max_ctx, kKeysPerTile);
-  const int64_t slots = int64_t(std::max(1, sms * per_sm));
-  const int per_block = int(std::clamp<int64_t>((tiles * a.T + slots - 1) / slots, 1, kMaxTilesPerBlock));
-  const size_t smem = mma_smem_bytes<DIM, FP8, STAGES>(a.heads, a.keys.row_bytes,
-                                                       pages_per_block(per_block, a.keys.block_size), count);
-  const dim3 grid{unsigned(ceil_div(tiles, per_block)), unsigned(a.T)};
-  pdl::launch(kernel, grid, dim3(kThreads), smem, st, a, per_block, run);
-}
-
-template <int DIM, int HP16>
-void launch_regs(const IndexerArgs& a, cudaStream_t st) {
-  auto kernel = indexer_regs_kernel<DIM, HP16>;
-  const bool count = a.counts.hist != nullptr;
-  auto smem_bytes = [&](int tiles) {
-    const int pages = pages_per_block(tiles, a.keys.block_size);
-    return size_t(HP16) * 16 * (DIM + 8) * 2 + size_t(HP16) * 16 * 4 + size_t(pages + 3) / 4 * 16 +
-           (count ? 2 * kCountSlots * 4 : 0);
-  };
+// Launches an mma kernel over the tokens' keys with enough tiles per block that one wave of resident
+// blocks covers them, so that each block streams several tiles; smem_bytes(tiles): the kernel's
+// shared memory for blocks of that many tiles. `extra`: the kernel's arguments after (a, tiles).
+template <class Kernel, class SmemBytes, class... Extra>
+void launch_one_wave(Kernel kernel, int threads, SmemBytes smem_bytes, const IndexerArgs& a, cudaStream_t st,
+                     Extra... extra) {
   const size_t smem_max = smem_bytes(kMaxTilesPerBlock);
   allow_smem(kernel, smem_max);
-  const int per_sm = blocks_per_sm(kernel, kRegThreads, smem_max);
+  const int per_sm = blocks_per_sm(kernel, threads, smem_max);
   const int64_t tiles = ceil_div(a.max_ctx, kKeysPerTile);
   const int64_t slots = int64_t(std::max(1, sm_count() * per_sm));
   const int per_block = int(std::clamp<int64_t>((tiles * a.T + slots - 1) / slots, 1, kMaxTilesPerBlock));
   const dim3 grid{unsigned(ceil_div(tiles, per_block)), unsigned(a.T)};
-  pdl::launch(kernel, grid, dim3(kRegThreads), smem_bytes(per_block), st, a, per_block);
+  pdl::launch(kernel, grid, dim3(threads), smem_bytes(per_block), st, a, per_block, extra...);
+}
+
+template <int DIM, bool FP8, int STAGES, bool TILE_RUN, int MT>
+void launch_stages(const IndexerArgs& a, int run, cudaStream_t st) {
+  const bool count = a.counts.hist != nullptr;
+  launch_one_wave(
+      indexer_mma_kernel<DIM, FP8, STAGES, TILE_RUN, MT>, 128 / MT,
+      [&](int tiles) {
+        return mma_smem_bytes<DIM, FP8, STAGES>(a.heads, a.keys.row_bytes, pages_per_block(tiles, a.keys.block_size),
+                                                count);
+      },
+      a, st, run);
+}
+
+template <int DIM, int HP16>
+void launch_regs(const IndexerArgs& a, cudaStream_t st) {
+  const bool count = a.counts.hist != nullptr;
+  launch_one_wave(
+      indexer_regs_kernel<DIM, HP16>, kRegThreads,
+      [&](int tiles) {
+        const int pages = pages_per_block(tiles, a.keys.block_size);
+        return size_t(HP16) * 16 * (DIM + 8) * 2 + size_t(HP16) * 16 * 4 + size_t(pages + 3) / 4 * 16 +
+               (count ? 2 * kCountSlots * 4 : 0);
+      },
+      a, st);
+}
+
+template <int DIM, int HW, int MH, int STAGES>
+void launch_qfrag(const IndexerArgs& a, cudaStream_t st) {
+  const bool count = a.counts.hist != nullptr;
+  launch_one_wave(
+      indexer_qfrag_kernel<DIM, HW, MH, STAGES>, kQfragThreads,
+      [&](int tiles) {
+        const int pages = pages_per_block(tiles, a.keys.block_size);
+        return size_t(STAGES) * kKeysPerTile * (DIM + 8) * 2 + size_t(4 / HW) * 32 * 4 + size_t(pages + 3) / 4 * 16 +
+               (count ? 2 * kCountSlots * 4 : 0);
+      },
+      a, st);
+}
+template <int DIM, int HW, int MH>
+void launch_qfrag_stages(const IndexerArgs& a, cudaStream_t st) {
+  // Two stages (35 KB of shared memory at 128 dims) by default: on an H200 three (52 KB) scored
+  // one token x 128K as fast or 0.5-0.9 us faster, but the top-k launched after it then took ~2 us
+  // longer (DeepSeek-V3.2 indexer + top-k 23.6-23.7 -> 25.6-25.7 us; session 22).
+  // SPARSEMLA_INDEXER_QFRAG_STAGES=3 (A/B runs): three stages instead of two
+  static const int64_t stages = env_int("SPARSEMLA_INDEXER_QFRAG_STAGES", 2);
+  if (stages == 3) return launch_qfrag<DIM, HW, MH, 3>(a, st);
+  launch_qfrag<DIM, HW, MH, 2>(a, st);
+}
+
+IndexerBf16 indexer_bf16_from_env() {
+  const char* v = std::getenv("SPARSEMLA_INDEXER_BF16");
+  if (!v) return IndexerBf16::kAuto;
+  const std::string name(v);
+  if (name == "staged") return IndexerBf16::kStaged;
+  if (name == "regs") return IndexerBf16::kRegs;
+  if (name == "qfrag") return IndexerBf16::kQfrag;
+  return IndexerBf16::kAuto;
 }
 
 // Two stages: one tile in flight while one is scored. Measured on an H200 at one token x 128K keys
@@ -607,22 +834,28 @@ void launch_mma(const IndexerArgs& a, cudaStream_t st) {
     if (run == kKeysPerTile) return launch_stages<DIM, FP8, 2, true, 2>(a, run, st);
     return launch_stages<DIM, FP8, 2, false, 2>(a, run, st);
   } else {
-    // The regs kernel by default for more than 32 heads (DeepSeek-V3.2's 64) and calls of at least
-    // 64 tokens, where it was faster in every measurement on an H200 (docs/PERFORMANCE.md, session
-    // 17: 128 tokens x 4K and x 128K -12 to -16%). For one to eight tokens its times varied from one
-    // device run to the next by up to 30% (the staged kernel's by 2%): sometimes 2 us faster than the
-    // staged kernel at 128K, sometimes 2 us slower; GLM-5's 32 heads gained less.
+    // The qfrag kernel by default wherever it applies (up to 64 heads, aligned rows): on an H200
+    // (docs/PERFORMANCE.md, session 22) it was as fast as the best of the other two or faster at 1 to
+    // 128 tokens x 4K to 128K for 32 and 64 heads (one token at 128K: DeepSeek-V3.2 14.0-14.2 ->
+    // 12.3 us, GLM-5 11.6-11.7 -> 10.6; 8 x 128K DeepSeek-V3.2 91-92 -> 74, as the regs kernel).
+    // The staged kernel for more heads; the regs kernel only when asked for.
     const int hp16 = heads_padded(a.heads) / 16;
-    // SPARSEMLA_INDEXER_REGS_FROM=N: as IndexerArgs::regs_from (A/B runs)
-    static const int64_t env_from = env_int("SPARSEMLA_INDEXER_REGS_FROM", -1);
-    const int64_t from = a.regs_from >= 0 ? a.regs_from : env_from;
-    const bool regs = from >= 0 ? a.T * a.max_ctx >= from : hp16 > 2 && a.T >= kRegsMinTokens;
-    if (regs && hp16 <= 4 && a.keys.row_bytes == DIM * 2 && reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0 &&
-        (a.q16 ? reinterpret_cast<uintptr_t>(a.q16) % 16 == 0 : reinterpret_cast<uintptr_t>(a.q) % 16 == 0)) {
+    const bool aligned = a.keys.row_bytes == DIM * 2 && reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0 &&
+                         (a.q16 ? reinterpret_cast<uintptr_t>(a.q16) % 16 == 0 : reinterpret_cast<uintptr_t>(a.q) % 16 == 0);
+    // SPARSEMLA_INDEXER_BF16=staged|regs|qfrag: as IndexerArgs::bf16 (A/B runs)
+    static const IndexerBf16 env_kernel = indexer_bf16_from_env();
+    IndexerBf16 k = a.bf16 != IndexerBf16::kAuto ? a.bf16 : env_kernel;
+    if (k == IndexerBf16::kAuto) k = IndexerBf16::kQfrag;
+    if (k == IndexerBf16::kRegs && hp16 <= 4 && aligned) {
       if (hp16 == 1) return launch_regs<DIM, 1>(a, st);
       if (hp16 == 2) return launch_regs<DIM, 2>(a, st);
       if (hp16 == 3) return launch_regs<DIM, 3>(a, st);
       return launch_regs<DIM, 4>(a, st);
+    }
+    if (k == IndexerBf16::kQfrag && hp16 <= 4 && aligned) {
+      if (hp16 == 1) return launch_qfrag_stages<DIM, 1, 1>(a, st);
+      if (hp16 == 2) return launch_qfrag_stages<DIM, 1, 2>(a, st);
+      return launch_qfrag_stages<DIM, 2, 2>(a, st);
     }
     launch_stages<DIM, FP8, 2, false, 1>(a, run, st);
   }

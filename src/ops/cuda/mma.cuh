@@ -62,6 +62,16 @@ __device__ __forceinline__ void cp_async_wait_group() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// Named barrier `id` (1..15; 0 is __syncthreads) of `threads` threads: sync waits for all of them;
+// arrive counts this thread without waiting (a producer), its shared-memory writes ordered before the
+// reads of the threads that sync.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return *static_cast<const uint32_t*>(p); }
 
 template <class T16>

@@ -1,6 +1,6 @@
 // Hopper (sm_90a) instructions as device functions: shared-memory addresses, wgmma (descriptors,
 // fences, the m64n64k16 and m64n256k16 shapes the attention kernel uses), mbarriers (with
-// transaction bytes), named barriers, the async-proxy fence, and thread-block clusters (rank, the
+// transaction bytes), the async-proxy fence, and thread-block clusters (rank, the
 // other block's addresses, cluster barrier, remote arrivals, st.async). Defined only in sm_90a
 // device passes (__CUDA_ARCH_FEAT_SM90_ALL); a kernel file includes this and uses them under the
 // same condition.
@@ -104,12 +104,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "@!done bra WAIT;\n}\n" ::"r"(smem_u32addr(bar)),
       "r"(parity)
       : "memory");
-}
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 // Orders this thread's ordinary shared-memory writes before later reads by the tensor cores.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
