@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # On the GPU machine: Nsight Compute (full set) on the indexer's mma kernels as `sparsemla bench
-# attention` runs them, for one shape, the bf16 keys on each kernel (SPARSEMLA_INDEXER_BF16): staged
+# attention` runs them, for one shape, the bf16 keys on each kernel (SPARSEMLA_INDEXER_MMA): staged
 # (shared-memory stages), regs (keys straight into registers) and qfrag (queries in registers).
 # Nsight Compute fixes the clocks for each profiled kernel, so they are compared without the
 # run-to-run spread that the regs kernel showed in session 17 (docs/PERFORMANCE.md).
 #   SHAPE glm5|dsv32 (dsv32)   KV bf16|fp8 (bf16)   BATCH (1)   CTX (131072)
-#   VARIANTS kernel names for SPARSEMLA_INDEXER_BF16 (default "staged regs qfrag")
+#   VARIANTS kernel names for SPARSEMLA_INDEXER_MMA (default "staged regs qfrag")
 # Full reports in $OUT/ncu_indexer_<shape>_<kv>_<batch>_<ctx>_<name>.txt; the lines that say where
 # the time goes on stdout. The bench's first calls are its warm-up: SKIP of them are not profiled.
 set -uo pipefail
@@ -15,7 +15,7 @@ SHAPE=${SHAPE:-dsv32} KV=${KV:-bf16} BATCH=${BATCH:-1} CTX=${CTX:-131072}
 mkdir -p "$OUT"
 for name in ${VARIANTS:-staged regs qfrag}; do
   f="$OUT/ncu_indexer_${SHAPE}_${KV}_${BATCH}_${CTX}_$name.txt"
-  SPARSEMLA_INDEXER_BF16=$name timeout "${NCU_TIMEOUT:-300}" "$NCU" --set full \
+  SPARSEMLA_INDEXER_MMA=$name timeout "${NCU_TIMEOUT:-300}" "$NCU" --set full \
     --kernel-name regex:"indexer_(mma|regs|qfrag)_kernel" --launch-skip "${SKIP:-3}" --launch-count 1 \
     "$BIN/sparsemla" bench attention --shapes "$SHAPE" --kv "$KV" --batch "$BATCH" --context "$CTX" --reps 1 >"$f" 2>&1
   echo "== $SHAPE $KV batch $BATCH context $CTX: $name (exit $?)"

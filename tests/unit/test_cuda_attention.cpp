@@ -361,23 +361,23 @@ cuda::IndexerArgs indexer_args(const DeviceBuffer& q, const DeviceBuffer& w, int
   return a;
 }
 
-// The mma indexer's kernels for bf16 keys, each asked for by name.
-const std::vector<cuda::IndexerBf16> kBf16Kernels = {cuda::IndexerBf16::kRegs, cuda::IndexerBf16::kStaged,
-                                                     cuda::IndexerBf16::kQfrag};
-const char* bf16_kernel_name(cuda::IndexerBf16 b) {
+// The mma indexer's kernels, each asked for by name (regs: bf16 keys only; others fall back to staged).
+const std::vector<cuda::IndexerMma> kMmaKernels = {cuda::IndexerMma::kRegs, cuda::IndexerMma::kStaged,
+                                                     cuda::IndexerMma::kQfrag};
+const char* mma_kernel_name(cuda::IndexerMma b) {
   switch (b) {
-    case cuda::IndexerBf16::kStaged: return " (staged)";
-    case cuda::IndexerBf16::kRegs: return " (regs)";
-    case cuda::IndexerBf16::kQfrag: return " (qfrag)";
+    case cuda::IndexerMma::kStaged: return " (staged)";
+    case cuda::IndexerMma::kRegs: return " (regs)";
+    case cuda::IndexerMma::kQfrag: return " (qfrag)";
     default: return "";
   }
 }
 
 // GPU scores vs model::indexer_score on the values the GPU reads (keys decoded from the cache; the
 // mma kernel also rounds q to bf16, or to fp16 for fp8 keys).
-// bf16: IndexerArgs::bf16, the mma kernel for bf16 keys (kAuto: the default choice).
+// mma: IndexerArgs::mma, the mma kernel (kAuto: the default choice).
 void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kernel, std::mt19937& rng,
-                   cuda::IndexerBf16 bf16 = cuda::IndexerBf16::kAuto) {
+                   cuda::IndexerMma mma = cuda::IndexerMma::kAuto) {
   const int T = int(c.ctx.size());
   std::vector<int> lens(size_t(c.n_seq), 1);
   std::vector<int32_t> seq(static_cast<size_t>(T)), n_ctx(static_cast<size_t>(T));
@@ -395,7 +395,7 @@ void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kern
                d_n = cuda::to_device(n_ctx), d_scores(size_t(T * max_ctx) * 4);
   cuda::IndexerArgs a =
       indexer_args(d_q, d_w, T, c.heads, c.dim, d_seq, d_n, max_ctx, pg.rows(cache.data, cache.row_bytes), dtype, d_scores);
-  a.bf16 = bf16;
+  a.mma = mma;
   cuda::indexer_scores(a, kernel, nullptr);
   const std::vector<float> got = cuda::to_host<float>(d_scores, size_t(T * max_ctx));
   std::vector<float> qr = q;
@@ -442,7 +442,7 @@ void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kern
   }
   std::printf("  indexer %s%s %s heads %d dim %d: max error %.2e of the summed terms\n",
               kernel == cuda::IndexerKernel::Mma ? "mma" : "fma",
-              bf16_kernel_name(bf16), cuda::kv_dtype_name(dtype), c.heads,
+              mma_kernel_name(mma), cuda::kv_dtype_name(dtype), c.heads,
               c.dim, worst);
 }
 
@@ -456,6 +456,8 @@ const std::vector<IndexerCase> kIndexerCases = {
     {4, 64, {20}, 1, 16},
     {80, 128, {1, 700}, 2, 64},                     // more heads than a warp holds: chunks of 64
     {128, 64, {130}, 1, 16},
+    {16, 128, {300, 64}, 2, 64},                    // one m-tile of heads per warp
+    {24, 64, {200, 129}, 1, 128},                   // padding heads, dim 64 (fp8 rows of 68 bytes)
 };
 
 TEST(CudaAttention, IndexerScoresMatchTheCpuReference) {
@@ -464,10 +466,12 @@ TEST(CudaAttention, IndexerScoresMatchTheCpuReference) {
   for (const IndexerCase& c : kIndexerCases)
     for (KvDtype d : {KvDtype::BF16, KvDtype::FP8})
       for (cuda::IndexerKernel k : {cuda::IndexerKernel::Mma, cuda::IndexerKernel::Fma}) check_indexer(c, d, k, rng);
-  // Bf16 keys on each mma kernel (the default takes the staged one at these sizes; regs and qfrag
-  // take up to 64 heads, so 80 and 128 stay staged).
+  // Each mma kernel asked for by name, on both key formats: regs takes bf16 keys of up to 64 heads,
+  // qfrag up to 64 heads (fp8 keys in pages of a multiple of 64 slots); the other cases fall back
+  // to the staged kernel.
   for (const IndexerCase& c : kIndexerCases)
-    for (cuda::IndexerBf16 b : kBf16Kernels) check_indexer(c, KvDtype::BF16, cuda::IndexerKernel::Mma, rng, b);
+    for (KvDtype d : {KvDtype::BF16, KvDtype::FP8})
+      for (cuda::IndexerMma b : kMmaKernels) check_indexer(c, d, cuda::IndexerKernel::Mma, rng, b);
   // f32 keys (the reference format: fma only), and shapes only the fma kernel takes.
   for (const IndexerCase& c : kIndexerCases) check_indexer(c, KvDtype::F32, cuda::IndexerKernel::Fma, rng);
   check_indexer({6, 40, {9, 70}, 2, 16}, KvDtype::BF16, cuda::IndexerKernel::Fma, rng);
@@ -480,13 +484,15 @@ TEST(CudaAttention, IndexerScoresOneLongRow) {
   std::mt19937 rng(12);
   const int len = small_mode() ? 30000 : 100003;
   for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) check_indexer({32, 128, {len}, 1, 64}, d, cuda::IndexerKernel::Mma, rng);
-  for (cuda::IndexerBf16 b : kBf16Kernels) {
-    check_indexer({64, 128, {len}, 1, 64}, KvDtype::BF16, cuda::IndexerKernel::Mma, rng, b);
-    // four long rows: every block streams more tiles than its ring has stages
-    const int h = len / 2;
-    check_indexer({64, 128, {h, h - 5, h - 64, h + 1}, 4, 64}, KvDtype::BF16, cuda::IndexerKernel::Mma, rng, b);
+  for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+    for (cuda::IndexerMma b : kMmaKernels) {
+      check_indexer({64, 128, {len}, 1, 64}, d, cuda::IndexerKernel::Mma, rng, b);
+      // four long rows: every block streams more tiles than its ring has stages
+      const int h = len / 2;
+      check_indexer({64, 128, {h, h - 5, h - 64, h + 1}, 4, 64}, d, cuda::IndexerKernel::Mma, rng, b);
+    }
+    check_indexer({16, 128, {len}, 1, 64}, d, cuda::IndexerKernel::Mma, rng, cuda::IndexerMma::kQfrag);
   }
-  check_indexer({16, 128, {len}, 1, 64}, KvDtype::BF16, cuda::IndexerKernel::Mma, rng, cuda::IndexerBf16::kQfrag);
 }
 
 // The top-k's span (ops/cuda/topk.cu): rows of a stride over it take the span path with a workspace.
@@ -796,7 +802,7 @@ void check_counted_top_k(const std::vector<int>& ctx, int block_size, KvDtype dt
                  d_scores(size_t(T * stride) * 4), d_sel(size_t(T) * k * 4);
     cuda::IndexerArgs a =
         indexer_args(d_q, d_w, T, heads, dim, d_seq, d_n, stride, pg.rows(cache.data, cache.row_bytes), dtype, d_plain);
-    a.bf16 = kBf16Kernels[size_t(round)];  // (bf16 keys: every mma kernel counts)
+    a.mma = kMmaKernels[size_t(round)];  // (every mma kernel counts)
     cuda::indexer_scores(a, cuda::IndexerKernel::Mma, nullptr);
     a.scores = d_scores.as<float>();
     a.counts = cuda::top_k_counts(d_scores.as<float>(), T, stride, k, nullptr, &ws);

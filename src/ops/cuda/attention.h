@@ -78,14 +78,14 @@ struct TopKCounts {
   int k = 0;                 // only rows with n > k are counted (top_k lists the others without a select)
 };
 
-// The mma indexer's kernels for bf16 keys (indexer.cu; each gives the scores within the tests'
-// bound, their sums in different orders): kStaged, keys through shared-memory stages against
-// queries read from shared memory per 16 keys; kRegs (up to 64 heads), keys straight into
-// registers; kQfrag (up to 64 heads), the queries held in registers against keys from the stages.
-// kAuto: the kernel named by SPARSEMLA_INDEXER_BF16=staged|regs|qfrag, else the measured default
-// (launch_mma: kQfrag where it applies). A kernel asked for on a shape it does not take (more than
-// 64 heads, unaligned rows) falls back to kStaged.
-enum class IndexerBf16 { kAuto, kStaged, kRegs, kQfrag };
+// The mma indexer's kernels (indexer.cu; each gives the scores within the tests' bound, their sums
+// in different orders): kStaged, keys through shared-memory stages against queries read from shared
+// memory per 16 (bf16) or 32 (fp8) keys, any head count; kRegs (bf16 keys, up to 64 heads), keys
+// straight into registers; kQfrag (up to 64 heads; fp8 keys in pages of a multiple of 64 slots), the
+// queries held in registers against keys from the stages. kAuto: the kernel named by
+// SPARSEMLA_INDEXER_MMA=staged|regs|qfrag, else the measured default (launch_mma). A kernel asked
+// for on a shape it does not take falls back to kStaged.
+enum class IndexerMma { kAuto, kStaged, kRegs, kQfrag };
 
 // Lightning-indexer scores of T query tokens: score[t][p] = sum_h w[t][h] * relu(q[t][h] . k[p]) for
 // p < n_ctx[t] over the keys of sequence seq[t]; entries p >= n_ctx[t] are left unwritten.
@@ -111,8 +111,8 @@ struct IndexerArgs {
   // counts.k into the row's histogram of top_k's first digit, so that the top_k after it skips that
   // pass.
   TopKCounts counts;
-  // Bf16 keys: which mma kernel scores them (IndexerBf16).
-  IndexerBf16 bf16 = IndexerBf16::kAuto;
+  // Which of the mma kernels scores them (IndexerMma).
+  IndexerMma mma = IndexerMma::kAuto;
 };
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
 

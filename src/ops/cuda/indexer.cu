@@ -2,16 +2,17 @@
 //   score[t][p] = sum_h w[t][h] * relu(q[t][h] . k[p]).
 // Mma: tensor cores (mma.sync m16n8k16: bf16 keys, or fp8 keys widened exactly to fp16), tiles of
 // 64 keys against all heads of the token, with one wave of blocks covering the keys: a decode
-// token at long context is a pure stream of its keys. Two kernels (launch_mma chooses):
+// token at long context is a pure stream of its keys. Three kernels (launch_mma chooses):
 //   staged: a block streams a run of tiles through a small ring of shared-memory stages (cp.async),
 //     the next tile's keys in flight while one is scored; 16 keys per warp for bf16 keys, 32 for
 //     fp8. Fp8 keys (132-byte rows) are copied 16 bytes at a time as the runs of consecutive slots
 //     that a cache page holds.
 //   regs (bf16 keys, up to 64 heads; only when asked for): each warp loads its keys straight into
 //     its A fragments, the next tile's while one is scored; only the queries in shared memory.
-//   qfrag (bf16 keys, up to 64 heads; the default for them): the queries are the A operand, in each
-//     warp's registers for the whole block, and the keys the B operand from the stages: shared
-//     memory serves each key once per 32 heads instead of every query per 16 keys.
+//   qfrag (up to 64 heads; fp8 keys in pages of a multiple of 64 slots; the default for bf16 keys
+//     and for fp8 keys of up to 32 heads): the queries are the A operand, in each warp's registers
+//     for the whole block, and the keys the B operand from the stages: shared memory serves each
+//     key once per 32 heads instead of every query per 16 (or 32) keys.
 // Fma: one warp per key, any shape.
 #include <algorithm>
 #include <cstdlib>
@@ -135,6 +136,24 @@ __device__ __forceinline__ void issue_bf16_tile(T16* dst, const uint8_t* keys, i
   }
 }
 
+// Starts the copy of a tile of fp8 rows (DIM + 4 bytes each) that are 64 consecutive slots of one
+// page, from src: 16-byte chunks of the run, those starting in a row from n on skipped.
+template <int DIM, int THREADS>
+__device__ __forceinline__ void issue_fp8_run_tile(uint8_t* dst, const uint8_t* src, int p0, int n) {
+  constexpr int RB = DIM + 4, CHUNKS = (kKeysPerTile * RB / 16 + THREADS - 1) / THREADS;
+#pragma unroll
+  for (int u = 0; u < CHUNKS; ++u) {
+    const int off = (int(threadIdx.x) + u * THREADS) * 16;
+    if (off < kKeysPerTile * RB && p0 + off / RB < n) cp_async16(dst + off, src + off);
+  }
+}
+
+// Two e4m3 values (little-endian in v) widened exactly to two fp16 values in one register.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t v) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v), __NV_E4M3);
+  return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
 // Shared memory of the mma kernel: q [heads_pad][DIM + 8] (16-bit), bf16 key tiles [STAGES][64][DIM + 8]
 // (none for fp8 keys: those are widened in registers), w [heads_pad], the block's page-table entries
 // [pages] (padded to 16 bytes), fp8 rows as stored [STAGES][64][row_bytes], and when counting the
@@ -254,12 +273,7 @@ __global__ void __launch_bounds__(128 / MT) indexer_mma_kernel(IndexerArgs a, in
     } else {
       uint8_t* dst = sRaw + size_t(st) * kKeysPerTile * RB;
       if constexpr (TILE_RUN) {  // the tile's 64 rows are consecutive slots of one page
-        const uint8_t* src = keys + s0 * RB;
-#pragma unroll
-        for (int u = 0; u < kRunChunks; ++u) {
-          const int off = (tid + u * kThreads) * 16;
-          if (off < kKeysPerTile * (DIM + 4) && p0 + off / (DIM + 4) < n) cp_async16(dst + off, src + off);
-        }
+        issue_fp8_run_tile<DIM, kThreads>(dst, keys + s0 * RB, p0, n);
       } else if (run > 0) {
 #pragma unroll
         for (int u = 0; u < kRunChunks; ++u) {
@@ -316,11 +330,7 @@ __global__ void __launch_bounds__(128 / MT) indexer_mma_kernel(IndexerArgs a, in
         // 2 q4 + 8 of each 16): e4m3 pairs widened exactly to fp16 pairs in registers.
         const uint8_t* ra = raw + (r0 + mt * 16 + g) * RB + 2 * q4;
         const uint8_t* rb = ra + 8 * RB;
-        auto pair = [](const uint8_t* p) {
-          const __half2_raw h =
-              __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(*reinterpret_cast<const uint16_t*>(p)), __NV_E4M3);
-          return uint32_t(h.x) | (uint32_t(h.y) << 16);
-        };
+        auto pair = [](const uint8_t* p) { return e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(p)); };
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
           fa[mt][ks][0] = pair(ra + ks * 16);
@@ -577,17 +587,33 @@ __device__ __forceinline__ void sum_over_g(float (&x)[V], int lane) {
   }
 }
 
-template <int DIM, int HW, int MH, int STAGES>
-__global__ void __launch_bounds__(kQfragThreads) indexer_qfrag_kernel(IndexerArgs a, int tiles_per_block) {
+// The qfrag kernel's shared memory: STAGES key stages (bf16 rows [64][DIM + 8], fp8 rows as stored
+// [64][DIM + 4]), for fp8 keys the queries' rows [HW * MH * 16][DIM + 8] (bf16 keys use the last
+// stage), the partial sums [4 / HW][32], the block's page-table entries, the digit table.
+template <int DIM, bool FP8>
+__host__ __device__ constexpr int qfrag_stage_bytes() {
+  return FP8 ? kKeysPerTile * (DIM + 4) : kKeysPerTile * (DIM + 8) * 2;
+}
+template <int DIM, bool FP8, int HW, int MH, int STAGES>
+__host__ __device__ constexpr int qfrag_rows_bytes() {  // the stages and the fp8 queries
+  return STAGES * qfrag_stage_bytes<DIM, FP8>() + (FP8 ? HW * MH * 16 * (DIM + 8) * 2 : 0);
+}
+
+// Four blocks per SM: without the bound the 64-head bf16 kernel took 132 registers (three blocks).
+template <int DIM, bool FP8, int HW, int MH, int STAGES>
+__global__ void __launch_bounds__(kQfragThreads, 4) indexer_qfrag_kernel(IndexerArgs a, int tiles_per_block) {
   static_assert(DIM % 32 == 0 && (HW == 1 || HW == 2) && (MH == 1 || MH == 2) && STAGES >= 2, "shape");
-  constexpr int STR = DIM + 8, KSTEPS = DIM / 16;
+  using T16 = typename std::conditional<FP8, __half, __nv_bfloat16>::type;
+  constexpr int STR = DIM + 8, KSTEPS = DIM / 16, RB8 = DIM + 4;  // RB8: an fp8 row's bytes
   constexpr int KG = 4 / HW;                   // key groups of a tile (one per HW warps)
   constexpr int KW = kKeysPerTile / KG;        // keys per group
   constexpr int NT = KW / 8, V = 2 * NT;       // n-tiles of 8 keys; a lane's sums per tile
+  constexpr int QROWS = HW * MH * 16;          // query rows, padding heads included
   extern __shared__ __align__(16) unsigned char smem[];
-  __nv_bfloat16* sK = reinterpret_cast<__nv_bfloat16*>(smem);                 // [STAGES][64][STR]
-  float* sPart = reinterpret_cast<float*>(sK + STAGES * kKeysPerTile * STR);  // [KG][32]
-  int32_t* sPage = reinterpret_cast<int32_t*>(sPart + KG * 32);              // [pages]
+  unsigned char* sStage = smem;  // [STAGES][qfrag_stage_bytes]: bf16 rows [64][STR], fp8 rows as stored [64][RB8]
+  T16* sQ = reinterpret_cast<T16*>(FP8 ? smem + STAGES * qfrag_stage_bytes<DIM, FP8>() : smem + (STAGES - 1) * qfrag_stage_bytes<DIM, FP8>());
+  float* sPart = reinterpret_cast<float*>(smem + qfrag_rows_bytes<DIM, FP8, HW, MH, STAGES>());  // [KG][32]
+  int32_t* sPage = reinterpret_cast<int32_t*>(sPart + KG * 32);  // [pages]
   const int max_pages = pages_per_block(tiles_per_block, a.keys.block_size);
   uint32_t* sBin = reinterpret_cast<uint32_t*>(sPage + (max_pages + 3) / 4 * 4);  // [kCountSlots]
   uint32_t* sCnt = sBin + kCountSlots;                                             // [kCountSlots]
@@ -599,12 +625,17 @@ __global__ void __launch_bounds__(kQfragThreads) indexer_qfrag_kernel(IndexerArg
   const uint8_t* keys = static_cast<const uint8_t*>(a.keys.data);
   const int64_t RB = a.keys.row_bytes;
   load_pages(bk, a, sPage, sBin, kQfragThreads);
+  // (fp8: pages of a multiple of 64 slots only, each tile one run; the launch checks)
   const bool one_page = bk.bs % kKeysPerTile == 0;
   auto issue = [&](int j, int st) {
     const int p0 = (tile0 + j) * kKeysPerTile;
     const int64_t s0 = one_page ? bk.slot(p0) : 0;
-    issue_bf16_tile<DIM, kQfragThreads>(sK + st * kKeysPerTile * STR, keys, RB, p0, n,
-                                        [&](int p) { return one_page ? s0 + (p - p0) : bk.slot(p); });
+    unsigned char* dst = sStage + st * qfrag_stage_bytes<DIM, FP8>();
+    if constexpr (FP8)
+      issue_fp8_run_tile<DIM, kQfragThreads>(dst, keys + s0 * RB, p0, n);
+    else
+      issue_bf16_tile<DIM, kQfragThreads>(reinterpret_cast<T16*>(dst), keys, RB, p0, n,
+                                          [&](int p) { return one_page ? s0 + (p - p0) : bk.slot(p); });
   };
 #pragma unroll
   for (int st = 0; st < STAGES - 1; ++st) {
@@ -617,13 +648,12 @@ __global__ void __launch_bounds__(kQfragThreads) indexer_qfrag_kernel(IndexerArg
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, q4 = lane % 4;
   const int kg = warp / HW, hw = warp % HW;
   const int mi = lane / 8, ri = lane % 8;
-  // The queries through the last stage (its first tile is issued in the loop, after they are read):
-  // 16-byte copies through L1 as the staged kernel's, then this warp's heads as A fragments (ldmatrix
-  // rows = heads, matrices: rows +0 / +8, columns +0 / +8 of each k-step) for the whole block, with
-  // their weights; padding heads are zeros.
-  static_assert(HW * MH * 16 <= kKeysPerTile, "the queries fit in a stage");
-  __nv_bfloat16* sQ = sK + (STAGES - 1) * kKeysPerTile * STR;
-  stage_queries<DIM, kQfragThreads>(sQ, a, t, HW * MH * 16);
+  // The queries (bf16 keys: through the last stage, whose first tile the loop issues after they are
+  // read; fp8: a region of their own, the stages being too small): 16-byte copies through L1 as the
+  // staged kernel's, then this warp's heads as A fragments for the whole block, with their weights;
+  // padding heads are zeros.
+  static_assert(FP8 || QROWS <= kKeysPerTile, "the queries fit in a stage");
+  stage_queries<DIM, kQfragThreads>(sQ, a, t, QROWS);
   float wv[MH][2];
 #pragma unroll
   for (int mh = 0; mh < MH; ++mh)
@@ -638,9 +668,22 @@ __global__ void __launch_bounds__(kQfragThreads) indexer_qfrag_kernel(IndexerArg
 #pragma unroll
   for (int mh = 0; mh < MH; ++mh)
 #pragma unroll
-    for (int ks = 0; ks < KSTEPS; ++ks)
-      ldmatrix_x4(qa[mh][ks], sQ + ((hw * MH + mh) * 16 + (mi % 2) * 8 + ri) * STR + ks * 16 + (mi / 2) * 8);
-  // (the loop's first __syncthreads comes before the stage is refilled)
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+      const T16* q0 = sQ + ((hw * MH + mh) * 16 + g) * STR + ks * 16;
+      if constexpr (FP8) {
+        // The k-step's dimensions in another order, the same for both operands (the sum is over
+        // all of them): logical k = 2 q4 + e is dimension 4 q4 + e, 2 q4 + 8 + e is 4 q4 + 2 + e,
+        // so that a lane's B fragments are one 4-byte word of the fp8 row and its A fragments of
+        // a row one 8-byte load.
+        const uint2 lo = *reinterpret_cast<const uint2*>(q0 + 4 * q4);
+        const uint2 hi = *reinterpret_cast<const uint2*>(q0 + 8 * STR + 4 * q4);
+        qa[mh][ks][0] = lo.x, qa[mh][ks][2] = lo.y, qa[mh][ks][1] = hi.x, qa[mh][ks][3] = hi.y;
+      } else {
+        // ldmatrix: rows = heads, matrices rows +0 / +8, columns +0 / +8 of the k-step
+        ldmatrix_x4(qa[mh][ks], sQ + ((hw * MH + mh) * 16 + (mi % 2) * 8 + ri) * STR + ks * 16 + (mi / 2) * 8);
+      }
+    }
+  // (the loop's first __syncthreads comes before the last stage is refilled)
 
   float* out = a.scores + int64_t(t) * a.score_stride;
   const int r0 = kg * KW;
@@ -656,24 +699,43 @@ __global__ void __launch_bounds__(kQfragThreads) indexer_qfrag_kernel(IndexerArg
     cp_async_commit();
     const int p0 = (tile0 + it) * kKeysPerTile;
     if (p0 + r0 >= n) continue;  // (the same for both warps of a group)
-    // B fragments: ldmatrix matrix mi = dims 8 mi .. 8 mi + 7 of 32, row ri = key ri of the n-tile
-    const __nv_bfloat16* kb = sK + (it % STAGES) * kKeysPerTile * STR + (r0 + ri) * STR + mi * 8;
+    const unsigned char* stage = sStage + (it % STAGES) * qfrag_stage_bytes<DIM, FP8>();
+    // B fragments. Bf16: ldmatrix, matrix mi = dimensions 8 mi .. 8 mi + 7 of 32, row ri = key ri of
+    // the n-tile. Fp8: key g of the n-tile, the k-step's 4-byte word q4 (the order above), widened.
+    const T16* kb = reinterpret_cast<const T16*>(stage) + (r0 + ri) * STR + mi * 8;
+    const unsigned char* kr = stage + (r0 + g) * RB8 + 4 * q4;
     float x[V];
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {  // two n-tiles at a time: 2 MH accumulators in flight
       float c[2][MH][4] = {};
+      if constexpr (FP8) {
 #pragma unroll
-      for (int kp = 0; kp < KSTEPS / 2; ++kp) {
-        uint32_t fb[2][4];  // per n-tile: k-step 2 kp in fb[j][0..1], 2 kp + 1 in fb[j][2..3]
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+          uint32_t fb[2][2];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) ldmatrix_x4(fb[j], kb + (2 * np + j) * 8 * STR + kp * 32);
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int mh = 0; mh < MH; ++mh) {
-            mma_16816(c[j][mh], qa[mh][2 * kp], fb[j], __nv_bfloat16());
-            mma_16816(c[j][mh], qa[mh][2 * kp + 1], fb[j] + 2, __nv_bfloat16());
+          for (int j = 0; j < 2; ++j) {
+            const uint32_t w = *reinterpret_cast<const uint32_t*>(kr + (2 * np + j) * 8 * RB8 + ks * 16);
+            fb[j][0] = e4m3x2_to_f16x2(uint16_t(w)), fb[j][1] = e4m3x2_to_f16x2(uint16_t(w >> 16));
           }
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int mh = 0; mh < MH; ++mh) mma_16816(c[j][mh], qa[mh][ks], fb[j], T16());
+        }
+      } else {
+#pragma unroll
+        for (int kp = 0; kp < KSTEPS / 2; ++kp) {
+          uint32_t fb[2][4];  // per n-tile: k-step 2 kp in fb[j][0..1], 2 kp + 1 in fb[j][2..3]
+#pragma unroll
+          for (int j = 0; j < 2; ++j) ldmatrix_x4(fb[j], kb + (2 * np + j) * 8 * STR + kp * 32);
+#pragma unroll
+          for (int j = 0; j < 2; ++j)
+#pragma unroll
+            for (int mh = 0; mh < MH; ++mh) {
+              mma_16816(c[j][mh], qa[mh][2 * kp], fb[j], T16());
+              mma_16816(c[j][mh], qa[mh][2 * kp + 1], fb[j] + 2, T16());
+            }
+        }
       }
       // c[j][mh]: heads g (c0, c1) and g + 8 (c2, c3) against keys 8 nt + 2 q4 (c0, c2) and + 1 (c1, c3)
 #pragma unroll
@@ -703,6 +765,8 @@ __global__ void __launch_bounds__(kQfragThreads) indexer_qfrag_kernel(IndexerArg
       else named_sync(2, 64);
       score += sPart[kg * 32 + lane];
     }
+    // fp8: the key's scale, a factor of every head's dot product (and > 0, so of their relu too)
+    if constexpr (FP8) score *= *reinterpret_cast<const float*>(stage + key * RB8 + DIM);
     const bool mine = owner && p0 + key < n;
     if (mine) out[p0 + key] = score;
     if (row_hist) count_scores(mine, score, sBin, sCnt, row_hist);
@@ -774,37 +838,45 @@ void launch_regs(const IndexerArgs& a, cudaStream_t st) {
       a, st);
 }
 
-template <int DIM, int HW, int MH, int STAGES>
+template <int DIM, bool FP8, int HW, int MH, int STAGES>
 void launch_qfrag(const IndexerArgs& a, cudaStream_t st) {
   const bool count = a.counts.hist != nullptr;
   launch_one_wave(
-      indexer_qfrag_kernel<DIM, HW, MH, STAGES>, kQfragThreads,
+      indexer_qfrag_kernel<DIM, FP8, HW, MH, STAGES>, kQfragThreads,
       [&](int tiles) {
         const int pages = pages_per_block(tiles, a.keys.block_size);
-        return size_t(STAGES) * kKeysPerTile * (DIM + 8) * 2 + size_t(4 / HW) * 32 * 4 + size_t(pages + 3) / 4 * 16 +
-               (count ? 2 * kCountSlots * 4 : 0);
+        return size_t(qfrag_rows_bytes<DIM, FP8, HW, MH, STAGES>()) + size_t(4 / HW) * 32 * 4 +
+               size_t(pages + 3) / 4 * 16 + (count ? 2 * kCountSlots * 4 : 0);
       },
       a, st);
 }
-template <int DIM, int HW, int MH>
-void launch_qfrag_stages(const IndexerArgs& a, cudaStream_t st) {
-  // Two stages (35 KB of shared memory at 128 dims) by default: on an H200 three (52 KB) scored
-  // one token x 128K as fast or 0.5-0.9 us faster, but the top-k launched after it then took ~2 us
-  // longer (DeepSeek-V3.2 indexer + top-k 23.6-23.7 -> 25.6-25.7 us; session 22).
+// Up to 64 heads: HW warps of MH m-tiles.
+template <int DIM, bool FP8>
+void launch_qfrag_heads(const IndexerArgs& a, cudaStream_t st) {
+  // Two stages (35 KB of shared memory at 128 dims, bf16 keys) by default: on an H200 three (52 KB)
+  // scored one token x 128K as fast or 0.5-0.9 us faster, but the top-k launched after it then took
+  // ~2 us longer (DeepSeek-V3.2 indexer + top-k 23.6-23.7 -> 25.6-25.7 us; session 22).
   // SPARSEMLA_INDEXER_QFRAG_STAGES=3 (A/B runs): three stages instead of two
   static const int64_t stages = env_int("SPARSEMLA_INDEXER_QFRAG_STAGES", 2);
-  if (stages == 3) return launch_qfrag<DIM, HW, MH, 3>(a, st);
-  launch_qfrag<DIM, HW, MH, 2>(a, st);
+  const int hp16 = heads_padded(a.heads) / 16;
+  if (stages == 3) {
+    if (hp16 == 1) return launch_qfrag<DIM, FP8, 1, 1, 3>(a, st);
+    if (hp16 == 2) return launch_qfrag<DIM, FP8, 1, 2, 3>(a, st);
+    return launch_qfrag<DIM, FP8, 2, 2, 3>(a, st);
+  }
+  if (hp16 == 1) return launch_qfrag<DIM, FP8, 1, 1, 2>(a, st);
+  if (hp16 == 2) return launch_qfrag<DIM, FP8, 1, 2, 2>(a, st);
+  launch_qfrag<DIM, FP8, 2, 2, 2>(a, st);
 }
 
-IndexerBf16 indexer_bf16_from_env() {
-  const char* v = std::getenv("SPARSEMLA_INDEXER_BF16");
-  if (!v) return IndexerBf16::kAuto;
+IndexerMma indexer_mma_from_env() {
+  const char* v = std::getenv("SPARSEMLA_INDEXER_MMA");
+  if (!v) return IndexerMma::kAuto;
   const std::string name(v);
-  if (name == "staged") return IndexerBf16::kStaged;
-  if (name == "regs") return IndexerBf16::kRegs;
-  if (name == "qfrag") return IndexerBf16::kQfrag;
-  return IndexerBf16::kAuto;
+  if (name == "staged") return IndexerMma::kStaged;
+  if (name == "regs") return IndexerMma::kRegs;
+  if (name == "qfrag") return IndexerMma::kQfrag;
+  return IndexerMma::kAuto;
 }
 
 // Two stages: one tile in flight while one is scored. Measured on an H200 at one token x 128K keys
@@ -830,7 +902,20 @@ void launch_mma(const IndexerArgs& a, cudaStream_t st) {
   // GLM-5 10.2 -> 8.4) and -15 to -18% at 128 tokens x 128K; GLM-5 at 128 x 4K +17% (30.8 -> 35.9).
   // Bf16 keys (ldmatrix A fragments; 64-92% of the copy rate from 8 tokens at 128K) lost 2-18% with
   // 32 keys per warp (half the warps per SM), so they keep 16.
+  // SPARSEMLA_INDEXER_MMA=staged|regs|qfrag: as IndexerArgs::mma (A/B runs)
+  static const IndexerMma env_kernel = indexer_mma_from_env();
+  IndexerMma k = a.mma != IndexerMma::kAuto ? a.mma : env_kernel;
+  const int hp16 = heads_padded(a.heads) / 16;
   if constexpr (FP8) {
+    // Fp8 keys: the qfrag kernel by default for up to 32 heads (GLM-5's, and the tensor-parallel
+    // shares), the staged kernel for more. Measured on an H200 (session 22, two rounds; us, staged ->
+    // qfrag): GLM-5 one token at 128K 8.2 -> 7.9 (indexer + top-k 19.3-19.4 -> 18.4-18.5), 8 x 128K
+    // 48 -> 43, 32 x 32K 48 -> 43, 128 x 4K 32.4 -> 23.4; slower at 2 x 128K (12.2 -> 13.0), 8 x 32K
+    // (11.8 -> 12.5) and 128 x 128K (632 -> 644). At 64 heads (DeepSeek-V3.2) qfrag lost everywhere
+    // (one token at 128K 10.9 -> 11.4, 128 x 128K 882 -> 1005): both warps of a key group widen the
+    // same fp8 keys, where the staged kernel widens each once for all heads.
+    if (k == IndexerMma::kAuto) k = hp16 <= 2 ? IndexerMma::kQfrag : IndexerMma::kStaged;
+    if (k == IndexerMma::kQfrag && hp16 <= 4 && run == kKeysPerTile) return launch_qfrag_heads<DIM, true>(a, st);
     if (run == kKeysPerTile) return launch_stages<DIM, FP8, 2, true, 2>(a, run, st);
     return launch_stages<DIM, FP8, 2, false, 2>(a, run, st);
   } else {
@@ -839,24 +924,16 @@ void launch_mma(const IndexerArgs& a, cudaStream_t st) {
     // 128 tokens x 4K to 128K for 32 and 64 heads (one token at 128K: DeepSeek-V3.2 14.0-14.2 ->
     // 12.3 us, GLM-5 11.6-11.7 -> 10.6; 8 x 128K DeepSeek-V3.2 91-92 -> 74, as the regs kernel).
     // The staged kernel for more heads; the regs kernel only when asked for.
-    const int hp16 = heads_padded(a.heads) / 16;
     const bool aligned = a.keys.row_bytes == DIM * 2 && reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0 &&
                          (a.q16 ? reinterpret_cast<uintptr_t>(a.q16) % 16 == 0 : reinterpret_cast<uintptr_t>(a.q) % 16 == 0);
-    // SPARSEMLA_INDEXER_BF16=staged|regs|qfrag: as IndexerArgs::bf16 (A/B runs)
-    static const IndexerBf16 env_kernel = indexer_bf16_from_env();
-    IndexerBf16 k = a.bf16 != IndexerBf16::kAuto ? a.bf16 : env_kernel;
-    if (k == IndexerBf16::kAuto) k = IndexerBf16::kQfrag;
-    if (k == IndexerBf16::kRegs && hp16 <= 4 && aligned) {
+    if (k == IndexerMma::kAuto) k = IndexerMma::kQfrag;
+    if (k == IndexerMma::kRegs && hp16 <= 4 && aligned) {
       if (hp16 == 1) return launch_regs<DIM, 1>(a, st);
       if (hp16 == 2) return launch_regs<DIM, 2>(a, st);
       if (hp16 == 3) return launch_regs<DIM, 3>(a, st);
       return launch_regs<DIM, 4>(a, st);
     }
-    if (k == IndexerBf16::kQfrag && hp16 <= 4 && aligned) {
-      if (hp16 == 1) return launch_qfrag_stages<DIM, 1, 1>(a, st);
-      if (hp16 == 2) return launch_qfrag_stages<DIM, 1, 2>(a, st);
-      return launch_qfrag_stages<DIM, 2, 2>(a, st);
-    }
+    if (k == IndexerMma::kQfrag && hp16 <= 4 && aligned) return launch_qfrag_heads<DIM, false>(a, st);
     launch_stages<DIM, FP8, 2, false, 1>(a, run, st);
   }
 }
