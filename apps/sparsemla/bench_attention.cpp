@@ -107,7 +107,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
 
   std::printf("%-6s %-4s %5s %7s | %9s %7s %5s | %8s %8s | %9s | %9s %7s %5s %7s %5s | %9s %5s | %s\n", "shape", "kv",
               "batch", "context", "indexer", "GB/s", "%bw", "top-k", "tied", "idx+top-k", "attention", "GB/s", "%bw",
-              "TFLOP/s", "%mma", "step", "%bw", "attention kernel");
+              "TFLOP/s", "%mma", "step", "%bw", "kernels");
   for (const std::string& dname : a.dtypes) {
     const cuda::KvDtype dt = dname == "fp8" ? cuda::KvDtype::FP8 : cuda::KvDtype::BF16;
     for (const Shape& sh : kShapes) {
@@ -249,7 +249,10 @@ int run_bench_attention(const BenchAttentionArgs& a) {
                                   (topk_ws.last_path == cuda::TopKPath::kTeam    ? "; top-k team"
                                    : topk_ws.last_path == cuda::TopKPath::kSpans ? "; top-k spans"
                                    : topk_ws.last_path == cuda::TopKPath::kBlock ? "; top-k block"
-                                                                                 : "; top-k rows");
+                                                                                 : "; top-k rows") +
+                                  (ik == cuda::IndexerKernel::Mma
+                                       ? std::string("; indexer ") + cuda::indexer_mma_name(cuda::indexer_mma_choice(ia))
+                                       : std::string("; indexer fma"));
           std::printf("%-6s %-4s %5d %7d | %7.1fus %7.0f %4.0f%% | %6.1fus %6.1fus | %7.1fus | %7.1fus %7.0f %4.0f%% %7.1f "
                       "%4.0f%% | %7.1fus %4.0f%% | %s\n",
                       sh.name, dname.c_str(), B, ctx, t_idx, idx_bytes / t_idx * 1e-3,

@@ -364,14 +364,6 @@ cuda::IndexerArgs indexer_args(const DeviceBuffer& q, const DeviceBuffer& w, int
 // The mma indexer's kernels, each asked for by name (regs: bf16 keys only; others fall back to staged).
 const std::vector<cuda::IndexerMma> kMmaKernels = {cuda::IndexerMma::kRegs, cuda::IndexerMma::kStaged,
                                                      cuda::IndexerMma::kQfrag};
-const char* mma_kernel_name(cuda::IndexerMma b) {
-  switch (b) {
-    case cuda::IndexerMma::kStaged: return " (staged)";
-    case cuda::IndexerMma::kRegs: return " (regs)";
-    case cuda::IndexerMma::kQfrag: return " (qfrag)";
-    default: return "";
-  }
-}
 
 // GPU scores vs model::indexer_score on the values the GPU reads (keys decoded from the cache; the
 // mma kernel also rounds q to bf16, or to fp16 for fp8 keys).
@@ -440,10 +432,9 @@ void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kern
       ASSERT_LE(err, 2e-5) << "token " << t << " position " << p << ": gpu " << g << " cpu " << ref;
     }
   }
-  std::printf("  indexer %s%s %s heads %d dim %d: max error %.2e of the summed terms\n",
-              kernel == cuda::IndexerKernel::Mma ? "mma" : "fma",
-              mma_kernel_name(mma), cuda::kv_dtype_name(dtype), c.heads,
-              c.dim, worst);
+  std::printf("  indexer %s %s heads %d dim %d: max error %.2e of the summed terms\n",
+              kernel == cuda::IndexerKernel::Mma ? cuda::indexer_mma_name(cuda::indexer_mma_choice(a)) : "fma",
+              cuda::kv_dtype_name(dtype), c.heads, c.dim, worst);
 }
 
 const std::vector<IndexerCase> kIndexerCases = {
@@ -459,6 +450,42 @@ const std::vector<IndexerCase> kIndexerCases = {
     {16, 128, {300, 64}, 2, 64},                    // one m-tile of heads per warp
     {24, 64, {200, 129}, 1, 128},                   // padding heads, dim 64 (fp8 rows of 68 bytes)
 };
+
+// Which mma kernel the indexer takes (host logic only: no GPU, no memory read), as measured and
+// documented in indexer_mma_choice: qfrag for bf16 keys of up to 64 heads and fp8 keys of up to 32
+// in pages of whole tiles, else staged; a kernel asked for on a shape it does not take falls back.
+TEST(CudaAttention, IndexerMmaChoiceFollowsTheShape) {
+  alignas(16) static uint8_t fake[64];
+  auto args = [&](int heads, KvDtype d, int block_size, int64_t row_bytes, cuda::IndexerMma asked) {
+    cuda::IndexerArgs a;
+    a.heads = heads;
+    a.dim = 128;
+    a.dtype = d;
+    a.q16 = reinterpret_cast<const uint16_t*>(fake);
+    a.keys.data = fake;
+    a.keys.block_size = block_size;
+    a.keys.row_bytes = row_bytes;
+    a.mma = asked;
+    return cuda::indexer_mma_choice(a);
+  };
+  using M = cuda::IndexerMma;
+  const KvDtype bf = KvDtype::BF16, f8 = KvDtype::FP8;
+  if (std::getenv("SPARSEMLA_INDEXER_MMA")) GTEST_SKIP() << "SPARSEMLA_INDEXER_MMA overrides the default choice";
+  EXPECT_EQ(args(32, bf, 64, 256, M::kAuto), M::kQfrag);   // GLM-5
+  EXPECT_EQ(args(64, bf, 64, 256, M::kAuto), M::kQfrag);   // DeepSeek-V3.2
+  EXPECT_EQ(args(80, bf, 64, 256, M::kAuto), M::kStaged);  // more heads than qfrag holds
+  EXPECT_EQ(args(32, f8, 64, 132, M::kAuto), M::kQfrag);
+  EXPECT_EQ(args(32, f8, 256, 132, M::kAuto), M::kQfrag);
+  EXPECT_EQ(args(64, f8, 64, 132, M::kAuto), M::kStaged);  // the staged kernel widens each key once
+  EXPECT_EQ(args(32, f8, 16, 132, M::kAuto), M::kStaged);  // pages smaller than a tile
+  EXPECT_EQ(args(32, f8, 16, 132, M::kQfrag), M::kStaged);
+  EXPECT_EQ(args(64, f8, 64, 132, M::kQfrag), M::kQfrag);
+  EXPECT_EQ(args(64, bf, 64, 256, M::kRegs), M::kRegs);
+  EXPECT_EQ(args(64, f8, 64, 132, M::kRegs), M::kStaged);  // regs: bf16 keys only
+  EXPECT_EQ(args(80, bf, 64, 256, M::kRegs), M::kStaged);
+  EXPECT_EQ(args(32, bf, 64, 264, M::kAuto), M::kStaged);  // padded rows
+  EXPECT_EQ(args(64, bf, 64, 256, M::kStaged), M::kStaged);
+}
 
 TEST(CudaAttention, IndexerScoresMatchTheCpuReference) {
   SPARSEMLA_REQUIRE_GPU();

@@ -115,6 +115,10 @@ struct IndexerArgs {
   IndexerMma mma = IndexerMma::kAuto;
 };
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
+// The mma kernel indexer_scores(a, IndexerKernel::Mma) runs (never kAuto), and its name ("staged",
+// "regs", "qfrag"; "auto" for kAuto).
+IndexerMma indexer_mma_choice(const IndexerArgs& a);
+const char* indexer_mma_name(IndexerMma k);
 
 // The 16-bit type of the mma indexer's queries: fp16 against fp8 keys (widened exactly to fp16),
 // bf16 against bf16 keys.

@@ -879,62 +879,47 @@ IndexerMma indexer_mma_from_env() {
   return IndexerMma::kAuto;
 }
 
+// Runs of consecutive slots for fp8 rows: a page, or 64 keys of a larger one, 16-byte aligned; a
+// whole tile's run (pages of a multiple of 64 keys, the usual case) is one contiguous copy. 0: rows
+// are copied 4 bytes at a time.
+int fp8_run(const IndexerArgs& a) {
+  const int bs = a.keys.block_size;
+  if (!(kKeysPerTile % bs == 0 || bs % kKeysPerTile == 0)) return 0;
+  const int r = std::min(bs, kKeysPerTile);
+  const bool fits = a.keys.row_bytes == a.dim + 4 && (int64_t(r) * a.keys.row_bytes) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0;
+  return fits ? r : 0;
+}
+
 // Two stages: one tile in flight while one is scored. Measured on an H200 at one token x 128K keys
 // and 128 x 128K: more blocks per SM beat deeper rings (bf16: 3 to 5 stages kept 2-3 blocks per SM
 // resident and streamed 15-35% slower; fp8, whole-tile runs, 80 registers: 2 stages hold six blocks
 // per SM against five with 3, 13-17% faster at 128 tokens, 4-7% at one).
 template <int DIM, bool FP8>
 void launch_mma(const IndexerArgs& a, cudaStream_t st) {
-  // Runs of consecutive slots for fp8 rows: a page, or 64 keys of a larger one, 16-byte aligned; a
-  // whole tile's run (pages of a multiple of 64 keys, the usual case) is one contiguous copy.
-  int run = 0;
-  const int bs = a.keys.block_size;
-  if (FP8 && (kKeysPerTile % bs == 0 || bs % kKeysPerTile == 0)) {
-    const int r = std::min(bs, kKeysPerTile);
-    if (a.keys.row_bytes == DIM + 4 && (int64_t(r) * a.keys.row_bytes) % 16 == 0 &&
-        reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0)
-      run = r;
-  }
-  // Fp8 keys: a warp scores 32 keys (MT = 2), each query fragment read from shared memory serving
-  // twice the keys; their A fragments are built from scalar loads and widened, so the warp's issue
-  // slots, not the bytes, bound it. Measured on an H200 (one binary, two rounds): fp8 indexer alone
-  // -12 to -22% at 32K-128K for 1 and 8 tokens (DeepSeek-V3.2 one token at 128K 12.8 -> 11.4 us,
-  // GLM-5 10.2 -> 8.4) and -15 to -18% at 128 tokens x 128K; GLM-5 at 128 x 4K +17% (30.8 -> 35.9).
-  // Bf16 keys (ldmatrix A fragments; 64-92% of the copy rate from 8 tokens at 128K) lost 2-18% with
-  // 32 keys per warp (half the warps per SM), so they keep 16.
-  // SPARSEMLA_INDEXER_MMA=staged|regs|qfrag: as IndexerArgs::mma (A/B runs)
-  static const IndexerMma env_kernel = indexer_mma_from_env();
-  IndexerMma k = a.mma != IndexerMma::kAuto ? a.mma : env_kernel;
-  const int hp16 = heads_padded(a.heads) / 16;
+  const IndexerMma k = indexer_mma_choice(a);
   if constexpr (FP8) {
-    // Fp8 keys: the qfrag kernel by default for up to 32 heads (GLM-5's, and the tensor-parallel
-    // shares), the staged kernel for more. Measured on an H200 (session 22, two rounds; us, staged ->
-    // qfrag): GLM-5 one token at 128K 8.2 -> 7.9 (indexer + top-k 19.3-19.4 -> 18.4-18.5), 8 x 128K
-    // 48 -> 43, 32 x 32K 48 -> 43, 128 x 4K 32.4 -> 23.4; slower at 2 x 128K (12.2 -> 13.0), 8 x 32K
-    // (11.8 -> 12.5) and 128 x 128K (632 -> 644). At 64 heads (DeepSeek-V3.2) qfrag lost everywhere
-    // (one token at 128K 10.9 -> 11.4, 128 x 128K 882 -> 1005): both warps of a key group widen the
-    // same fp8 keys, where the staged kernel widens each once for all heads.
-    if (k == IndexerMma::kAuto) k = hp16 <= 2 ? IndexerMma::kQfrag : IndexerMma::kStaged;
-    if (k == IndexerMma::kQfrag && hp16 <= 4 && run == kKeysPerTile) return launch_qfrag_heads<DIM, true>(a, st);
+    // Fp8 keys: a warp of the staged kernel scores 32 keys (MT = 2), each query fragment read from
+    // shared memory serving twice the keys; their A fragments are built from scalar loads and
+    // widened, so the warp's issue slots, not the bytes, bound it. Measured on an H200 (one binary,
+    // two rounds): fp8 indexer alone -12 to -22% at 32K-128K for 1 and 8 tokens (DeepSeek-V3.2 one
+    // token at 128K 12.8 -> 11.4 us, GLM-5 10.2 -> 8.4) and -15 to -18% at 128 tokens x 128K; GLM-5
+    // at 128 x 4K +17% (30.8 -> 35.9). Bf16 keys (ldmatrix A fragments; 64-92% of the copy rate from
+    // 8 tokens at 128K) lost 2-18% with 32 keys per warp (half the warps per SM), so they keep 16.
+    if (k == IndexerMma::kQfrag) return launch_qfrag_heads<DIM, true>(a, st);
+    const int run = fp8_run(a);
     if (run == kKeysPerTile) return launch_stages<DIM, FP8, 2, true, 2>(a, run, st);
     return launch_stages<DIM, FP8, 2, false, 2>(a, run, st);
   } else {
-    // The qfrag kernel by default wherever it applies (up to 64 heads, aligned rows): on an H200
-    // (docs/PERFORMANCE.md, session 22) it was as fast as the best of the other two or faster at 1 to
-    // 128 tokens x 4K to 128K for 32 and 64 heads (one token at 128K: DeepSeek-V3.2 14.0-14.2 ->
-    // 12.3 us, GLM-5 11.6-11.7 -> 10.6; 8 x 128K DeepSeek-V3.2 91-92 -> 74, as the regs kernel).
-    // The staged kernel for more heads; the regs kernel only when asked for.
-    const bool aligned = a.keys.row_bytes == DIM * 2 && reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0 &&
-                         (a.q16 ? reinterpret_cast<uintptr_t>(a.q16) % 16 == 0 : reinterpret_cast<uintptr_t>(a.q) % 16 == 0);
-    if (k == IndexerMma::kAuto) k = IndexerMma::kQfrag;
-    if (k == IndexerMma::kRegs && hp16 <= 4 && aligned) {
+    const int hp16 = heads_padded(a.heads) / 16;
+    if (k == IndexerMma::kRegs) {
       if (hp16 == 1) return launch_regs<DIM, 1>(a, st);
       if (hp16 == 2) return launch_regs<DIM, 2>(a, st);
       if (hp16 == 3) return launch_regs<DIM, 3>(a, st);
       return launch_regs<DIM, 4>(a, st);
     }
-    if (k == IndexerMma::kQfrag && hp16 <= 4 && aligned) return launch_qfrag_heads<DIM, false>(a, st);
-    launch_stages<DIM, FP8, 2, false, 1>(a, run, st);
+    if (k == IndexerMma::kQfrag) return launch_qfrag_heads<DIM, false>(a, st);
+    launch_stages<DIM, FP8, 2, false, 1>(a, 0, st);
   }
 }
 
@@ -985,6 +970,42 @@ void index_queries(float* q, float* w, int64_t T, int heads, int dim, const Rope
     index_queries_kernel<__nv_bfloat16><<<grid, block, 0, st>>>(q, w, heads, dim, rope, pos, w_scale,
                                                                 reinterpret_cast<__nv_bfloat16*>(q16));
   SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+IndexerMma indexer_mma_choice(const IndexerArgs& a) {
+  // SPARSEMLA_INDEXER_MMA=staged|regs|qfrag: as IndexerArgs::mma (A/B runs)
+  static const IndexerMma env_kernel = indexer_mma_from_env();
+  IndexerMma k = a.mma != IndexerMma::kAuto ? a.mma : env_kernel;
+  const int hp16 = heads_padded(a.heads) / 16;
+  if (a.dtype == KvDtype::FP8) {
+    // Fp8 keys: the qfrag kernel by default for up to 32 heads (GLM-5's, and the tensor-parallel
+    // shares), the staged kernel for more. Measured on an H200 (session 22, two rounds; us, staged ->
+    // qfrag): GLM-5 one token at 128K 8.2 -> 7.9 (indexer + top-k 19.3-19.4 -> 18.4-18.5), 8 x 128K
+    // 48 -> 43, 32 x 32K 48 -> 43, 128 x 4K 32.4 -> 23.4; slower at 2 x 128K (12.2 -> 13.0), 8 x 32K
+    // (11.8 -> 12.5) and 128 x 128K (632 -> 644). At 64 heads (DeepSeek-V3.2) qfrag lost everywhere
+    // (one token at 128K 10.9 -> 11.4, 128 x 128K 882 -> 1005): both warps of a key group widen the
+    // same fp8 keys, where the staged kernel widens each once for all heads.
+    if (k == IndexerMma::kAuto) k = hp16 <= 2 ? IndexerMma::kQfrag : IndexerMma::kStaged;
+    return k == IndexerMma::kQfrag && hp16 <= 4 && fp8_run(a) == kKeysPerTile ? k : IndexerMma::kStaged;
+  }
+  // Bf16 keys: the qfrag kernel by default wherever it applies (up to 64 heads, aligned rows): on an
+  // H200 (docs/PERFORMANCE.md, session 22) it was as fast as the best of the other two or faster at 1
+  // to 128 tokens x 4K to 128K for 32 and 64 heads (one token at 128K: DeepSeek-V3.2 14.0-14.2 ->
+  // 12.3 us, GLM-5 11.6-11.7 -> 10.6; 8 x 128K DeepSeek-V3.2 91-92 -> 74, as the regs kernel). The
+  // staged kernel for more heads; the regs kernel only when asked for.
+  const bool aligned = a.keys.row_bytes == int64_t(a.dim) * 2 && reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0 &&
+                       (a.q16 ? reinterpret_cast<uintptr_t>(a.q16) % 16 == 0 : reinterpret_cast<uintptr_t>(a.q) % 16 == 0);
+  if (k == IndexerMma::kAuto) k = IndexerMma::kQfrag;
+  return (k == IndexerMma::kRegs || k == IndexerMma::kQfrag) && hp16 <= 4 && aligned ? k : IndexerMma::kStaged;
+}
+
+const char* indexer_mma_name(IndexerMma k) {
+  switch (k) {
+    case IndexerMma::kStaged: return "staged";
+    case IndexerMma::kRegs: return "regs";
+    case IndexerMma::kQfrag: return "qfrag";
+    default: return "auto";
+  }
 }
 
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s) {
