@@ -102,7 +102,7 @@ std::string attn_fma(const AttentionProblem& p) {
 }
 
 const Impl kImpls[] = {
-    {"indexer", "cuda-mma", 3, idx_mma, "tensor cores (mma.sync bf16, fp8 keys widened to fp16); bf16 keys of 33-64 heads, 64+ tokens: into registers"},
+    {"indexer", "cuda-mma", 3, idx_mma, "tensor cores (mma.sync bf16, fp8 keys widened to fp16); the queries held in registers for bf16 keys of up to 64 heads and fp8 keys of up to 32, else both from shared memory"},
     {"indexer", "cuda-fma", 2, idx_fma, "one warp per key, any head count and dim"},
     {"indexer", "cpu", 1, any, "CPU reference (fp32 keys)"},
     {"top-k", "cuda-radix", 3, need_cuda,
