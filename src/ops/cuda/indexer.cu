@@ -599,10 +599,17 @@ __host__ __device__ constexpr int qfrag_rows_bytes() {  // the stages and the fp
   return STAGES * qfrag_stage_bytes<DIM, FP8>() + (FP8 ? HW * MH * 16 * (DIM + 8) * 2 : 0);
 }
 
-// Four blocks per SM: without the bound the 64-head bf16 kernel took 132 registers (three blocks);
-// with it the 64-head fp8 kernel (taken only when asked for) spills 12 bytes.
+// Blocks per SM the registers are held to. Four on an H200: without the bound the 64-head bf16
+// kernel took 132 registers (three blocks); with it the 64-head fp8 kernel (taken only when asked
+// for) spills 12 bytes. SM12x holds two blocks of 35 KB in its ~100 KB of shared memory, and at four
+// ptxas spilled 44 bytes in the 64-head bf16 kernel there: two.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+constexpr int kQfragMinBlocks = 2;
+#else
+constexpr int kQfragMinBlocks = 4;
+#endif
 template <int DIM, bool FP8, int HW, int MH, int STAGES>
-__global__ void __launch_bounds__(kQfragThreads, 4) indexer_qfrag_kernel(IndexerArgs a, int tiles_per_block) {
+__global__ void __launch_bounds__(kQfragThreads, kQfragMinBlocks) indexer_qfrag_kernel(IndexerArgs a, int tiles_per_block) {
   static_assert(DIM % 32 == 0 && (HW == 1 || HW == 2) && (MH == 1 || MH == 2) && STAGES >= 2, "shape");
   using T16 = typename std::conditional<FP8, __half, __nv_bfloat16>::type;
   constexpr int STR = DIM + 8, KSTEPS = DIM / 16, RB8 = DIM + 4;  // RB8: an fp8 row's bytes
