@@ -551,12 +551,13 @@ __global__ void __launch_bounds__(kRegThreads) indexer_regs_kernel(IndexerArgs a
   }
 }
 
-// Qfrag (bf16 keys, up to 64 heads): the operands swapped. The queries are the A operand (rows =
-// heads), loaded once per block straight from global memory into each warp's fragments, and the
-// keys the B operand (columns = keys), read from the shared-memory stages (cp.async, as the staged
-// kernel) with one ldmatrix per 8 keys x 32 dims. Per tile, each key row is read from shared memory
-// once per warp of heads, where the staged kernel reads every query per 16 keys: for DeepSeek-V3.2's
-// 64 heads 32 KB of shared-memory reads per tile against 80 KB, and 64 ldmatrix against 160.
+// Qfrag (up to 64 heads; bf16 keys, or fp8 keys in pages of whole tiles): the operands swapped. The
+// queries are the A operand (rows = heads), copied once per block into shared memory and from there
+// into each warp's fragments for the whole block, and the keys the B operand (columns = keys), read
+// from the shared-memory stages (cp.async, as the staged kernel): one ldmatrix per 8 keys x 32 dims
+// for bf16 keys, one word per lane and k-step widened in registers for fp8. Per tile, each key row is
+// read from shared memory once per warp of heads, where the staged kernel reads every query per 16
+// keys: for DeepSeek-V3.2's 64 heads 32 KB of shared-memory reads per tile against 80 KB (bf16).
 // HW warps (1, 2) share a group of keys, each with MH m-tiles of 16 heads (MH * 16 heads); the
 // second warp's sums reach the first through shared memory, at a named barrier of the two.
 constexpr int kQfragThreads = 128;
@@ -990,9 +991,9 @@ IndexerMma indexer_mma_choice(const IndexerArgs& a) {
     // shares), the staged kernel for more. Measured on an H200 (session 22, two rounds; us, staged ->
     // qfrag): GLM-5 one token at 128K 8.2 -> 7.9 (indexer + top-k 19.3-19.4 -> 18.4-18.5), 8 x 128K
     // 48 -> 43, 32 x 32K 48 -> 43, 128 x 4K 32.4 -> 23.4; slower at 2 x 128K (12.2 -> 13.0), 8 x 32K
-    // (11.8 -> 12.5) and 128 x 128K (632 -> 644). At 64 heads (DeepSeek-V3.2) qfrag lost everywhere
-    // (one token at 128K 10.9 -> 11.4, 128 x 128K 882 -> 1005): both warps of a key group widen the
-    // same fp8 keys, where the staged kernel widens each once for all heads.
+    // (11.8 -> 12.5) and 128 x 128K (632 -> 644). At 64 heads (DeepSeek-V3.2) qfrag lost at most
+    // shapes (one token at 128K 10.9 -> 11.4, 128 x 128K 882 -> 1005; it won at 2 x 32K and 32 x 32K):
+    // both warps of a key group widen the same fp8 keys, where the staged kernel widens each once.
     if (k == IndexerMma::kAuto) k = hp16 <= 2 ? IndexerMma::kQfrag : IndexerMma::kStaged;
     return k == IndexerMma::kQfrag && hp16 <= 4 && fp8_run(a) == kKeysPerTile ? k : IndexerMma::kStaged;
   }
