@@ -10,7 +10,7 @@ namespace sparsemla::cuda::mla_smem {
 
 constexpr int kRows = 32;     // latent rows per tile
 constexpr int kChunk = 512;   // slots of a chunk of rows (32-bit each), looked up before its tiles
-constexpr int kSStride = 33;  // row stride of the score exchange, in floats
+constexpr int kSStride = 40;  // row stride of the score exchange, in floats (8 mod 32: float2 rows without bank conflicts)
 constexpr uint32_t kNoSlot = 0xffffffffu;  // a chunk entry without a row
 
 // Output tiles of 8 dims per warp half: the smallest power of 2 (>= 2) whose 16 * n covers kv_lora.

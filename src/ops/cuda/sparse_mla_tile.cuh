@@ -121,31 +121,27 @@ __device__ __forceinline__ void pair_softmax(float s[4][4], float* sS, int pair,
   using mla_smem::kSStride;
   const int g = lane / 4, q4 = lane % 4;
   float* mine = sS + (pair * 2 + half) * 16 * kSStride;
+  // A lane's two columns of an n-tile as one 8-byte store (and load below): with kSStride = 8 mod
+  // 32, each half warp's 16 lanes cover the 32 banks once.
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt) {
     const int c = nt * 8 + q4 * 2;
-    mine[g * kSStride + c] = s[nt][0];
-    mine[g * kSStride + c + 1] = s[nt][1];
-    mine[(g + 8) * kSStride + c] = s[nt][2];
-    mine[(g + 8) * kSStride + c + 1] = s[nt][3];
+    *reinterpret_cast<float2*>(mine + g * kSStride + c) = make_float2(s[nt][0], s[nt][1]);
+    *reinterpret_cast<float2*>(mine + (g + 8) * kSStride + c) = make_float2(s[nt][2], s[nt][3]);
   }
+  // The tile's live rows as one mask (a row per lane), read before the barrier.
+  const uint32_t live = __ballot_sync(0xffffffffu, lane < valid && slots[lane] != mla_smem::kNoSlot) >> (2 * q4);
   __syncthreads();
   const float* s0 = sS + (pair * 2) * 16 * kSStride;
   const float* s1 = s0 + 16 * kSStride;
-  bool live[8];  // this thread's 8 columns
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int c = nt * 8 + q4 * 2 + e;
-      live[nt * 2 + e] = c < valid && slots[c] != mla_smem::kNoSlot;
-    }
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = g + (e >= 2 ? 8 : 0), c = nt * 8 + q4 * 2 + (e & 1);
-      s[nt][e] = live[nt * 2 + (e & 1)] ? (s0[r * kSStride + c] + s1[r * kSStride + c]) * sl2 : -INFINITY;
+    for (int rr = 0; rr < 2; ++rr) {
+      const int at = (g + 8 * rr) * kSStride + nt * 8 + q4 * 2;
+      const float2 a = *reinterpret_cast<const float2*>(s0 + at), b = *reinterpret_cast<const float2*>(s1 + at);
+      s[nt][2 * rr] = (live >> (nt * 8)) & 1u ? (a.x + b.x) * sl2 : -INFINITY;
+      s[nt][2 * rr + 1] = (live >> (nt * 8 + 1)) & 1u ? (a.y + b.y) * sl2 : -INFINITY;
     }
   online_softmax<4>(s[0], m, l, alpha);
 }
