@@ -207,12 +207,14 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
       }
       float alpha[2];
       pair_softmax(s, sS, pair, half, lane, slots, valid, sl2, m, l, alpha);
+      if (warp_rescales(alpha[0], alpha[1])) {
 #pragma unroll
-      for (int j = 0; j < NV; ++j) {
-        o[j][0] *= alpha[0];
-        o[j][1] *= alpha[0];
-        o[j][2] *= alpha[1];
-        o[j][3] *= alpha[1];
+        for (int j = 0; j < NV; ++j) {
+          o[j][0] *= alpha[0];
+          o[j][1] *= alpha[0];
+          o[j][2] *= alpha[1];
+          o[j][3] *= alpha[1];
+        }
       }
 
       // O += P V over this warp's half of the output dims

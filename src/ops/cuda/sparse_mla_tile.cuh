@@ -81,10 +81,27 @@ __device__ __forceinline__ void score_kstep(float s[4][4], const void* qa, const
   mma_16816(s[3], fa, fb1 + 2, __nv_bfloat16());
 }
 
+// Slack of the lazy softmax maximum (log2 units): the running maximum m moves only when a tile's
+// maximum passes it by more than this, so P = 2^(s - m) <= 2^kMaxSlack (256: within fp16 and bf16,
+// whose P feeds the products) and after the first tiles of a row m, and with it the output's
+// factor alpha = 1, almost never changes. The result is the same up to rounding: the output and
+// the denominator are both taken against the same m.
+constexpr float kMaxSlack = 8.0f;
+
+// 2^x with the multi-function unit's approximation (2 ulp), results below 2^-126 flushed to zero:
+// exp2f's subnormal fix-up costs more instructions than the step's other arithmetic, and a P that
+// small vanishes in the fp16 / bf16 products anyway.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // The online-softmax step on a lane's two rows of NT n-tiles of C fragments (s[4 nt + e]: e = 0, 1
 // row g, e = 2, 3 row g + 8; already in log2 units, masked entries -inf): s becomes P
-// (unnormalized), m and l advance, alpha is the factor of the running output.
-template <int NT>
+// (unnormalized), m and l advance, alpha is the factor of the running output. Lazy: the maximum
+// moves by kMaxSlack steps (above) and 2^x is fast_exp2; else m is the exact running maximum.
+template <int NT, bool Lazy = false>
 __device__ __forceinline__ void online_softmax(float* s, float m[2], float l[2], float alpha[2]) {
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -93,15 +110,18 @@ __device__ __forceinline__ void online_softmax(float* s, float m[2], float l[2],
     for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[4 * nt + 2 * rr], s[4 * nt + 2 * rr + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[rr], mx);
+    // (Lazy: -inf + slack is -inf, so the first live tile always sets m.)
+    const float m_new = Lazy ? (mx > m[rr] + kMaxSlack ? mx : m[rr]) : fmaxf(m[rr], mx);
     const bool none = m_new == -INFINITY;
-    alpha[rr] = none ? 1.0f : exp2f(m[rr] - m_new);
+    if constexpr (Lazy) alpha[rr] = m_new == m[rr] ? 1.0f : fast_exp2(m[rr] - m_new);
+    else alpha[rr] = none ? 1.0f : exp2f(m[rr] - m_new);
     float sum = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
-        const float p = none ? 0.0f : exp2f(s[4 * nt + e] - m_new);
+        const float x = s[4 * nt + e] - m_new;
+        const float p = none ? 0.0f : Lazy ? fast_exp2(x) : exp2f(x);
         s[4 * nt + e] = p;
         sum += p;
       }
@@ -110,11 +130,18 @@ __device__ __forceinline__ void online_softmax(float* s, float m[2], float l[2],
   }
 }
 
+// Whether a warp's running output needs rescaling: some lane's factor is not exactly 1. With the
+// lazy maximum (and the fp8-row kernel's lazy scale) that is rare after a row's first tiles, and
+// the warp skips its output's multiplications; x * 1 = x, so the result is the same bit for bit.
+__device__ __forceinline__ bool warp_rescales(float f0, float f1) {
+  return !__all_sync(0xffffffffu, f0 == 1.0f && f1 == 1.0f);
+}
+
 // The warps of a pair (half 0 and 1) each hold s = their half of q . row for 16 heads x 32 rows (C
 // fragments of four n-tiles of 8 rows). Adds the halves through shared memory (one barrier: every
 // thread of the block calls this), masks rows past `valid` or without a slot, and takes the online
-// softmax step on rows g and g + 8: s becomes P (unnormalized), m and l advance, and alpha is the
-// factor of the running output. sS: [pairs][2 halves][16][kSStride].
+// softmax step (lazy: online_softmax) on rows g and g + 8: s becomes P (unnormalized, <= 256), m and
+// l advance, and alpha is the factor of the running output. sS: [pairs][2 halves][16][kSStride].
 __device__ __forceinline__ void pair_softmax(float s[4][4], float* sS, int pair, int half, int lane,
                                              const uint32_t* slots, int valid, float sl2, float m[2], float l[2],
                                              float alpha[2]) {
@@ -143,7 +170,7 @@ __device__ __forceinline__ void pair_softmax(float s[4][4], float* sS, int pair,
       s[nt][2 * rr] = (live >> (nt * 8)) & 1u ? (a.x + b.x) * sl2 : -INFINITY;
       s[nt][2 * rr + 1] = (live >> (nt * 8 + 1)) & 1u ? (a.y + b.y) * sl2 : -INFINITY;
     }
-  online_softmax<4>(s[0], m, l, alpha);
+  online_softmax<4, true>(s[0], m, l, alpha);
 }
 
 // Completes the denominators over the four lanes of a row (after the last tile).
