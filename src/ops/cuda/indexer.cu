@@ -148,12 +148,6 @@ __device__ __forceinline__ void issue_fp8_run_tile(uint8_t* dst, const uint8_t* 
   }
 }
 
-// Two e4m3 values (little-endian in v) widened exactly to two fp16 values in one register.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
-}
-
 // Shared memory of the mma kernel: q [heads_pad][DIM + 8] (16-bit), bf16 key tiles [STAGES][64][DIM + 8]
 // (none for fp8 keys: those are widened in registers), w [heads_pad], the block's page-table entries
 // [pages] (padded to 16 bytes), fp8 rows as stored [STAGES][64][row_bytes], and when counting the
@@ -330,7 +324,7 @@ __global__ void __launch_bounds__(128 / MT) indexer_mma_kernel(IndexerArgs a, in
         // 2 q4 + 8 of each 16): e4m3 pairs widened exactly to fp16 pairs in registers.
         const uint8_t* ra = raw + (r0 + mt * 16 + g) * RB + 2 * q4;
         const uint8_t* rb = ra + 8 * RB;
-        auto pair = [](const uint8_t* p) { return e4m3x2_to_f16x2(*reinterpret_cast<const uint16_t*>(p)); };
+        auto pair = [](const uint8_t* p) { return fp8x2_to_f16x2(*reinterpret_cast<const uint16_t*>(p)); };
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
           fa[mt][ks][0] = pair(ra + ks * 16);
@@ -724,7 +718,7 @@ __global__ void __launch_bounds__(kQfragThreads, kQfragMinBlocks) indexer_qfrag_
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             const uint32_t w = *reinterpret_cast<const uint32_t*>(kr + (2 * np + j) * 8 * RB8 + ks * 16);
-            fb[j][0] = e4m3x2_to_f16x2(uint16_t(w)), fb[j][1] = e4m3x2_to_f16x2(uint16_t(w >> 16));
+            fb[j][0] = fp8x2_to_f16x2(w), fb[j][1] = fp8x2_hi_to_f16x2(w);
           }
 #pragma unroll
           for (int j = 0; j < 2; ++j)

@@ -50,24 +50,6 @@ __device__ __forceinline__ int swizzle(int r, int c) {
   return c < kScaleChunk ? c ^ (2 * x) : c == kScaleChunk ? c : kRopeChunk + ((c - kRopeChunk) ^ x);
 }
 
-// Two e4m3 values (the low 16 bits) as two fp16 values, exactly.
-__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
-}
-// The same of the high 16 bits. From SM89 the conversion instruction reads either half of its
-// register (F2FP ... R.H1), so the half is named in PTX rather than shifted down: one shift less
-// per widened pair (a tenth of the kernel's instructions, Nsight Compute, session 23).
-__device__ __forceinline__ uint32_t fp8x2_hi_to_f16x2(uint32_t v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t d;
-  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(d) : "r"(v));
-  return d;
-#else
-  return fp8x2_to_f16x2(v >> 16);
-#endif
-}
-
 __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
