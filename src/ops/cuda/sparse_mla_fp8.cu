@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(HG * 64) mla_fp8_kernel(AttentionArgs a, MlaGe
 #pragma unroll
   for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float K[2] = {0.0f, 0.0f};  // the largest scale of groups 2 half + gi so far: o is in units of K
+  float K[2] = {0.0f, 0.0f};  // the lazy bound of the scales of groups 2 half + gi: o is in units of K
   const float sl2 = a.scale * kLog2e;
   const int swz_s = 2 * ((g >> 1) & 3);  // the score loads' rows nt * 8 + g
   const __half* qa = sQh + (pair * 16 + (mi % 2) * 8 + ri) * kQStride + (mi / 2) * 8;
