@@ -7,8 +7,11 @@ set -uo pipefail
 . "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 # FILTER: gtest filters separated by spaces, each run in its own process with its own timeout, so
-# that one that hangs (NCCL waits without a deadline) does not keep the others from running.
-for f in ${FILTER-GpuModel*:GpuTensorParallel*}; do
+# that one that hangs (NCCL waits without a deadline) does not keep the others from running. The
+# leading * also takes the fixture suites (Fixtures/GpuModelFixture.*, Fixtures/GpuTensorParallel...),
+# which "GpuModel*" does not match; set -f keeps the shell from globbing the filters.
+set -f
+for f in ${FILTER-*GpuModel*:*GpuTensorParallel*}; do
   echo "== tests: $f"
   timeout ${TEST_TIMEOUT:-300} "$BIN/sparsemla_tests" --gtest_filter="$f" >>"$OUT/tests.log" 2>&1
   echo "exit $? ($f)" | tee -a "$OUT/tests.log"
