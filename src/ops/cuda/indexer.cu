@@ -75,6 +75,14 @@ __device__ __forceinline__ void count_scores(bool valid, float score, uint32_t* 
   }
   atomicAdd(&row_hist[bin], c);
 }
+// The end of counting: once every thread of the block has counted (a barrier, so every thread
+// calls this), the table's digits added to the row's histogram, one atomic per digit seen.
+__device__ __forceinline__ void flush_counts(const uint32_t* sBin, const uint32_t* sCnt, uint32_t* row_hist,
+                                             int threads) {
+  __syncthreads();
+  for (int i = int(threadIdx.x); i < kCountSlots; i += threads)
+    if (const uint32_t b = sBin[i]) atomicAdd(&row_hist[b - 1], sCnt[i]);
+}
 
 // A block's share of token blockIdx.y's keys: tiles tile0 .. tile0 + n_tiles - 1 (none: n_tiles <= 0,
 // and the block leaves before any barrier), the row's top_k histogram where it asked for one and
@@ -392,11 +400,7 @@ __global__ void __launch_bounds__(128 / MT) indexer_mma_kernel(IndexerArgs a, in
     if (mine) out[p0 + r] = score;
     if (row_hist) count_scores(mine, score, sBin, sCnt, row_hist);
   }
-  if (row_hist) {
-    __syncthreads();
-    for (int i = tid; i < kCountSlots; i += kThreads)
-      if (const uint32_t b = sBin[i]) atomicAdd(&row_hist[b - 1], sCnt[i]);
-  }
+  if (row_hist) flush_counts(sBin, sCnt, row_hist, kThreads);
 }
 
 // Regs (bf16 keys, up to 64 heads): a warp's 16 keys of a tile go from global memory straight
@@ -538,11 +542,7 @@ __global__ void __launch_bounds__(kRegThreads) indexer_regs_kernel(IndexerArgs a
     if (mine) out[p] = score;
     if (row_hist) count_scores(mine, score, sBin, sCnt, row_hist);
   }
-  if (row_hist) {
-    __syncthreads();
-    for (int i = tid; i < kCountSlots; i += kRegThreads)
-      if (const uint32_t b = sBin[i]) atomicAdd(&row_hist[b - 1], sCnt[i]);
-  }
+  if (row_hist) flush_counts(sBin, sCnt, row_hist, kRegThreads);
 }
 
 // Qfrag (up to 64 heads; bf16 keys, or fp8 keys in pages of whole tiles): the operands swapped. The
@@ -774,11 +774,7 @@ __global__ void __launch_bounds__(kQfragThreads, kQfragMinBlocks) indexer_qfrag_
     if (mine) out[p0 + key] = score;
     if (row_hist) count_scores(mine, score, sBin, sCnt, row_hist);
   }
-  if (row_hist) {
-    __syncthreads();
-    for (int i = tid; i < kCountSlots; i += kQfragThreads)
-      if (const uint32_t b = sBin[i]) atomicAdd(&row_hist[b - 1], sCnt[i]);
-  }
+  if (row_hist) flush_counts(sBin, sCnt, row_hist, kQfragThreads);
 }
 
 // One warp per key: any head count and dimension, any key format.

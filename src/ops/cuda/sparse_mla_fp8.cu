@@ -13,9 +13,9 @@
 //   Output: P . V takes V's group scales into P: P' = P * scale[row][group] / K[group], K a
 //     running bound of the scales seen (lazy, like the softmax maximum: it moves only when a
 //     tile's largest scale passes it kScaleSlack-fold, and then the output is rescaled), so P' <=
-//     256 * 16 stays within fp16 and never becomes subnormal for want of a larger K. Output dims are permuted within 32 (a lane holds
-//     dims 4g + j of four n-tiles j), so one 4-byte load per row serves four n-tiles; the bytes of
-//     two rows are paired with a byte permute and widened.
+//     256 * 16 stays within fp16 and never becomes subnormal for want of a larger K. Output dims
+//     are permuted within 32 (a lane holds dims 4g + j of four n-tiles j), so one 4-byte load per
+//     row serves four n-tiles; the bytes of two rows are paired with a byte permute and widened.
 //   Shared memory rows are 704 bytes with 16-byte chunks XOR-swizzled by row, so that the score
 //     loads (16 bytes: rows g, two per quarter warp) and the output loads (4 bytes: rows 2 q4, 8
 //     lanes per row) are free of bank conflicts; the rope chunks too, for ldmatrix.
