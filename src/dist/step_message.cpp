@@ -9,7 +9,7 @@ namespace {
 
 constexpr uint32_t kConfigMagic = 0x47464352;  // "RCFG"
 constexpr uint32_t kStepMagic = 0x50455453;    // "STEP"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: q8_two_level
 
 class Writer {
  public:
@@ -112,6 +112,7 @@ std::vector<uint8_t> encode(const RankConfig& c) {
   w.u8(c.dense_attention);
   w.u8(c.cuda_graphs);
   w.u8(c.int8_activations);
+  w.u8(c.q8_two_level);
   w.u32(uint32_t(c.kv_blocks));
   w.u32(uint32_t(c.block_size));
   w.i64(c.batch_tokens);
@@ -136,6 +137,7 @@ RankConfig decode_config(std::span<const uint8_t> bytes) {
   c.dense_attention = r.u8("dense_attention") != 0;
   c.cuda_graphs = r.u8("cuda_graphs") != 0;
   c.int8_activations = r.u8("int8_activations") != 0;
+  c.q8_two_level = r.u8("q8_two_level") != 0;
   c.kv_blocks = int32_t(r.u32("kv_blocks"));
   c.block_size = int32_t(r.u32("block_size"));
   c.batch_tokens = r.i64("batch_tokens");

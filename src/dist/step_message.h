@@ -27,6 +27,7 @@ struct RankConfig {
   bool dense_attention = false;
   bool cuda_graphs = true;
   bool int8_activations = false;
+  bool q8_two_level = true;  // model::GpuModelOptions::q8_two_level
   int32_t kv_blocks = 0, block_size = 0;
   int64_t batch_tokens = 0;
   int32_t threads = 0;  // CPU threads per rank (0: all of the worker's)

@@ -17,6 +17,7 @@
 #include "kv/paged_cache.h"
 #include "model/forward.h"
 #include "ops/device.h"
+#include "util/env.h"
 #include "util/error.h"
 #if SPARSEMLA_HAVE_CUDA
 #include "model/cuda/gpu_ops.h"
@@ -119,6 +120,7 @@ class LocalRank {
     o.precise = c.precise;
     o.cuda_graphs = c.cuda_graphs;
     o.int8_activations = c.int8_activations;
+    o.q8_two_level = c.q8_two_level;
     o.min_cache_tokens = int64_t(c.kv_blocks) * c.block_size;
     o.max_batch_tokens = c.batch_tokens;
     model::gpu::set_device(gpu);
@@ -362,6 +364,7 @@ class LeaderBackend final : public Backend {
     c.precise = opts.gpu.precise;
     c.cuda_graphs = opts.gpu.cuda_graphs;
     c.int8_activations = opts.gpu.int8_activations;
+    c.q8_two_level = opts.gpu.q8_two_level && !env_off("SPARSEMLA_Q8_ACTIVATIONS");
 #if SPARSEMLA_HAVE_NCCL
     if (c.cuda && !c.host_staged) {
       const dist::NcclUniqueId id = dist::nccl_unique_id();

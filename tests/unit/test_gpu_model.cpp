@@ -379,33 +379,39 @@ TEST(GpuModel, LoadRefusesWhatDoesNotFitWithTheNumbers) {
 // model the decode logits stay close to the fp32-activation path's and choose the same tokens
 // (measured on the CPU by emulating the rounding in every product: perplexity +0.2%, argmax 63 of
 // 64 rows, max relative error 0.14); and the path is really taken (the logits differ).
+// The logits of 48 decode steps after a 100-token prompt on the bundled (trained, Q8_0) model under
+// options o, step i fed tokens[i]; where tokens is empty, the run's own greedy choices, stored
+// into it (so that other runs can be fed the same tokens).
+std::vector<float> bundled_decode_logits(const Model& cpu, const GpuModelOptions& o, std::vector<int32_t>& tokens) {
+  const int64_t V = cpu.hparams().n_vocab;
+  auto g = GpuModel::load(cpu, o);
+  GpuCache c = g->make_cache(32, 16);
+  std::vector<int32_t> table;
+  EXPECT_TRUE(c.reserve(table, 200));
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 100; ++i) prompt.push_back(int32_t((i * 733 + 29) % V));
+  std::vector<float> l, all;
+  g->forward({SeqInput{prompt, 0, &table, false}}, c, l);
+  const bool own = tokens.empty();
+  for (int i = 0; i < 48; ++i) {
+    if (own) tokens.push_back(test::argmax(l.data(), V));
+    l.clear();
+    g->forward({SeqInput{{tokens[size_t(i)]}, 100 + i, &table, false}}, c, l);
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  return all;
+}
+
 TEST(GpuModel, Int8ActivationsStayCloseOnTheTrainedModel) {
   SPARSEMLA_REQUIRE_GPU();
   auto cpu = Model::load(test::bundled_model_path(), {AttentionMode::Sparse, 2});
   const int64_t V = cpu->hparams().n_vocab;
   GpuModelOptions o = options(KvDtype::BF16);
-  auto fp = GpuModel::load(*cpu, o);
+  o.q8_two_level = false;  // every product on fp32 activations
+  std::vector<int32_t> tokens;
+  const std::vector<float> f_all = bundled_decode_logits(*cpu, o, tokens);
   o.int8_activations = true;
-  auto q8 = GpuModel::load(*cpu, o);
-  GpuCache fc = fp->make_cache(32, 16), qc = q8->make_cache(32, 16);
-  std::vector<int32_t> ft, qt;
-  ASSERT_TRUE(fc.reserve(ft, 200) && qc.reserve(qt, 200));
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 100; ++i) prompt.push_back(int32_t((i * 733 + 29) % V));
-  std::vector<float> fl, ql;
-  fp->forward({SeqInput{prompt, 0, &ft, false}}, fc, fl);
-  q8->forward({SeqInput{prompt, 0, &qt, false}}, qc, ql);
-  int32_t next = test::argmax(fl.data(), V);
-  std::vector<float> f_all, q_all;
-  for (int i = 0; i < 48; ++i) {  // both fed the fp32 path's greedy tokens
-    fl.clear();
-    ql.clear();
-    fp->forward({SeqInput{{next}, 100 + i, &ft, false}}, fc, fl);
-    q8->forward({SeqInput{{next}, 100 + i, &qt, false}}, qc, ql);
-    f_all.insert(f_all.end(), fl.begin(), fl.end());
-    q_all.insert(q_all.end(), ql.begin(), ql.end());
-    next = test::argmax(fl.data(), V);
-  }
+  const std::vector<float> q_all = bundled_decode_logits(*cpu, o, tokens);
   const Agreement a = compare(q_all, f_all, V, 48, 1e-2);
   std::printf("  int8 activations vs fp32, 48 decode steps: max rel err %.2e, median %.2e, argmax %.1f%%\n", a.rel,
               a.median, 100.0 * a.argmax);
@@ -413,6 +419,39 @@ TEST(GpuModel, Int8ActivationsStayCloseOnTheTrainedModel) {
   EXPECT_GT(a.rel, 0.0) << "the int8 path was not taken";
   EXPECT_LE(a.median, 0.1);
   EXPECT_GE(a.argmax, 0.9);
+}
+
+// The default fast mode multiplies Q8_0 weights (every matrix of the bundled model) with two-level
+// int8 activations: it must take that path (the logits differ from the fp32-activation run's), stay
+// within the fixtures' bound of it, and be several times closer to it than one level is.
+TEST(GpuModel, Q8WeightsTakeTwoLevelActivationsCloseToFp32) {
+  SPARSEMLA_REQUIRE_GPU();
+  auto cpu = Model::load(test::bundled_model_path(), {AttentionMode::Sparse, 2});
+  const int64_t V = cpu->hparams().n_vocab;
+  GpuModelOptions o = options(KvDtype::BF16);
+  ASSERT_TRUE(o.q8_two_level) << "the default";
+  o.q8_two_level = false;
+  std::vector<int32_t> tokens;
+  const std::vector<float> fp = bundled_decode_logits(*cpu, o, tokens);
+  o.q8_two_level = true;
+  const std::vector<float> two = bundled_decode_logits(*cpu, o, tokens);
+  o.int8_activations = true;
+  const std::vector<float> one = bundled_decode_logits(*cpu, o, tokens);
+  o.precise = true;  // precise mode never quantizes activations: the fp32 products' logits
+  o.int8_activations = false;
+  const std::vector<float> precise_two = bundled_decode_logits(*cpu, o, tokens);
+  o.q8_two_level = false;
+  const std::vector<float> precise_fp = bundled_decode_logits(*cpu, o, tokens);
+  const Agreement a2 = compare(two, fp, V, 48, 2e-2), a1 = compare(one, fp, V, 48, 2e-2);
+  std::printf("  vs fp32 activations, 48 decode steps: two levels max rel %.2e median %.2e argmax %.1f%%; one level "
+              "max rel %.2e median %.2e\n",
+              a2.rel, a2.median, 100.0 * a2.argmax, a1.rel, a1.median);
+  EXPECT_TRUE(a2.finite);
+  EXPECT_GT(a2.rel, 0.0) << "the two-level path was not taken";
+  EXPECT_LE(a2.rel, 2e-2);
+  EXPECT_GE(a2.argmax_tie, 0.99);
+  EXPECT_LT(a2.median * 4, a1.median) << "two levels are not closer to fp32 than one";
+  EXPECT_EQ(precise_two, precise_fp) << "precise mode quantized activations";
 }
 
 TEST(GpuModel, DecodeGraphsGiveTheEagerLogits) {

@@ -128,6 +128,7 @@ TEST(StepMessages, RoundTripAndRefuseGarbage) {
   c.kv_dtype = 1;
   c.dense_attention = true;
   c.int8_activations = true;
+  c.q8_two_level = false;
   c.kv_blocks = 8200;
   c.block_size = 16;
   c.batch_tokens = 4096;
@@ -138,7 +139,7 @@ TEST(StepMessages, RoundTripAndRefuseGarbage) {
   EXPECT_EQ(d.file_bytes, c.file_bytes);
   EXPECT_EQ(d.n_vocab, c.n_vocab);
   EXPECT_EQ(d.n_layer, c.n_layer);
-  EXPECT_TRUE(d.cuda && d.dense_attention && d.int8_activations && !d.precise && !d.host_staged);
+  EXPECT_TRUE(d.cuda && d.dense_attention && d.int8_activations && !d.q8_two_level && !d.precise && !d.host_staged);
   EXPECT_EQ(d.kv_dtype, 1);
   EXPECT_EQ(d.kv_blocks, 8200);
   EXPECT_EQ(d.batch_tokens, 4096);

@@ -347,8 +347,9 @@ uint64_t layout_workspace(const HParams& hp, bool sparse, const WsDims& d, char*
   const int64_t Tq = std::min(T, cuda::kDecodeMaxTokens);
   const int64_t widest = std::max({H, int64_t(hp.q_lora_rank), nh * int64_t(hp.v_head), ffn_width});
   // (The expert pairs: k and the shared expert's.)
-  ws.q8_bytes = std::max({cuda::q8_activation_bytes(Tq, widest), cuda::q8_activation_bytes(k + 1, int64_t(hp.n_ff_exp)),
-                          cuda::q8_activation_bytes(std::min(d.R, cuda::kDecodeMaxTokens), H)});
+  // (Two levels: GpuModelOptions::q8_two_level.)
+  ws.q8_bytes = std::max({cuda::q8_activation_bytes(Tq, widest, 2), cuda::q8_activation_bytes(k + 1, int64_t(hp.n_ff_exp), 2),
+                          cuda::q8_activation_bytes(std::min(d.R, cuda::kDecodeMaxTokens), H, 2)});
   take(ws.q8[0], int64_t(ws.q8_bytes));
   take(ws.q8[1], int64_t(ws.q8_bytes));
   return end;
@@ -581,6 +582,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   // SPARSEMLA_CUDA_GRAPHS=0 turns the decode graphs off without a rebuild (comparisons, debugging).
   if (env_off("SPARSEMLA_CUDA_GRAPHS")) g->opts_.cuda_graphs = false;
   if (env_off("SPARSEMLA_SIDE_STREAM")) g->opts_.side_stream = false;
+  if (env_off("SPARSEMLA_Q8_ACTIVATIONS")) g->opts_.q8_two_level = false;
 
   // SPARSEMLA_STEP_PROFILE=1: events between the operations of every decode step (graphs off), and the
   // device time by operation printed to stderr when the model goes away. Each step waits behind a
@@ -977,7 +979,7 @@ void GpuModel::run_step(GpuCache& cache) {
   if (R == 0) return;
   gpu::gather_rows(w.h, H, w.out_rows, 1, R, w.rows_h, s);
   cuda::rms_norm(w.rows_h, H, st.output_norm, R, H, hp.rms_eps, w.rows_n, H, s);
-  product(st.output, w.rows_n, R, w.logits, quantized(w.rows_n, R, H, 0));
+  product(st.output, w.rows_n, R, w.logits, quantized(w.rows_n, R, H, 0, {&st.output}));
   if (sharded()) coll_.all_gather(w.logits, R * shard_.vocab_count, w.gathered);
   mark("output head");
 }
@@ -998,7 +1000,8 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   // overlap each other's start (pdl.cuh), the small operations on their outputs follow.
   const bool index = sparse && L.indexer;
   // (At one token those of one type share a launch: product_many.)
-  const cuda::Q8Activations* qx = quantized(w.x, T, hp.n_embd, 0);
+  const cuda::Q8Activations* qx =
+      quantized(w.x, T, hp.n_embd, 0, {&L.q_a, &L.kv_a_mqa, index ? &L.idx_k : nullptr, index ? &L.idx_proj : nullptr, &L.q});
   {
     const QuantMatrix* mats[3];
     float* outs[3];
@@ -1035,7 +1038,7 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   if (hp.q_lora_rank > 0) {
     const int64_t ql = hp.q_lora_rank;
     cuda::rms_norm(w.qr, ql, L.q_a_norm, T, ql, hp.rms_eps, w.qr, ql, s);
-    const cuda::Q8Activations* qqr = quantized(w.qr, T, ql, 1);
+    const cuda::Q8Activations* qqr = quantized(w.qr, T, ql, 1, {&L.q_b, index ? &L.idx_q_b : nullptr});
     const QuantMatrix* mats[2] = {&L.q_b, &L.idx_q_b};
     float* outs[2] = {w.q, w.iq};
     product_many(mats, outs, index ? 2 : 1, w.qr, T, qqr);
@@ -1090,7 +1093,7 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
 
   // Out of the latent space per head, then the output projection.
   st.blas.per_head(L.uv, w.olat, kvl, T, w.o, hp.v_head, s);
-  product(L.output, w.o, T, w.attn, quantized(w.o, T, nh * int64_t(hp.v_head), 0));
+  product(L.output, w.o, T, w.attn, quantized(w.o, T, nh * int64_t(hp.v_head), 0, {&L.output}));
   mark("attention: W_UV, output projection");
 }
 
@@ -1154,8 +1157,18 @@ void GpuModel::indexer(int32_t il, GpuCache& cache) {
   }
 }
 
+int GpuModel::q8_levels(gguf::GgmlType t) const {
+  if (opts_.precise || !cuda::q8_supported(t)) return 0;
+  if (opts_.int8_activations) return 1;
+  return opts_.q8_two_level && t == gguf::GgmlType::Q8_0 ? 2 : 0;
+}
+
+bool GpuModel::takes_q8(const cuda::Q8Activations* q, const QuantMatrix& w, int64_t T) const {
+  return q && q->n_tokens == T && q->n_cols == w.n_cols && q8_levels(w.type) != 0;
+}
+
 void GpuModel::product(const QuantMatrix& w, const float* x, int64_t T, float* y, const cuda::Q8Activations* q) {
-  if (q && q->n_tokens == T && q->n_cols == w.n_cols && cuda::q8_supported(w.type))
+  if (takes_q8(q, w, T))
     cuda::matmul_decode_q8(w, *q, y, st_->s());
   else if (opts_.precise)
     cuda::matmul_decode(w, x, T, y, st_->s());
@@ -1178,7 +1191,7 @@ void GpuModel::product_many(const QuantMatrix* const* w, float* const* y, int n,
   float* yf[cuda::kMaxProducts];
   int nq = 0, nf = 0;
   for (int i = 0; i < n; ++i) {
-    if (q && q->n_tokens == T && q->n_cols == w[i]->n_cols && cuda::q8_supported(w[i]->type))
+    if (takes_q8(q, *w[i], T))
       mq[nq] = *w[i], yq[nq++] = y[i];
     else
       mf[nf] = *w[i], yf[nf++] = y[i];
@@ -1187,15 +1200,19 @@ void GpuModel::product_many(const QuantMatrix* const* w, float* const* y, int n,
   if (nf > 0) cuda::matmul_many(mf, yf, nf, x, T, st_->s(), opts_.precise);
 }
 
-const cuda::Q8Activations* GpuModel::quantized(const float* x, int64_t T, int64_t n_cols, int slot) {
+const cuda::Q8Activations* GpuModel::quantized(const float* x, int64_t T, int64_t n_cols, int slot,
+                                                std::initializer_list<const QuantMatrix*> readers) {
   State& st = *st_;
-  if (!opts_.int8_activations || opts_.precise || T < 1 || T > cuda::kDecodeMaxTokens ||
-      n_cols % cuda::kQ8ActBlock != 0 || cuda::q8_activation_bytes(T, n_cols) > st.ws.q8_bytes)
+  int levels = 0;
+  for (const QuantMatrix* m : readers)
+    if (m && m->data && m->n_cols == n_cols) levels = std::max(levels, q8_levels(m->type));
+  if (levels == 0 || T < 1 || T > cuda::kDecodeMaxTokens || n_cols % cuda::kQ8ActBlock != 0 ||
+      cuda::q8_activation_bytes(T, n_cols, levels) > st.ws.q8_bytes)
     return nullptr;
   cuda::Q8Activations& q = st.q8[slot];
   q.data = st.ws.q8[slot];
   q.bytes = st.ws.q8_bytes;
-  cuda::quantize_activations(x, T, n_cols, q, st.s());
+  cuda::quantize_activations(x, T, n_cols, q, st.s(), levels);
   return &q;
 }
 
@@ -1208,12 +1225,12 @@ void GpuModel::mlp(const QuantMatrix& gate, const QuantMatrix& up, const QuantMa
     gpu::fill_bytes(out, 0, size_t(T * down.n_rows) * sizeof(float), s);
     return;
   }
-  if (!qy) qy = quantized(y, T, gate.n_cols, 0);
+  if (!qy) qy = quantized(y, T, gate.n_cols, 0, {&gate, &up});
   const QuantMatrix* mats[2] = {&gate, &up};
   float* outs[2] = {st.ws.g, st.ws.u};
   product_many(mats, outs, 2, y, T, qy);
   cuda::silu_mul(st.ws.g, st.ws.u, T * F, s);
-  product(down, st.ws.g, T, out, quantized(st.ws.g, T, F, 1));
+  product(down, st.ws.g, T, out, quantized(st.ws.g, T, F, 1, {&down}));
 }
 
 // attn = ffn(x): the dense MLP, or the routed experts plus the shared ones.
@@ -1273,7 +1290,8 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     mark("moe: shared expert");
   };
   if (T == 1) {
-    const cuda::Q8Activations* qx = quantized(w.x, 1, H, 0);
+    const cuda::Q8Activations* qx =
+        quantized(w.x, 1, H, 0, {&L.gate_exps, &L.up_exps, L.shared ? &L.gate_shexp : nullptr, L.shared ? &L.up_shexp : nullptr});
     // The shared expert as pair k of the routed products (no launches of its own; the combine adds
     // its output row first, as it adds the shared MLP's output otherwise), where it has one routed
     // expert's types and shapes (the same bits either way).
@@ -1288,7 +1306,7 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     const auto kernel = [&](const QuantMatrix& m) {
       return !opts_.precise && cuda::mma_one_token_takes(m) ? cuda::ExpertKernel::kOneToken : cuda::ExpertKernel::kFp32;
     };
-    const auto int8 = [](const cuda::Q8Activations* q, const QuantMatrix& m) { return q && cuda::q8_supported(m.type); };
+    const auto int8 = [&](const cuda::Q8Activations* q, const QuantMatrix& m) { return q && q8_levels(m.type) != 0; };
     if (L.gate_exps.type == L.up_exps.type) {  // gate and up in one launch (one kernel choice)
       if (int8(qx, L.gate_exps))
         cuda::matmul_experts_pair_q8(L.gate_exps, L.up_exps, Fe, ids, k, *qx, k, w.g, w.u, s, fold ? &up_pair : nullptr);
@@ -1302,7 +1320,7 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
       }
     }
     cuda::silu_mul(w.g, w.u, pairs * Fe, s);
-    const cuda::Q8Activations* qg = quantized(w.g, pairs, Fe, 1);
+    const cuda::Q8Activations* qg = quantized(w.g, pairs, Fe, 1, {&L.down_exps, fold ? &L.down_shexp : nullptr});
     if (int8(qg, L.down_exps))
       cuda::matmul_experts_q8(L.down_exps, H, ids, k, *qg, 1, w.oe, s, fold ? &down_pair : nullptr);
     else

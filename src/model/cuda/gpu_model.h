@@ -11,6 +11,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,6 +96,14 @@ struct GpuModelOptions {
   // model's perplexity +0.2%). Off by default: the fp32-activation products are what the accuracy targets
   // are stated for. `--int8-activations`; never in precise mode.
   bool int8_activations = false;
+  // In the fast mode, decode products (up to 8 tokens) of Q8_0 weights take their activations as
+  // two-level int8 blocks (x ~ (d / 254)(254 q + r), ops/cuda/quant_matmul_q8.h): ~3e-5 relative
+  // per value, closer to the fp32 activations than the bf16 ones of the tensor-core kernels (~2e-3),
+  // and the dp4a kernel reads Q8_0 at 91% of copy bandwidth against 75% for the fp32 kernel at one
+  // token, 1.7-2x faster at 2-8 tokens (H200, docs/PERFORMANCE.md session 24). An input is
+  // quantized only where a Q8_0 product reads it. Off: the fp32 kernels, as before.
+  // SPARSEMLA_Q8_ACTIVATIONS=0 turns it off without a rebuild; never in precise mode.
+  bool q8_two_level = true;
   // Decode steps replay CUDA graphs (one per batch size and context bucket), captured the first
   // time each is seen. Off: every step launches its kernels one by one (vLLM's --enforce-eager).
   bool cuda_graphs = true;
@@ -213,16 +222,22 @@ class GpuModel {
   void indexer(int32_t il, GpuCache& cache);                     // after index_keys and q_b's product
   void ffn(const Layer& L, int32_t il);
   // y = x W^T by the options' kernels.   x: [T, w.n_cols]   y: [T, w.n_rows]
-  // With q (x quantized by quantized()), the int8-activation product where W's type has one.
+  // With q (x quantized by quantized()), the int8-activation product where W's type takes it.
   void product(const cuda::QuantMatrix& w, const float* x, int64_t T, float* y,
                const cuda::Q8Activations* q = nullptr);
+  // The int8 activation levels a decode product of this weight type takes (0: fp32 activations):
+  // 1 for every type with an int8 kernel under int8_activations, else 2 for Q8_0 (q8_two_level).
+  int q8_levels(gguf::GgmlType t) const;
+  // Whether the product of w on T tokens takes the quantized activations q.
+  bool takes_q8(const cuda::Q8Activations* q, const cuda::QuantMatrix& w, int64_t T) const;
   // y_i = x W_i^T for the n products of one input (at one token, one launch per type).
   void product_many(const cuda::QuantMatrix* const* w, float* const* y, int n, const float* x, int64_t T,
                     const cuda::Q8Activations* q);
-  // x [T, n_cols] quantized to int8 blocks into workspace slot `slot` (0 or 1), for the products
-  // that read x; null where the fp32 products run (precise mode, int8 activations off, T past the
-  // decode size, or n_cols not whole blocks of 32).
-  const cuda::Q8Activations* quantized(const float* x, int64_t T, int64_t n_cols, int slot);
+  // x [T, n_cols] quantized to int8 blocks into workspace slot `slot` (0 or 1), for `readers`, the
+  // products that read x, at the levels they take (q8_levels); null where none of them takes any
+  // (precise mode, T past the decode size, n_cols not whole blocks of 32, or no such weight type).
+  const cuda::Q8Activations* quantized(const float* x, int64_t T, int64_t n_cols, int slot,
+                                       std::initializer_list<const cuda::QuantMatrix*> readers);
   // out = down(silu(gate y) * up y)   y, out: [T, H]   (qy: y quantized already, or null)
   void mlp(const cuda::QuantMatrix& gate, const cuda::QuantMatrix& up, const cuda::QuantMatrix& down, const float* y,
            int64_t T, float* out, const cuda::Q8Activations* qy = nullptr);

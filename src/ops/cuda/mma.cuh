@@ -111,12 +111,11 @@ __device__ __forceinline__ uint32_t fp8x2_hi_to_f16x2(uint32_t v) {
 
 // Eight e4m3 values (little-endian in v) times their scale, as eight bf16 values.
 __device__ __forceinline__ uint4 widen_fp8x8(uint2 v, float scale) {
+  const uint32_t h[4] = {fp8x2_to_f16x2(v.x), fp8x2_hi_to_f16x2(v.x), fp8x2_to_f16x2(v.y), fp8x2_hi_to_f16x2(v.y)};
   uint32_t w[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const uint32_t word = j < 2 ? v.x : v.y;
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t((word >> ((j % 2) * 16)) & 0xffffu), __NV_E4M3);
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[j]));
     w[j] = pack_bf16(f.x * scale, f.y * scale);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);

@@ -11,10 +11,11 @@
 //   two levels  x_hat = (d / 254) (254 q + r), r the int8 rounding of what q leaves over: each
 //               value within max|x| / 64,500 of its block, a relative error of ~3e-5 on N(0, 1)
 //               activations, under the ~2e-3 of bf16 activations; one more __dp4a per 4 weights
-//               and twice the activation loads. Measured on an H200 no faster than the fp32 and
-//               bf16 tensor-core decode products it could replace (docs/PERFORMANCE.md, session
-//               18), so the model does not take it; kept for the comparison (bench_cuda_matmul's
-//               "q8x2" lines).
+//               and twice the activation loads. On an H200 (docs/PERFORMANCE.md, sessions 18
+//               and 24) no faster than the one-token and tensor-core kernels for Q4_K and Q6_K,
+//               but faster than the fp32 kernel for Q8_0 at every batch (91% against 75% of copy
+//               bandwidth on the output head at one token, ~2x at 8 tokens): the model's fast mode
+//               takes it for Q8_0 weights (model::GpuModelOptions::q8_two_level).
 // Batch invariant as matmul_decode is: token t's result is the same bits whatever the number of
 // tokens and the other tokens' values, and an expert pair equals the one-token product on the
 // expert's rows.
