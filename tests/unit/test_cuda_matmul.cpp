@@ -1025,6 +1025,74 @@ TEST_P(CudaMatmulQ8, ExpertPairsEqualOneTokenProducts) {
   }
 }
 
+// Grouped mode on quantized activations (the fast mode's Q8_0 experts at batches of 2-64): each
+// routed slot has the bits of its pair product (matmul_experts_q8) and is close to the expert's rows
+// times the token's x_hat on the host; two-token passes and activation rows gathered in grouped
+// order give the same bits; slots past the routed pairs stay unwritten.
+TEST_P(CudaMatmulQ8, ExpertGroupsEqualThePairProducts) {
+  SPARSEMLA_REQUIRE_GPU();
+  const int64_t E = 6, F = 18, H = 768, tokens = 5, k = 3, P = tokens * k;
+  const TestWeight w(type(), E * F, H, 29);
+  const std::vector<float> wd = dequantized_weight(w.host);
+  const std::vector<int32_t> ids = {4, 0, 2, 1, 4, -1, 3, 0, 4, 4, 2, 1, 0, 5, -1};  // [tokens, k]
+  const std::vector<float> x = randn(size_t(tokens * H), 79);
+  const DeviceBuffer dids = to_device(ids);
+  DeviceBuffer counts(size_t(E) * 4), offsets(size_t(E + 1) * 4), perm(size_t(P) * 4), active(size_t(E) * 4),
+      n_active(4), ws(std::max<size_t>(1, moe_group_workspace_bytes(P, E)));
+  moe_group(dids.as<int32_t>(), P, E, counts.as<int32_t>(), offsets.as<int32_t>(), perm.as<int32_t>(), ws.get(),
+            nullptr, active.as<int32_t>(), n_active.as<int32_t>());
+  ExpertGroups g;
+  g.offsets = offsets.as<int32_t>();
+  g.active = active.as<int32_t>();
+  g.n_active = n_active.as<int32_t>();
+  g.perm = perm.as<int32_t>();
+  g.max_groups = E;
+  g.max_slots = tokens;
+  synchronize();
+  const auto hperm = to_host<int32_t>(perm, size_t(P));
+  int64_t routed = 0;
+  for (int32_t id : ids) routed += id >= 0;
+  const std::vector<float> fill(size_t(P * F), kUnwritten);
+  for (int levels : {1, 2}) {
+    const std::string name = GetParam() + ", " + std::to_string(levels) + " level(s),";
+    const DeviceQ8 dq(x, tokens, H, levels);
+    const std::vector<double> xhat = dequantized(quantize_on_host(x, levels));
+    DeviceBuffer pairs = to_device(fill), grouped = to_device(fill), wide = to_device(fill);
+    matmul_experts_q8(w.mat, F, dids.as<int32_t>(), P, dq.act, k, pairs.as<float>(), nullptr);
+    g.perm = perm.as<int32_t>();
+    matmul_expert_groups_q8(w.mat, F, g, dq.act, k, grouped.as<float>(), nullptr);
+    g.max_slots = 40;  // past kGroupOneTokenBatch: two tokens per pass
+    matmul_expert_groups_q8(w.mat, F, g, dq.act, k, wide.as<float>(), nullptr);
+    g.max_slots = tokens;
+    // The same slots with their activation rows gathered in grouped order, read in place.
+    std::vector<float> xg(size_t(P * H), 0.0f);
+    for (int64_t j = 0; j < routed; ++j) std::copy_n(x.begin() + (hperm[size_t(j)] / k) * H, H, xg.begin() + j * H);
+    const DeviceQ8 dqg(xg, P, H, levels);
+    DeviceBuffer in_place = to_device(fill);
+    g.perm = nullptr;
+    matmul_expert_groups_q8(w.mat, F, g, dqg.act, 1, in_place.as<float>(), nullptr);
+    synchronize();
+    const auto want = to_host<float>(pairs, size_t(P * F)), got = to_host<float>(grouped, size_t(P * F));
+    EXPECT_EQ(std::memcmp(to_host<float>(wide, size_t(P * F)).data(), got.data(), got.size() * sizeof(float)), 0)
+        << name << " two-token passes differ from one-token passes";
+    EXPECT_EQ(std::memcmp(to_host<float>(in_place, size_t(P * F)).data(), got.data(), size_t(routed * F) * sizeof(float)), 0)
+        << name << " gathered rows read in place differ";
+    for (int64_t j = 0; j < P; ++j) {
+      const std::vector<float> slot(got.begin() + j * F, got.begin() + (j + 1) * F);
+      if (j >= routed) {
+        for (float v : slot) ASSERT_EQ(v, kUnwritten) << name << " slot " << j << " past the routed pairs written";
+        continue;
+      }
+      const int32_t p = hperm[size_t(j)], e = ids[size_t(p)];
+      ASSERT_EQ(std::memcmp(slot.data(), want.data() + int64_t(p) * F, size_t(F) * sizeof(float)), 0)
+          << name << " grouped slot " << j << " (pair " << p << ", expert " << e << ") differs from the pair product";
+      const std::vector<float> we(wd.begin() + e * F * H, wd.begin() + (e + 1) * F * H);
+      const std::vector<double> xh(xhat.begin() + (p / k) * H, xhat.begin() + (p / k + 1) * H);
+      check_close(slot, host_product(we, F, H, xh, 1), 1, F, kQ8Tol, name + " grouped slot");
+    }
+  }
+}
+
 // Several products of one input and the shared expert as one more pair, on quantized activations:
 // each output has the bits of its product alone (matmul_decode_q8), at one token in one launch
 // per type and column count, and the gate/up form equals two calls.

@@ -198,6 +198,10 @@ GpuCache::GpuCache(const kv::CacheShape& shape, int32_t kv_lora, cuda::KvDtype d
   }
 }
 
+// MoE batches of up to this many tokens run without a host synchronization (and so in a decode
+// graph): one token per (token, expert) pair, more grouped by expert on the device.
+constexpr int64_t kSyncFreeTokens = 64;
+
 // ---- device state ----
 
 struct GpuModel::Layer {
@@ -348,8 +352,11 @@ uint64_t layout_workspace(const HParams& hp, bool sparse, const WsDims& d, char*
   const int64_t widest = std::max({H, int64_t(hp.q_lora_rank), nh * int64_t(hp.v_head), ffn_width});
   // (The expert pairs: k and the shared expert's.)
   // (Two levels: GpuModelOptions::q8_two_level.)
+  // (And the grouped experts of a batch of up to kSyncFreeTokens: its rows, then its pairs.)
+  const int64_t Tg = std::min(T, kSyncFreeTokens);
   ws.q8_bytes = std::max({cuda::q8_activation_bytes(Tq, widest, 2), cuda::q8_activation_bytes(k + 1, int64_t(hp.n_ff_exp), 2),
-                          cuda::q8_activation_bytes(std::min(d.R, cuda::kDecodeMaxTokens), H, 2)});
+                          cuda::q8_activation_bytes(std::min(d.R, cuda::kDecodeMaxTokens), H, 2),
+                          cuda::q8_activation_bytes(Tg, H, 2), cuda::q8_activation_bytes(Tg * k, int64_t(hp.n_ff_exp), 2)});
   take(ws.q8[0], int64_t(ws.q8_bytes));
   take(ws.q8[1], int64_t(ws.q8_bytes));
   return end;
@@ -360,10 +367,6 @@ int64_t score_rows_for(int64_t T, int64_t max_ctx) {
 }
 
 }  // namespace
-
-// MoE batches of up to this many tokens run without a host synchronization (and so in a decode
-// graph): one token per (token, expert) pair, more grouped by expert on the device.
-constexpr int64_t kSyncFreeTokens = 64;
 
 // The context bound a decode graph is captured for: powers of two from 256 to 64K, then multiples
 // of 16K (a 131,073-token context gets 147,456, not 262,144: the indexer's grid and the scores'
@@ -1201,12 +1204,12 @@ void GpuModel::product_many(const QuantMatrix* const* w, float* const* y, int n,
 }
 
 const cuda::Q8Activations* GpuModel::quantized(const float* x, int64_t T, int64_t n_cols, int slot,
-                                                std::initializer_list<const QuantMatrix*> readers) {
+                                                std::initializer_list<const QuantMatrix*> readers, int64_t max_rows) {
   State& st = *st_;
   int levels = 0;
   for (const QuantMatrix* m : readers)
     if (m && m->data && m->n_cols == n_cols) levels = std::max(levels, q8_levels(m->type));
-  if (levels == 0 || T < 1 || T > cuda::kDecodeMaxTokens || n_cols % cuda::kQ8ActBlock != 0 ||
+  if (levels == 0 || T < 1 || T > max_rows || n_cols % cuda::kQ8ActBlock != 0 ||
       cuda::q8_activation_bytes(T, n_cols, levels) > st.ws.q8_bytes)
     return nullptr;
   cuda::Q8Activations& q = st.q8[slot];
@@ -1344,12 +1347,21 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     // The tensor-core decode kernel in the fast mode: its time hardly grows with a group's tokens,
     // and at every batch of 2-64 it beat the fp32 kernel on the GLM-5-width model (H200: a MoE
     // layer at batch 8 0.96 against 1.26 ms, at 32 1.99 against 3.41; docs/PERFORMANCE.md).
+    // Types that take int8 activations (Q8_0 in the fast mode: q8_levels) take the int8 kernel.
     const bool tc = !opts_.precise;
-    cuda::matmul_expert_groups(L.gate_exps, Fe, g, w.x, k, w.g, s, tc);
-    cuda::matmul_expert_groups(L.up_exps, Fe, g, w.x, k, w.u, s, tc);
+    const cuda::Q8Activations* qx = quantized(w.x, T, H, 0, {&L.gate_exps, &L.up_exps}, kSyncFreeTokens);
+    const auto groups = [&](const QuantMatrix& m, int64_t rows, const float* x, const cuda::Q8Activations* q,
+                            int64_t x_div, float* y) {
+      if (q && q8_levels(m.type) != 0) cuda::matmul_expert_groups_q8(m, rows, g, *q, x_div, y, s);
+      else cuda::matmul_expert_groups(m, rows, g, x, x_div, y, s, tc);
+    };
+    groups(L.gate_exps, Fe, w.x, qx, k, w.g);
+    groups(L.up_exps, Fe, w.x, qx, k, w.u);
     cuda::silu_mul(w.g, w.u, P * Fe, s);  // slots past the routed ones hold stale values, never read
     g.perm = nullptr;                      // the down products read the grouped rows in place
-    cuda::matmul_expert_groups(L.down_exps, H, g, w.g, 1, w.oe, s, tc);
+    // (All P slots quantized: those past the routed ones hold stale but finite values.)
+    const cuda::Q8Activations* qg = quantized(w.g, P, Fe, 1, {&L.down_exps}, kSyncFreeTokens * k);
+    groups(L.down_exps, H, w.g, qg, 1, w.oe);
     // Entries left out of the grouping (other ranks' experts) are -1 in perm and add nothing.
     gpu::moe_combine(w.oe, w.perm, P, ids, w.rw, T, int(k), H, w.inv, w.attn, s);
     mark("moe: routed experts (grouped on the device)");

@@ -235,9 +235,11 @@ class GpuModel {
                     const cuda::Q8Activations* q);
   // x [T, n_cols] quantized to int8 blocks into workspace slot `slot` (0 or 1), for `readers`, the
   // products that read x, at the levels they take (q8_levels); null where none of them takes any
-  // (precise mode, T past the decode size, n_cols not whole blocks of 32, or no such weight type).
+  // (precise mode, T past max_rows (the decode products' kDecodeMaxTokens; the grouped experts'
+  // rows and pairs pass theirs), n_cols not whole blocks of 32, or no such weight type).
   const cuda::Q8Activations* quantized(const float* x, int64_t T, int64_t n_cols, int slot,
-                                       std::initializer_list<const cuda::QuantMatrix*> readers);
+                                       std::initializer_list<const cuda::QuantMatrix*> readers,
+                                       int64_t max_rows = cuda::kDecodeMaxTokens);
   // out = down(silu(gate y) * up y)   y, out: [T, H]   (qy: y quantized already, or null)
   void mlp(const cuda::QuantMatrix& gate, const cuda::QuantMatrix& up, const cuda::QuantMatrix& down, const float* y,
            int64_t T, float* out, const cuda::Q8Activations* qy = nullptr);

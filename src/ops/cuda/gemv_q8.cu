@@ -308,8 +308,8 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_kernel(const MatArgs a)
   const int64_t row0 = int64_t(blockIdx.x) * R;
   const BlockMat m = block_mat(a);
   if (row0 >= m.n_rows) return;  // (several products: the grid covers the one with the most rows)
-  // The weights of an expert product depend on the routing: no prefetch there.
-  gemv_prologue<R>(a.prefetch && !a.expert_ids, m.w, m.row_bytes, row0, m.n_rows);
+  // The weights of an expert or grouped product depend on the routing: no prefetch there.
+  gemv_prologue<R>(a.prefetch && !a.expert_ids && !a.group_offsets, m.w, m.row_bytes, row0, m.n_rows);
   BlockView v;
   if (!block_view(a, v)) return;
   const uint8_t* w[R];
@@ -353,10 +353,13 @@ void launch_q8_levels(const MatArgs& a, cudaStream_t s) {
   const int threads = q8_threads<V>(a.n_cols);
   const unsigned blocks = unsigned(ceil_div(a.max_rows(), int64_t(R)));
   const unsigned z = 1u + unsigned(a.n_more);  // several products: product i in grid z = i
-  if (a.group_offsets) fail("cuda::launch_q8: grouped expert products have no int8-activation kernel");
-  if (a.n_more && !a.expert_ids && a.n_tokens != 1)
+  if (a.n_more && (a.group_offsets || (!a.expert_ids && a.n_tokens != 1)))
     fail("cuda::launch_q8: several products take one token or expert pairs");
-  if (a.expert_ids)
+  if (a.group_offsets) {  // a grid row per group (MatArgs::n_tokens); tokens per pass as gemv.cuh's
+    const dim3 grid(blocks, unsigned(a.n_tokens));
+    if (a.group_tokens_max <= kGroupOneTokenBatch) pdl::launch(gemv_q8_kernel<V, 1, R, L>, grid, threads, 0, s, a);
+    else pdl::launch(gemv_q8_kernel<V, 2, R, L>, grid, threads, 0, s, a);
+  } else if (a.expert_ids)
     pdl::launch(gemv_q8_kernel<V, 1, R, L>, dim3(blocks, unsigned(a.n_tokens), z), threads, 0, s, a);
   else if (a.n_tokens == 1)
     pdl::launch(gemv_q8_kernel<V, 1, R, L>, dim3(blocks, 1, z), threads, 0, s, a);

@@ -450,18 +450,18 @@ void matmul_experts_pair_q8(const QuantMatrix& w1, const QuantMatrix& w2, int64_
                shared, "matmul_experts_pair_q8");
 }
 
-void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g, const float* x,
-                          int64_t x_div, float* y, Stream s, bool tensor_cores) {
-  const TypeKernels& k = kernels_for(w.type, "matmul_expert_groups");
+namespace {
+
+MatArgs group_args(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g, const Input& x,
+                   int64_t x_div, float* y, const char* op) {
   if (rows_per_expert <= 0 || w.n_rows % rows_per_expert != 0)
-    fail("cuda::matmul_expert_groups: {} rows are not whole experts of {} rows", w.n_rows, rows_per_expert);
-  if (x_div <= 0) fail("cuda::matmul_expert_groups: x_div must be > 0, got {}", x_div);
-  if (!g.offsets || !g.active || !g.n_active) fail("cuda::matmul_expert_groups: offsets, active and n_active are required");
+    fail("cuda::{}: {} rows are not whole experts of {} rows", op, w.n_rows, rows_per_expert);
+  if (x_div <= 0) fail("cuda::{}: x_div must be > 0, got {}", op, x_div);
+  if (!g.offsets || !g.active || !g.n_active) fail("cuda::{}: offsets, active and n_active are required", op);
   const int64_t n_experts = w.n_rows / rows_per_expert;
   if (g.max_groups < 0 || g.max_groups > std::min<int64_t>(n_experts, 65535) || g.max_slots < 0)
-    fail("cuda::matmul_expert_groups: {} groups of up to {} slots over {} experts", g.max_groups, g.max_slots,
-         n_experts);
-  MatArgs a = checked_product(w, x, g.max_groups, y, "matmul_expert_groups");
+    fail("cuda::{}: {} groups of up to {} slots over {} experts", op, g.max_groups, g.max_slots, n_experts);
+  MatArgs a = x.args(w, g.max_groups, y, op);
   a.n_rows = rows_per_expert;
   a.x_div = x_div;
   a.group_offsets = g.offsets;
@@ -469,7 +469,22 @@ void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const E
   a.group_count = g.n_active;
   a.group_perm = g.perm;
   a.group_tokens_max = g.max_slots;
+  return a;
+}
+
+}  // namespace
+
+void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g, const float* x,
+                          int64_t x_div, float* y, Stream s, bool tensor_cores) {
+  const TypeKernels& k = kernels_for(w.type, "matmul_expert_groups");
+  const MatArgs a = group_args(w, rows_per_expert, g, Input{x}, x_div, y, "matmul_expert_groups");
   if (g.max_groups > 0 && g.max_slots > 0) launch_decode(k, a, tensor_cores, s);
+}
+
+void matmul_expert_groups_q8(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g,
+                             const Q8Activations& x, int64_t x_div, float* y, Stream s) {
+  const MatArgs a = group_args(w, rows_per_expert, g, Input{nullptr, &x}, x_div, y, "matmul_expert_groups_q8");
+  if (g.max_groups > 0 && g.max_slots > 0) launch_q8(w.type, a, static_cast<cudaStream_t>(s));
 }
 
 void dequantize_rows(const QuantMatrix& w, const int32_t* rows, int64_t n, float* out, Stream s) {

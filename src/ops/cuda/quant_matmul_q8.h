@@ -100,4 +100,11 @@ void matmul_experts_pair_q8(const QuantMatrix& w1, const QuantMatrix& w2, int64_
                             const int32_t* expert_ids, int64_t n_pairs, const Q8Activations& x, int64_t x_div,
                             float* y1, float* y2, Stream s, const SharedPair* shared = nullptr);
 
+// matmul_expert_groups on quantized activations: each group's slots read the rows of x that
+// matmul_expert_groups would read (perm[j] / x_div, or row j without perm); x must hold them all
+// (they are on the device, so this is the caller's to ensure). Each slot is summed as
+// matmul_decode_q8 sums one token on the expert's rows.
+void matmul_expert_groups_q8(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g,
+                             const Q8Activations& x, int64_t x_div, float* y, Stream s);
+
 }  // namespace sparsemla::cuda
