@@ -121,6 +121,15 @@ int gemv_threads(int64_t n_cols) {
   return int(std::min<int64_t>(kGemvMaxThreads, std::max<int64_t>(32, (want + 31) / 32 * 32)));
 }
 
+// Grouped mode (the precise mode's experts; the fast mode takes the tensor-core kernel): a grid row
+// for every group the call may have (MatArgs::n_tokens carries that count here); group_tokens_max,
+// the most slots one group can hold (the batch), sets the tokens per pass. A decode batch spread
+// over 256 experts leaves most groups 1-2 tokens (8 of 256 experts per token: 1.1 tokens per group
+// on average at batch 8, 1.6 at 32, 2.3 at 64), so passes stay narrow:
+// one token up to batches of 16, two beyond. Wider passes (NT = 8: 255 registers, a quarter of
+// the warps per multiprocessor) cost several times over on one-token groups what they save on
+// full ones (GLM-5-width MoE layer at batch 8: docs/PERFORMANCE.md).
+constexpr int64_t kGroupOneTokenBatch = 16;
 
 template <class V, int R, int U>
 void launch_gemv_groups(const MatArgs& a, unsigned blocks, int threads, cudaStream_t s) {

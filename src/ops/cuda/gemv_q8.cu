@@ -347,6 +347,13 @@ int q8_threads(int64_t n_cols) {
   return int(std::min<int64_t>(kQ8MaxThreads, std::max<int64_t>(32, (want + 31) / 32 * 32)));
 }
 
+// Tokens per pass of a grouped launch: two at every batch, where the fp32 kernel takes one up to
+// batches of 16 (gemv.cuh, kGroupOneTokenBatch). A pass of two costs a one-token group no more
+// than a pass of one here (dp4a, few registers per token) and saves the others' second pass
+// (GLM-5-width Q8_0 model, batch 8: 3.23 against 3.31-3.35 ms per step; batch 32, where both take
+// two, the same; H200, docs/PERFORMANCE.md).
+constexpr int kQ8GroupTokens = 2;
+
 template <class V, int L>
 void launch_q8_levels(const MatArgs& a, cudaStream_t s) {
   constexpr int R = kQ8Rows;
@@ -355,11 +362,9 @@ void launch_q8_levels(const MatArgs& a, cudaStream_t s) {
   const unsigned z = 1u + unsigned(a.n_more);  // several products: product i in grid z = i
   if (a.n_more && (a.group_offsets || (!a.expert_ids && a.n_tokens != 1)))
     fail("cuda::launch_q8: several products take one token or expert pairs");
-  if (a.group_offsets) {  // a grid row per group (MatArgs::n_tokens); tokens per pass as gemv.cuh's
-    const dim3 grid(blocks, unsigned(a.n_tokens));
-    if (a.group_tokens_max <= kGroupOneTokenBatch) pdl::launch(gemv_q8_kernel<V, 1, R, L>, grid, threads, 0, s, a);
-    else pdl::launch(gemv_q8_kernel<V, 2, R, L>, grid, threads, 0, s, a);
-  } else if (a.expert_ids)
+  if (a.group_offsets)  // a grid row per group (MatArgs::n_tokens), two tokens per pass at every batch
+    pdl::launch(gemv_q8_kernel<V, kQ8GroupTokens, R, L>, dim3(blocks, unsigned(a.n_tokens)), threads, 0, s, a);
+  else if (a.expert_ids)
     pdl::launch(gemv_q8_kernel<V, 1, R, L>, dim3(blocks, unsigned(a.n_tokens), z), threads, 0, s, a);
   else if (a.n_tokens == 1)
     pdl::launch(gemv_q8_kernel<V, 1, R, L>, dim3(blocks, 1, z), threads, 0, s, a);

@@ -209,17 +209,6 @@ void launch_dequantize_rows(const MatArgs& a, const int32_t* ids, int64_t n, flo
 void launch_gemv_mma(gguf::GgmlType t, const MatArgs& a, cudaStream_t s);
 // Its one-token form (Q4_K; one token, or one per expert pair).
 void launch_gemv_mma_one(gguf::GgmlType t, const MatArgs& a, cudaStream_t s);
-
-// Grouped mode of the fp32 and int8 decode kernels (the fast mode takes the tensor-core kernel where
-// the type has one, the int8 one for Q8_0): a grid row for every group the call may have
-// (MatArgs::n_tokens carries that count here); group_tokens_max, the most slots one group can hold
-// (the batch), sets the tokens per pass. A decode batch spread over 256 experts leaves most groups
-// 1-2 tokens (8 of 256 experts per token: 1.1 tokens per group on average at batch 8, 1.6 at 32,
-// 2.3 at 64), so passes stay narrow: one token up to batches of 16, two beyond. Wider passes (NT =
-// 8: 255 registers, a quarter of the warps per multiprocessor) cost several times over on one-token
-// groups what they save on full ones (GLM-5-width MoE layer at batch 8: docs/PERFORMANCE.md).
-constexpr int64_t kGroupOneTokenBatch = 16;
-
 // Its blocks take 16 rows each (times the pairs or groups of an expert product); with at least two
 // blocks per multiprocessor it runs three per multiprocessor (registers capped), else one.
 constexpr int64_t kMmaRowsPerBlock = 16;
