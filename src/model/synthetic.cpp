@@ -116,7 +116,9 @@ void write_synthetic_model(const SyntheticSpec& s, const std::string& path) {
   };
   const auto F32 = gguf::GgmlType::F32;
   auto type_of = [&](const std::string& name, int64_t ne0) {
-    if (!s.q4_k_m) return s.matrix_type;
+    // Rows that are not whole blocks of the type (GLM-5's 192-wide attn_k_b under a K-quant) fall
+    // back to Q8_0, as llama.cpp's quantizer falls back.
+    if (!s.q4_k_m) return ne0 % gguf::traits(s.matrix_type).block_size == 0 ? s.matrix_type : gguf::GgmlType::Q8_0;
     if (ne0 % 256 != 0) return gguf::GgmlType::Q8_0;
     const bool high = name.find("ffn_down") != std::string::npos || name.find("attn_v_b") != std::string::npos ||
                       name == "output.weight";

@@ -24,7 +24,8 @@ struct SyntheticSpec {
   uint32_t idx_heads = 8, idx_dim = 64, idx_top_k = 64;
   uint32_t n_ctx = 4096;
   float rope_theta = 1e6f;
-  gguf::GgmlType matrix_type = gguf::GgmlType::Q8_0;  // every 2-D+ weight but the router and norms
+  // Every 2-D+ weight but the router and norms (Q8_0 where rows are not whole blocks of it).
+  gguf::GgmlType matrix_type = gguf::GgmlType::Q8_0;
   // Q4_K_M's mix instead of matrix_type: Q6_K for ffn_down / ffn_down_exps / attn_v_b / output, Q4_K
   // elsewhere, Q8_0 where rows are not whole 256-value blocks (as llama.cpp falls back).
   bool q4_k_m = false;

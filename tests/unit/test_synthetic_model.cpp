@@ -62,6 +62,30 @@ TEST(SyntheticModel, Q4KMMixAndZeroMatricesLoadAndRun) {
   EXPECT_GE(distinct.size(), size_t(3)) << "routed expert sets of 5 tokens";
 }
 
+// One K-quant for every matrix (make-model --type q5_k): rows that are not whole 256-blocks fall
+// back to Q8_0 instead of failing to write, the rest keep the type, and the model loads and runs.
+TEST(SyntheticModel, SingleKQuantFallsBackToQ80WhereRowsAreNotWholeBlocks) {
+  test::TempDir dir("synth");
+  SyntheticSpec s = SyntheticSpec::glm5_small();
+  s.n_layer = 2;
+  s.matrix_type = gguf::GgmlType::Q5_K;
+  const std::string path = dir.file("m.gguf");
+  write_synthetic_model(s, path);
+  auto f = gguf::File::open(path);
+  const auto type = [&](const std::string& name) { return f->tensor(name)->type; };
+  EXPECT_EQ(type("blk.1.ffn_down_exps.weight"), gguf::GgmlType::Q5_K);
+  EXPECT_EQ(type("blk.0.attn_q_a.weight"), gguf::GgmlType::Q5_K);
+  EXPECT_EQ(type("blk.0.attn_k_b.weight"), gguf::GgmlType::Q8_0);  // rows of qk_nope = 64 values
+  auto m = Model::load(path, {AttentionMode::Sparse, 2});
+  kv::PagedCache cache(m->cache_shape(4, 16));
+  std::vector<int32_t> table;
+  ASSERT_TRUE(cache.reserve(table, 8));
+  std::vector<float> logits;
+  m->forward({SeqInput{{1, 2, 3}, 0, &table, true}}, cache, logits);
+  ASSERT_EQ(logits.size(), size_t(3) * m->hparams().n_vocab);
+  for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+}
+
 TEST(SyntheticModel, Glm5WidthIsGlm5sShape) {
   const SyntheticSpec s = SyntheticSpec::glm5_width(4);
   EXPECT_EQ(s.n_embd, 6144u);

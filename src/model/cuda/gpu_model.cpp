@@ -1163,7 +1163,10 @@ void GpuModel::indexer(int32_t il, GpuCache& cache) {
 int GpuModel::q8_levels(gguf::GgmlType t) const {
   if (opts_.precise || !cuda::q8_supported(t)) return 0;
   if (opts_.int8_activations) return 1;
-  return opts_.q8_two_level && t == gguf::GgmlType::Q8_0 ? 2 : 0;
+  // Q8_0 and Q5_K: the types without a one-token or tensor-core decode kernel, whose fp32 kernel the
+  // int8 one beats at every token count (docs/PERFORMANCE.md, session 24).
+  const bool fp32_only = t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q5_K;
+  return opts_.q8_two_level && fp32_only ? 2 : 0;
 }
 
 bool GpuModel::takes_q8(const cuda::Q8Activations* q, const QuantMatrix& w, int64_t T) const {
@@ -1323,7 +1326,8 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
       }
     }
     cuda::silu_mul(w.g, w.u, pairs * Fe, s);
-    const cuda::Q8Activations* qg = quantized(w.g, pairs, Fe, 1, {&L.down_exps, fold ? &L.down_shexp : nullptr});
+    // (k + 1 rows with the shared expert folded: more than a decode product's kDecodeMaxTokens.)
+    const cuda::Q8Activations* qg = quantized(w.g, pairs, Fe, 1, {&L.down_exps, fold ? &L.down_shexp : nullptr}, pairs);
     if (int8(qg, L.down_exps))
       cuda::matmul_experts_q8(L.down_exps, H, ids, k, *qg, 1, w.oe, s, fold ? &down_pair : nullptr);
     else

@@ -96,12 +96,14 @@ struct GpuModelOptions {
   // model's perplexity +0.2%). Off by default: the fp32-activation products are what the accuracy targets
   // are stated for. `--int8-activations`; never in precise mode.
   bool int8_activations = false;
-  // In the fast mode, decode products (up to 8 tokens) of Q8_0 weights take their activations as
-  // two-level int8 blocks (x ~ (d / 254)(254 q + r), ops/cuda/quant_matmul_q8.h): ~3e-5 relative
-  // per value, closer to the fp32 activations than the bf16 ones of the tensor-core kernels (~2e-3),
-  // and the dp4a kernel reads Q8_0 at 91% of copy bandwidth against 75% for the fp32 kernel at one
-  // token, 1.7-2x faster at 2-8 tokens (H200, docs/PERFORMANCE.md session 24). An input is
-  // quantized only where a Q8_0 product reads it. Off: the fp32 kernels, as before.
+  // In the fast mode, decode products (up to 8 tokens, and the experts of batches up to 64) of Q8_0
+  // and Q5_K weights take their activations as two-level int8 blocks (x ~ (d / 254)(254 q + r),
+  // ops/cuda/quant_matmul_q8.h): ~3e-5 relative per value, closer to the fp32 activations than the
+  // bf16 ones of the tensor-core kernels (~2e-3). These types have no tensor-core decode kernel, and
+  // the dp4a kernel beats their fp32 one at every token count (H200, output head at one token: Q8_0
+  // 91% of copy bandwidth against 75%, Q5_K 56% against 41%; 1.6-2.4x at 8 tokens;
+  // docs/PERFORMANCE.md session 24). An input is quantized only where such a product reads it. Off:
+  // the fp32 kernels, as before.
   // SPARSEMLA_Q8_ACTIVATIONS=0 turns it off without a rebuild; never in precise mode.
   bool q8_two_level = true;
   // Decode steps replay CUDA graphs (one per batch size and context bucket), captured the first

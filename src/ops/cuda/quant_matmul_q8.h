@@ -13,9 +13,10 @@
 //               activations, under the ~2e-3 of bf16 activations; one more __dp4a per 4 weights
 //               and twice the activation loads. On an H200 (docs/PERFORMANCE.md, sessions 18
 //               and 24) no faster than the one-token and tensor-core kernels for Q4_K and Q6_K,
-//               but faster than the fp32 kernel for Q8_0 at every batch (91% against 75% of copy
-//               bandwidth on the output head at one token, ~2x at 8 tokens): the model's fast mode
-//               takes it for Q8_0 weights (model::GpuModelOptions::q8_two_level).
+//               but faster than the fp32 kernel for Q8_0 and Q5_K at every batch (output head at
+//               one token: 91% against 75% of copy bandwidth, and 56% against 41%; 1.6-2.4x at 8
+//               tokens): the model's fast mode takes it for those two types
+//               (model::GpuModelOptions::q8_two_level).
 // Batch invariant as matmul_decode is: token t's result is the same bits whatever the number of
 // tokens and the other tokens' values, and an expert pair equals the one-token product on the
 // expert's rows.
