@@ -579,6 +579,29 @@ TEST_P(CudaMatmul, ManyProductsEqualTheProductsAlone) {
 // the bits of its pair's matmul_experts row (so of the one-token product); slots of left-out pairs
 // (id -1) are -1 in perm and their rows untouched; activations already in grouped order (no perm)
 // give the same bits.
+// The (token, expert) pairs of device ids [P] grouped by expert on the device (moe_group), as
+// matmul_expert_groups takes them, with up to max_slots slots per group.
+struct DeviceGroups {
+  DeviceBuffer counts, offsets, perm, active, n_active, ws;
+  int64_t E, max_slots;
+  DeviceGroups(const DeviceBuffer& ids, int64_t P, int64_t E_, int64_t max_slots_)
+      : counts(size_t(E_) * 4), offsets(size_t(E_ + 1) * 4), perm(size_t(P) * 4), active(size_t(E_) * 4), n_active(4),
+        ws(std::max<size_t>(1, moe_group_workspace_bytes(P, E_))), E(E_), max_slots(max_slots_) {
+    moe_group(ids.as<int32_t>(), P, E, counts.as<int32_t>(), offsets.as<int32_t>(), perm.as<int32_t>(), ws.get(),
+              nullptr, active.as<int32_t>(), n_active.as<int32_t>());
+  }
+  ExpertGroups groups() const {
+    ExpertGroups g;
+    g.offsets = offsets.as<int32_t>();
+    g.active = active.as<int32_t>();
+    g.n_active = n_active.as<int32_t>();
+    g.perm = perm.as<int32_t>();
+    g.max_groups = E;
+    g.max_slots = max_slots;
+    return g;
+  }
+};
+
 TEST_P(CudaMatmul, ExpertGroupsEqualThePairProducts) {
   SPARSEMLA_REQUIRE_GPU();
   const int64_t E = 6, F = 18, H = 768, tokens = 5, k = 3, P = tokens * k;
@@ -588,17 +611,9 @@ TEST_P(CudaMatmul, ExpertGroupsEqualThePairProducts) {
   const DeviceBuffer dx = to_device(x), dids = to_device(ids);
   DeviceBuffer pairs(size_t(P * F) * sizeof(float));
   matmul_experts(w.mat, F, dids.as<int32_t>(), P, dx.as<float>(), k, pairs.as<float>(), nullptr);
-  DeviceBuffer counts(size_t(E) * 4), offsets(size_t(E + 1) * 4), perm(size_t(P) * 4), active(size_t(E) * 4),
-      n_active(4), ws(std::max<size_t>(1, moe_group_workspace_bytes(P, E)));
-  moe_group(dids.as<int32_t>(), P, E, counts.as<int32_t>(), offsets.as<int32_t>(), perm.as<int32_t>(), ws.get(),
-            nullptr, active.as<int32_t>(), n_active.as<int32_t>());
-  ExpertGroups g;
-  g.offsets = offsets.as<int32_t>();
-  g.active = active.as<int32_t>();
-  g.n_active = n_active.as<int32_t>();
-  g.perm = perm.as<int32_t>();
-  g.max_groups = E;
-  g.max_slots = tokens;
+  const DeviceGroups dg(dids, P, E, tokens);
+  const DeviceBuffer &perm = dg.perm, &active = dg.active, &n_active = dg.n_active;
+  ExpertGroups g = dg.groups();
   const std::vector<float> fill(size_t(P * F), kUnwritten);
   DeviceBuffer grouped = to_device(fill);
   matmul_expert_groups(w.mat, F, g, dx.as<float>(), k, grouped.as<float>(), nullptr);
@@ -1037,17 +1052,9 @@ TEST_P(CudaMatmulQ8, ExpertGroupsEqualThePairProducts) {
   const std::vector<int32_t> ids = {4, 0, 2, 1, 4, -1, 3, 0, 4, 4, 2, 1, 0, 5, -1};  // [tokens, k]
   const std::vector<float> x = randn(size_t(tokens * H), 79);
   const DeviceBuffer dids = to_device(ids);
-  DeviceBuffer counts(size_t(E) * 4), offsets(size_t(E + 1) * 4), perm(size_t(P) * 4), active(size_t(E) * 4),
-      n_active(4), ws(std::max<size_t>(1, moe_group_workspace_bytes(P, E)));
-  moe_group(dids.as<int32_t>(), P, E, counts.as<int32_t>(), offsets.as<int32_t>(), perm.as<int32_t>(), ws.get(),
-            nullptr, active.as<int32_t>(), n_active.as<int32_t>());
-  ExpertGroups g;
-  g.offsets = offsets.as<int32_t>();
-  g.active = active.as<int32_t>();
-  g.n_active = n_active.as<int32_t>();
-  g.perm = perm.as<int32_t>();
-  g.max_groups = E;
-  g.max_slots = tokens;
+  const DeviceGroups dg(dids, P, E, tokens);
+  const DeviceBuffer &perm = dg.perm, &active = dg.active, &n_active = dg.n_active;
+  ExpertGroups g = dg.groups();
   synchronize();
   const auto hperm = to_host<int32_t>(perm, size_t(P));
   int64_t routed = 0;
