@@ -7,7 +7,8 @@
 // with an int8-activation kernel, a "q8:T" line times matmul_decode_q8 / matmul_experts_q8 on the
 // same weights (activations quantized beforehand; the quantization's own time is printed at the
 // end), a "q8x2:T" line the same on two-level activations, a "tc:T" line the tensor-core decode
-// kernel (Q4_K, Q6_K; what matmul takes for them at T <= 8) and a "pf:T" line the tensor-core
+// kernel (Q4_K, Q6_K; what matmul takes for them at T <= 8), "q8o:1" / "q8x2o:1" lines the
+// one-token int8 tensor-core kernel (Q4_K, Q5_K; the fast mode's at one token) and a "pf:T" line the tensor-core
 // prefill kernel at that T. The plain "T" lines at T <= 8
 // are the fp32 decode kernel (matmul_decode).
 //
@@ -109,6 +110,10 @@ int run_only(const char* spec) {
     for (int levels : {1, 2})
       print_line(*t, {rows, cols}, (std::string(levels == 2 ? "q8x2:" : "q8:") + std::to_string(T)).c_str(),
                  cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), T, 8, 2, levels), copy);
+  if (T == 1 && cuda::q8_one_token_supported(*t))
+    for (int levels : {1, 2})
+      print_line(*t, {rows, cols}, levels == 2 ? "q8x2o:1" : "q8o:1",
+                 cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), 1, 8, 2, levels, true), copy);
   return 0;
 }
 
@@ -173,6 +178,9 @@ int main(int argc, char** argv) {
             const cuda::MatmulTiming q =
                 cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), T, n_calls, runs, levels);
             print_line(t, sh, (std::string(levels == 2 ? "q8x2:" : "q8:") + std::to_string(T)).c_str(), q, copy);
+            if (T == 1 && cuda::q8_one_token_supported(t))
+              print_line(t, sh, levels == 2 ? "q8x2o:1" : "q8o:1",
+                         cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), 1, n_calls, runs, levels, true), copy);
           }
       }
     }
@@ -180,6 +188,7 @@ int main(int argc, char** argv) {
   // The routed experts of one MoE layer at batch 1: 8 (token, expert) pairs of one token, distinct
   // random experts of a 64-expert stack (GLM-5 widths: gate/up 2048 x 6144, down 6144 x 2048).
   for (auto [t, rows, cols] : {std::tuple{GgmlType::Q4_K, int64_t(2048), int64_t(6144)},
+                               std::tuple{GgmlType::Q5_K, int64_t(2048), int64_t(6144)},
                                std::tuple{GgmlType::Q6_K, int64_t(6144), int64_t(2048)}}) {
     if (only_type && t != *only_type) continue;
     const std::vector<uint8_t> bytes = random_weight(t, 64 * rows, cols);
@@ -193,6 +202,8 @@ int main(int argc, char** argv) {
                  cuda::bench_matmul_experts(w, rows, 8, calls, runs, cuda::ExpertKernel::kOneToken), copy);
     print_line(t, {rows, cols}, "q8:8e", cuda::bench_matmul_experts_q8(w, rows, 8, calls, runs), copy);
     print_line(t, {rows, cols}, "q8x2:8e", cuda::bench_matmul_experts_q8(w, rows, 8, calls, runs, 2), copy);
+    if (cuda::q8_one_token_supported(t))
+      print_line(t, {rows, cols}, "q8x2o:8e", cuda::bench_matmul_experts_q8(w, rows, 8, calls, runs, 2, true), copy);
   }
   for (int levels : {1, 2}) {
     std::printf("\nquantize_activations (%d level%s), us per call:", levels, levels == 2 ? "s" : "");

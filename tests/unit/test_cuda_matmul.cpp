@@ -953,10 +953,11 @@ std::vector<float> host_product(const std::vector<float>& wd, int64_t n_rows, in
   return y;
 }
 
-std::vector<float> gpu_product_q8(const QuantMatrix& m, const DeviceQ8& x) {  // either level count
+// (one_token: the one-token int8 tensor-core kernel where the type has one.)
+std::vector<float> gpu_product_q8(const QuantMatrix& m, const DeviceQ8& x, bool one_token = false) {  // either level count
   const int64_t T = x.act.n_tokens;
   DeviceBuffer dy = to_device(std::vector<float>(size_t(T * m.n_rows), NAN));  // poisoned: every value must be written
-  matmul_decode_q8(m, x.act, dy.as<float>(), nullptr);
+  matmul_decode_q8(m, x.act, dy.as<float>(), nullptr, one_token);
   synchronize();
   return to_host<float>(dy, size_t(T * m.n_rows));
 }
@@ -1155,6 +1156,97 @@ TEST_P(CudaMatmulQ8, ManyProductsAndSharedPairsEqualTheProductsAlone) {
     const std::string beyond =
         test::error_of([&] { matmul_experts_q8(w.mat, F, dids.as<int32_t>(), k, dq.act, k, y.as<float>(), nullptr, &past); });
     EXPECT_NE(beyond.find("activation rows"), std::string::npos) << beyond;
+  }
+}
+
+// The one-token int8 tensor-core kernel (Q4_K, Q5_K): at one token W x_hat within kQ8Tol on every
+// shape (rows not a multiple of 16; one to 90 256-blocks per row, past the bf16 one-token kernel's
+// staged width), one and two levels, and close to W x; several products in one launch, expert
+// pairs and a shared pair each the bits of their product alone with the kernel; unused pairs
+// unwritten. Types without the kernel give the dp4a kernel's bits with the flag set.
+TEST_P(CudaMatmulQ8, OneTokenKernelMatchesProductWithDequantizedActivations) {
+  SPARSEMLA_REQUIRE_GPU();
+  const bool has = q8_one_token_supported(type());
+  EXPECT_EQ(has, type() == GgmlType::Q4_K || type() == GgmlType::Q5_K);
+  const std::vector<Shape> shapes = {{67, 768}, {131, 256}, {19, 8960}, {2048, 6144}, {6144, 2048}, {40, 23040}};
+  uint32_t seed = 700;
+  double worst[2] = {0.0, 0.0}, worst_fp32[2] = {0.0, 0.0};
+  for (const Shape& sh : shapes) {
+    const TestWeight w(type(), sh.n_rows, sh.n_cols, seed++);
+    const std::vector<float> wd = dequantized_weight(w.host);
+    const std::vector<float> x = randn(size_t(sh.n_cols), seed++);
+    const std::vector<float> exact = host_product(wd, sh.n_rows, sh.n_cols, x, 1);
+    for (int levels : {1, 2}) {
+      const DeviceQ8 dq(x, 1, sh.n_cols, levels);
+      const std::vector<float> got = gpu_product_q8(w.mat, dq, true);
+      const std::string what = GetParam() + " " + std::to_string(sh.n_rows) + "x" + std::to_string(sh.n_cols) + ", " +
+                               std::to_string(levels) + " level(s), one-token kernel";
+      if (!has) {
+        EXPECT_EQ(got, gpu_product_q8(w.mat, dq)) << what << ": not the dp4a kernel's bits";
+        continue;
+      }
+      const std::vector<double> xhat = dequantized(quantize_on_host(x, levels));
+      worst[levels - 1] = std::max(
+          worst[levels - 1], check_close(got, host_product(wd, sh.n_rows, sh.n_cols, xhat, 1), 1, sh.n_rows, kQ8Tol, what));
+      worst_fp32[levels - 1] =
+          std::max(worst_fp32[levels - 1], check_close(got, exact, 1, sh.n_rows,
+                                                       levels == 2 ? kQ8x2VsFp32Tol : kQ8VsFp32Tol, what + " vs W x"));
+    }
+  }
+  if (has)
+    std::printf("  %-5s one-token kernel, worst relative error against W x_hat %.2e / %.2e, against W x %.2e / %.2e "
+                "(one / two levels)\n",
+                GetParam().c_str(), worst[0], worst[1], worst_fp32[0], worst_fp32[1]);
+  // Several products in one launch, and expert pairs with a shared pair.
+  const int64_t E = 4, F = 18, H = 768, k = 3;
+  const TestWeight a(type(), 40, H, 191), b(type(), 3, H, 192), c(type(), 96, H, 193), we(type(), E * F, H, 194),
+      we2(type(), E * F, H, 195), sh(type(), F, H, 196), sh2(type(), F, H, 197);
+  for (int levels : {1, 2}) {
+    const std::string name = GetParam() + ", " + std::to_string(levels) + " level(s), one-token kernel";
+    const DeviceQ8 dq(randn(size_t(H), uint32_t(200 + levels)), 1, H, levels);
+    const std::vector<QuantMatrix> mats = {a.mat, b.mat, c.mat};
+    std::vector<DeviceBuffer> ys;
+    std::vector<float*> yp;
+    for (const QuantMatrix& m : mats) {
+      ys.push_back(to_device(std::vector<float>(size_t(m.n_rows), kUnwritten)));
+      yp.push_back(ys.back().as<float>());
+    }
+    matmul_many_q8(mats.data(), yp.data(), 3, dq.act, nullptr, true);
+    synchronize();
+    for (size_t i = 0; i < mats.size(); ++i)
+      EXPECT_EQ(to_host<float>(ys[i], size_t(mats[i].n_rows)), gpu_product_q8(mats[i], dq, true))
+          << name << ": product " << i << " of three";
+    const std::vector<int32_t> ids = {3, -1, 1};
+    const std::vector<float> x = randn(size_t(2 * H), uint32_t(210 + levels));
+    const DeviceQ8 dx(x, 2, H, levels);
+    const DeviceQ8 dx0(std::vector<float>(x.begin(), x.begin() + H), 1, H, levels);
+    const DeviceQ8 dx1(std::vector<float>(x.begin() + H, x.end()), 1, H, levels);
+    const DeviceBuffer dids = to_device(ids);
+    const std::vector<float> unwritten(size_t((k + 1) * F), kUnwritten);
+    DeviceBuffer y = to_device(unwritten), g = to_device(unwritten), u = to_device(unwritten);
+    const SharedPair one{&sh.mat, nullptr, 1}, two{&sh.mat, &sh2.mat, 1};
+    matmul_experts_q8(we.mat, F, dids.as<int32_t>(), k, dx.act, k, y.as<float>(), nullptr, &one, true);
+    matmul_experts_pair_q8(we.mat, we2.mat, F, dids.as<int32_t>(), k, dx.act, k, g.as<float>(), u.as<float>(), nullptr,
+                           &two, true);
+    synchronize();
+    const std::vector<float> got = to_host<float>(y, size_t((k + 1) * F)), second = to_host<float>(u, size_t((k + 1) * F));
+    EXPECT_EQ(to_host<float>(g, size_t((k + 1) * F)), got) << name << ": pair, first";
+    for (int64_t p = 0; p < k; ++p) {
+      const int32_t e = ids[size_t(p)];
+      const std::vector<float> row(got.begin() + p * F, got.begin() + (p + 1) * F),
+          row2(second.begin() + p * F, second.begin() + (p + 1) * F);
+      if (e < 0) {
+        EXPECT_EQ(row, std::vector<float>(size_t(F), kUnwritten)) << name << ": unused pair " << p << " written";
+        EXPECT_EQ(row2, std::vector<float>(size_t(F), kUnwritten)) << name << ": unused pair " << p << " written";
+        continue;
+      }
+      EXPECT_EQ(row, gpu_product_q8(expert_rows(we.mat, e, F), dx0, true)) << name << ": pair " << p;
+      EXPECT_EQ(row2, gpu_product_q8(expert_rows(we2.mat, e, F), dx0, true)) << name << ": pair " << p << ", second";
+    }
+    EXPECT_EQ(std::vector<float>(got.begin() + k * F, got.end()), gpu_product_q8(sh.mat, dx1, true))
+        << name << ": shared row";
+    EXPECT_EQ(std::vector<float>(second.begin() + k * F, second.end()), gpu_product_q8(sh2.mat, dx1, true))
+        << name << ": pair, second shared row";
   }
 }
 

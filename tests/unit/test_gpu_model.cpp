@@ -31,6 +31,7 @@
 #include "model/cuda/gpu_model.h"
 #include "model/cuda/gpu_ops.h"
 #include "model/model.h"
+#include "model/synthetic.h"
 #include "ops/cuda/buffer.h"
 #include "legacy_kv_b.h"
 #include "logit_agreement.h"
@@ -379,24 +380,25 @@ TEST(GpuModel, LoadRefusesWhatDoesNotFitWithTheNumbers) {
 // model the decode logits stay close to the fp32-activation path's and choose the same tokens
 // (measured on the CPU by emulating the rounding in every product: perplexity +0.2%, argmax 63 of
 // 64 rows, max relative error 0.14); and the path is really taken (the logits differ).
-// The logits of 48 decode steps after a 100-token prompt on the bundled (trained, Q8_0) model under
-// options o, step i fed tokens[i]; where tokens is empty, the run's own greedy choices, stored
-// into it (so that other runs can be fed the same tokens).
-std::vector<float> bundled_decode_logits(const Model& cpu, const GpuModelOptions& o, std::vector<int32_t>& tokens) {
+// The logits of 48 decode steps after a prompt of prompt_tokens (100) on a model (the bundled,
+// trained Q8_0 one) under options o, step i fed tokens[i]; where tokens is empty, the run's own
+// greedy choices, stored into it (so that other runs can be fed the same tokens).
+std::vector<float> bundled_decode_logits(const Model& cpu, const GpuModelOptions& o, std::vector<int32_t>& tokens,
+                                         int prompt_tokens = 100) {
   const int64_t V = cpu.hparams().n_vocab;
   auto g = GpuModel::load(cpu, o);
   GpuCache c = g->make_cache(32, 16);
   std::vector<int32_t> table;
   EXPECT_TRUE(c.reserve(table, 200));
   std::vector<int32_t> prompt;
-  for (int i = 0; i < 100; ++i) prompt.push_back(int32_t((i * 733 + 29) % V));
+  for (int i = 0; i < prompt_tokens; ++i) prompt.push_back(int32_t((i * 733 + 29) % V));
   std::vector<float> l, all;
   g->forward({SeqInput{prompt, 0, &table, false}}, c, l);
   const bool own = tokens.empty();
   for (int i = 0; i < 48; ++i) {
     if (own) tokens.push_back(test::argmax(l.data(), V));
     l.clear();
-    g->forward({SeqInput{{tokens[size_t(i)]}, 100 + i, &table, false}}, c, l);
+    g->forward({SeqInput{{tokens[size_t(i)]}, prompt_tokens + i, &table, false}}, c, l);
     all.insert(all.end(), l.begin(), l.end());
   }
   return all;
@@ -452,6 +454,45 @@ TEST(GpuModel, Q8WeightsTakeTwoLevelActivationsCloseToFp32) {
   EXPECT_GE(a2.argmax_tie, 0.99);
   EXPECT_LT(a2.median * 4, a1.median) << "two levels are not closer to fp32 than one";
   EXPECT_EQ(precise_two, precise_fp) << "precise mode quantized activations";
+}
+
+// A Q4_K_M model (random weights, llama.cpp's mix) in one-token steps: with the default two-level
+// int8 activations its Q4_K products take the one-token int8 tensor-core kernel (dense layer,
+// attention, the routed and folded shared experts; ops/cuda/gemv_q8_mma.cu). Against the precise
+// mode's fp32 products it must stay within the fixtures' bound, and be closer to them than the
+// bf16 one-token kernel it replaces (activations within ~3e-5 of fp32 instead of ~2e-3; the rest
+// of the fast mode, attention and absorbed heads in bf16, is the same in both runs).
+TEST(GpuModel, Q4KOneTokenStepsTakeTheInt8KernelCloserToFp32) {
+  SPARSEMLA_REQUIRE_GPU();
+  test::TempDir dir("gpu-q4km");
+  SyntheticSpec spec = SyntheticSpec::glm5_small();
+  spec.n_layer = 3;
+  spec.q4_k_m = true;
+  const std::string path = dir.file("m.gguf");
+  write_synthetic_model(spec, path);
+  auto cpu = Model::load(path, {AttentionMode::Sparse, 2});
+  ASSERT_EQ(gguf::File::open(path)->tensor("blk.1.ffn_gate_exps.weight")->type, gguf::GgmlType::Q4_K);
+  const int64_t V = cpu->hparams().n_vocab;
+  GpuModelOptions o = options(KvDtype::BF16, true);
+  std::vector<int32_t> tokens;
+  // A one-token prompt: every step is a one-token step, and the context stays under the indexer's
+  // top-k (64), so the runs differ by the one-token products alone.
+  const std::vector<float> precise = bundled_decode_logits(*cpu, o, tokens, 1);
+  o.precise = false;
+  ASSERT_TRUE(o.q8_two_level) << "the default";
+  const std::vector<float> int8 = bundled_decode_logits(*cpu, o, tokens, 1);
+  o.q8_two_level = false;  // Q4_K on the bf16 one-token kernel
+  const std::vector<float> bf16 = bundled_decode_logits(*cpu, o, tokens, 1);
+  const Agreement a = compare(int8, precise, V, 48, 2e-2), b = compare(bf16, precise, V, 48, 2e-2);
+  print(a, "int8 one-token kernel vs fp32 products");
+  print(b, "bf16 one-token kernel vs fp32 products");
+  EXPECT_TRUE(a.finite);
+  EXPECT_NE(int8, bf16) << "the int8 path was not taken";
+  EXPECT_LE(a.rel, 2e-2);
+  EXPECT_GE(a.argmax_tie, kMinArgmax);
+  // (Both runs keep the fast mode's bf16 attention and absorbed heads, so part of the distance is
+  // common to them: measured 2.6e-3 against 4.5e-3.)
+  EXPECT_LT(a.median, b.median) << "the int8 kernel is not closer to the fp32 products than the bf16 one";
 }
 
 TEST(GpuModel, DecodeGraphsGiveTheEagerLogits) {

@@ -1163,10 +1163,14 @@ void GpuModel::indexer(int32_t il, GpuCache& cache) {
 int GpuModel::q8_levels(gguf::GgmlType t) const {
   if (opts_.precise || !cuda::q8_supported(t)) return 0;
   if (opts_.int8_activations) return 1;
-  // Q8_0 and Q5_K: the types without a one-token or tensor-core decode kernel, whose fp32 kernel the
+  if (!opts_.q8_two_level) return 0;
+  // Q8_0 and Q5_K: the types without a multi-token tensor-core decode kernel, whose fp32 kernel the
   // int8 one beats at every token count (docs/PERFORMANCE.md, session 24).
-  const bool fp32_only = t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q5_K;
-  return opts_.q8_two_level && fp32_only ? 2 : 0;
+  if (t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q5_K) return 2;
+  // Q4_K in a one-token step: the one-token int8 tensor-core kernel (session 25); at 2-8 tokens
+  // its bf16 tensor-core kernel stays faster than the dp4a one.
+  if (t == gguf::GgmlType::Q4_K && st_->T == 1) return 2;
+  return 0;
 }
 
 bool GpuModel::takes_q8(const cuda::Q8Activations* q, const QuantMatrix& w, int64_t T) const {
@@ -1175,7 +1179,7 @@ bool GpuModel::takes_q8(const cuda::Q8Activations* q, const QuantMatrix& w, int6
 
 void GpuModel::product(const QuantMatrix& w, const float* x, int64_t T, float* y, const cuda::Q8Activations* q) {
   if (takes_q8(q, w, T))
-    cuda::matmul_decode_q8(w, *q, y, st_->s());
+    cuda::matmul_decode_q8(w, *q, y, st_->s(), /*one_token_kernel=*/true);
   else if (opts_.precise)
     cuda::matmul_decode(w, x, T, y, st_->s());
   else
@@ -1202,7 +1206,7 @@ void GpuModel::product_many(const QuantMatrix* const* w, float* const* y, int n,
     else
       mf[nf] = *w[i], yf[nf++] = y[i];
   }
-  if (nq > 0) cuda::matmul_many_q8(mq, yq, nq, *q, st_->s());
+  if (nq > 0) cuda::matmul_many_q8(mq, yq, nq, *q, st_->s(), /*one_token_kernel=*/true);
   if (nf > 0) cuda::matmul_many(mf, yf, nf, x, T, st_->s(), opts_.precise);
 }
 
@@ -1315,13 +1319,14 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     const auto int8 = [&](const cuda::Q8Activations* q, const QuantMatrix& m) { return q && q8_levels(m.type) != 0; };
     if (L.gate_exps.type == L.up_exps.type) {  // gate and up in one launch (one kernel choice)
       if (int8(qx, L.gate_exps))
-        cuda::matmul_experts_pair_q8(L.gate_exps, L.up_exps, Fe, ids, k, *qx, k, w.g, w.u, s, fold ? &up_pair : nullptr);
+        cuda::matmul_experts_pair_q8(L.gate_exps, L.up_exps, Fe, ids, k, *qx, k, w.g, w.u, s, fold ? &up_pair : nullptr,
+                                     true);
       else
         cuda::matmul_experts_pair(L.gate_exps, L.up_exps, Fe, ids, k, w.x, k, w.g, w.u, s, kernel(L.gate_exps),
                                   fold ? &up_pair : nullptr);
     } else {
       for (const auto& [m, y] : {std::pair{&L.gate_exps, w.g}, std::pair{&L.up_exps, w.u}}) {
-        if (int8(qx, *m)) cuda::matmul_experts_q8(*m, Fe, ids, k, *qx, k, y, s);
+        if (int8(qx, *m)) cuda::matmul_experts_q8(*m, Fe, ids, k, *qx, k, y, s, nullptr, true);
         else cuda::matmul_experts(*m, Fe, ids, k, w.x, k, y, s, kernel(*m));
       }
     }
@@ -1329,7 +1334,7 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     // (k + 1 rows with the shared expert folded: more than a decode product's kDecodeMaxTokens.)
     const cuda::Q8Activations* qg = quantized(w.g, pairs, Fe, 1, {&L.down_exps, fold ? &L.down_shexp : nullptr}, pairs);
     if (int8(qg, L.down_exps))
-      cuda::matmul_experts_q8(L.down_exps, H, ids, k, *qg, 1, w.oe, s, fold ? &down_pair : nullptr);
+      cuda::matmul_experts_q8(L.down_exps, H, ids, k, *qg, 1, w.oe, s, fold ? &down_pair : nullptr, true);
     else
       cuda::matmul_experts(L.down_exps, H, ids, k, w.g, 1, w.oe, s, kernel(L.down_exps), fold ? &down_pair : nullptr);
     // Outputs are in pair order: the combine's permutation is the identity (null).

@@ -406,7 +406,10 @@ const Q8Kernels& q8_kernels_for(GgmlType t, const char* what) {
 // One warp per block of 32 values (the rule is in quant_matmul_q8.h); r: the residual level (L = 2).
 template <int L>
 __global__ void quantize_q8_kernel(const float* x, int64_t n_blocks, int8_t* q, int8_t* r, int2* blocks) {
-  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
+  // Launched dependent on the kernel before (x is its output), so that this launch overlaps its
+  // end; then the next decode product may prefetch its weights (pdl.cuh).
+  pdl::wait();
+  pdl::launch_dependents();
   const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (blk >= n_blocks) return;  // whole warps
@@ -464,8 +467,9 @@ void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Ac
       reinterpret_cast<int2*>(static_cast<uint8_t*>(out.data) + q8_scales_offset(n_tokens, n_cols, levels));
   constexpr int kThreads = 256;
   const unsigned grid = unsigned(ceil_div(n_blocks * 32, kThreads));
-  if (levels == 2) quantize_q8_kernel<2><<<grid, kThreads, 0, static_cast<cudaStream_t>(s)>>>(x, n_blocks, q, r, blocks);
-  else quantize_q8_kernel<1><<<grid, kThreads, 0, static_cast<cudaStream_t>(s)>>>(x, n_blocks, q, r, blocks);
+  const cudaStream_t st = static_cast<cudaStream_t>(s);
+  if (levels == 2) pdl::launch(quantize_q8_kernel<2>, grid, kThreads, 0, st, x, n_blocks, q, r, blocks);
+  else pdl::launch(quantize_q8_kernel<1>, grid, kThreads, 0, st, x, n_blocks, q, r, blocks);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 

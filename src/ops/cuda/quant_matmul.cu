@@ -304,7 +304,8 @@ void matmul_many(const QuantMatrix* w, float* const* y, int n, const float* x, i
   }
 }
 
-void matmul_many_q8(const QuantMatrix* w, float* const* y, int n, const Q8Activations& x, Stream s) {
+void matmul_many_q8(const QuantMatrix* w, float* const* y, int n, const Q8Activations& x, Stream s,
+                    bool one_token_kernel) {
   if (n < 0 || n > kMaxProducts) fail("cuda::matmul_many_q8: {} products (at most {})", n, kMaxProducts);
   const Input in{nullptr, &x};
   bool done[kMaxProducts] = {};
@@ -318,12 +319,16 @@ void matmul_many_q8(const QuantMatrix* w, float* const* y, int n, const Q8Activa
       a = with_product(a, in.args(w[j], 1, y[j], "matmul_many_q8"));
       done[j] = true;
     }
-    if (a.n_tokens > 0) launch_q8(w[i].type, a, static_cast<cudaStream_t>(s));
+    if (a.n_tokens == 0) continue;
+    if (one_token_kernel && a.n_tokens == 1 && q8_one_token_supported(w[i].type))
+      launch_q8_one(w[i].type, a, static_cast<cudaStream_t>(s));
+    else
+      launch_q8(w[i].type, a, static_cast<cudaStream_t>(s));
   }
 }
 
-void matmul_decode_q8(const QuantMatrix& w, const Q8Activations& x, float* y, Stream s) {
-  matmul_many_q8(&w, &y, 1, x, s);
+void matmul_decode_q8(const QuantMatrix& w, const Q8Activations& x, float* y, Stream s, bool one_token_kernel) {
+  matmul_many_q8(&w, &y, 1, x, s, one_token_kernel);
 }
 
 void matmul_pair(const QuantMatrix& w1, const QuantMatrix& w2, const float* x, int64_t n_tokens, float* y1, float* y2,
@@ -349,7 +354,7 @@ namespace {
 MatArgs expert_args(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
                     const Input& x, int64_t x_div, float* y, ExpertKernel kernel, const char* op,
                     const QuantMatrix* shared = nullptr, int64_t x_row = 0) {
-  if (kernel == ExpertKernel::kOneToken && !mma_one_token_supported(w.type))
+  if (kernel == ExpertKernel::kOneToken && !x.q && !mma_one_token_supported(w.type))
     fail("cuda::{}: no one-token tensor-core kernel for {} (q4_K has one)", op, gguf::type_name(w.type));
   if (rows_per_expert <= 0 || w.n_rows % rows_per_expert != 0)
     fail("cuda::{}: {} rows are not whole experts of {} rows", op, w.n_rows, rows_per_expert);
@@ -376,7 +381,9 @@ MatArgs expert_args(const QuantMatrix& w, int64_t rows_per_expert, const int32_t
 
 void launch_experts(const TypeKernels& k, const MatArgs& a, ExpertKernel kernel, Stream s) {
   if (a.n_tokens == 0) return;
-  if (a.xq) launch_q8(k.type, a, static_cast<cudaStream_t>(s));
+  if (a.xq && kernel == ExpertKernel::kOneToken && q8_one_token_supported(k.type))
+    launch_q8_one(k.type, a, static_cast<cudaStream_t>(s));
+  else if (a.xq) launch_q8(k.type, a, static_cast<cudaStream_t>(s));
   else if (kernel == ExpertKernel::kOneToken) launch_gemv_mma_one(k.type, a, static_cast<cudaStream_t>(s));
   else launch_decode(k, a, kernel == ExpertKernel::kTensorCores, s);
 }
@@ -437,17 +444,19 @@ void matmul_experts_pair(const QuantMatrix& w1, const QuantMatrix& w2, int64_t r
                "matmul_experts_pair");
 }
 
+// (On quantized activations kOneToken asks for the one-token int8 kernel where the type has one.)
 void matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
-                       const Q8Activations& x, int64_t x_div, float* y, Stream s, const SharedPair* shared) {
-  experts_one(w, rows_per_expert, expert_ids, n_pairs, Input{nullptr, &x}, x_div, y, s, ExpertKernel::kFp32, shared,
-              "matmul_experts_q8");
+                       const Q8Activations& x, int64_t x_div, float* y, Stream s, const SharedPair* shared,
+                       bool one_token_kernel) {
+  experts_one(w, rows_per_expert, expert_ids, n_pairs, Input{nullptr, &x}, x_div, y, s,
+              one_token_kernel ? ExpertKernel::kOneToken : ExpertKernel::kFp32, shared, "matmul_experts_q8");
 }
 
 void matmul_experts_pair_q8(const QuantMatrix& w1, const QuantMatrix& w2, int64_t rows_per_expert,
                             const int32_t* expert_ids, int64_t n_pairs, const Q8Activations& x, int64_t x_div,
-                            float* y1, float* y2, Stream s, const SharedPair* shared) {
-  experts_pair(w1, w2, rows_per_expert, expert_ids, n_pairs, Input{nullptr, &x}, x_div, y1, y2, s, ExpertKernel::kFp32,
-               shared, "matmul_experts_pair_q8");
+                            float* y1, float* y2, Stream s, const SharedPair* shared, bool one_token_kernel) {
+  experts_pair(w1, w2, rows_per_expert, expert_ids, n_pairs, Input{nullptr, &x}, x_div, y1, y2, s,
+               one_token_kernel ? ExpertKernel::kOneToken : ExpertKernel::kFp32, shared, "matmul_experts_pair_q8");
 }
 
 namespace {

@@ -126,7 +126,7 @@ MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert,
 }
 
 MatmulTiming bench_matmul_q8(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs,
-                             int levels) {
+                             int levels, bool one_token) {
   const QuantMatrix& w = copies[0];
   const DeviceBuffer x = to_device(bench_activations(size_t(n_tokens * w.n_cols)));
   const BenchQ8 xq(x, n_tokens, w.n_cols, levels);
@@ -134,14 +134,14 @@ MatmulTiming bench_matmul_q8(const QuantMatrix* copies, int n_copies, int64_t n_
   cudaStream_t s;
   SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const double ms =
-      graph_ms(calls, runs, s, [&](int c) { matmul_decode_q8(copies[c % n_copies], xq.act, y.as<float>(), s); });
+      graph_ms(calls, runs, s, [&](int c) { matmul_decode_q8(copies[c % n_copies], xq.act, y.as<float>(), s, one_token); });
   SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
   return timing(ms, calls, double(gguf::row_bytes(w.type, uint64_t(w.n_cols))) * double(w.n_rows),
                 2.0 * double(w.n_rows) * double(w.n_cols) * double(n_tokens));
 }
 
 MatmulTiming bench_matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs,
-                                     int levels) {
+                                     int levels, bool one_token) {
   const DeviceBuffer x = to_device(bench_activations(size_t(w.n_cols)));
   const BenchQ8 xq(x, 1, w.n_cols, levels);
   const DeviceBuffer dids = to_device(random_expert_ids(w.n_rows / rows_per_expert, n_pairs, calls));
@@ -149,7 +149,8 @@ MatmulTiming bench_matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expe
   cudaStream_t s;
   SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const double ms = graph_ms(calls, runs, s, [&](int c) {
-    matmul_experts_q8(w, rows_per_expert, dids.as<int32_t>() + c * n_pairs, n_pairs, xq.act, n_pairs, y.as<float>(), s);
+    matmul_experts_q8(w, rows_per_expert, dids.as<int32_t>() + c * n_pairs, n_pairs, xq.act, n_pairs, y.as<float>(), s,
+                      nullptr, one_token);
   });
   SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
   const double rows = double(n_pairs) * double(rows_per_expert);

@@ -35,10 +35,11 @@ MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert,
 // The int8-activation products (quant_matmul_q8.h), timed as bench_matmul / bench_matmul_experts
 // time the fp32 ones: the product only, on activations of `levels` int8 levels quantized once
 // before the capture (a model quantizes a layer input once for all the products that read it).
+// one_token: the one-token int8 tensor-core kernel (q8_one_token_supported types, one token).
 MatmulTiming bench_matmul_q8(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs,
-                             int levels = 1);
+                             int levels = 1, bool one_token = false);
 MatmulTiming bench_matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs,
-                                     int levels = 1);
+                                     int levels = 1, bool one_token = false);
 
 // Microseconds per quantize_activations call of n_tokens x n_cols (graph replay, best of runs).
 double bench_quantize_us(int64_t n_tokens, int64_t n_cols, int calls, int runs, int levels = 1);

@@ -219,6 +219,9 @@ inline bool mma_takes_three_blocks(int64_t n_rows, int64_t n_items, int sm_count
 // The int8-activation decode kernel (gemv_q8.cu) for the types q8_supported() names: a.xq, a.xr and
 // a.xb instead of a.x; one token, or one per expert pair, with several products.
 void launch_q8(gguf::GgmlType t, const MatArgs& a, cudaStream_t s);
+// Its one-token tensor-core form (gemv_q8_mma.cu; the types q8_one_token_supported() names): one
+// token, or one per expert pair, with several products.
+void launch_q8_one(gguf::GgmlType t, const MatArgs& a, cudaStream_t s);
 
 // Defined in gemv.cuh and gemm.cuh, which the family files include.
 template <class D>

@@ -20,6 +20,14 @@
 // Batch invariant as matmul_decode is: token t's result is the same bits whatever the number of
 // tokens and the other tokens' values, and an expert pair equals the one-token product on the
 // expert's rows.
+//
+// One-token tensor-core kernel (Q4_K, Q5_K: q8_one_token_supported; gemv_q8_mma.cu): the bf16
+// one-token kernel's scheme on integers (m16n8k32 u8 x s8 mma, the n holding a 256-block's scale
+// groups), about a third of the dp4a kernel's instructions per weight. Its result is W x_hat as
+// well (the integer dots are exact; fp32 scaling and sums in another order), so it is taken only
+// where a caller asks (one_token_kernel below: one token per product, or expert pairs), as
+// matmul takes the bf16 one-token kernel and matmul_decode does not; a token's bits then differ
+// between one token and a batch. Types without it take the dp4a kernel either way.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -77,29 +85,35 @@ void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Ac
 // Whether matmul_decode_q8 / matmul_experts_q8 take this weight type: Q8_0, Q4_K, Q5_K, Q6_K.
 // Other types stay on the fp32 path (matmul_decode); the caller checks.
 bool q8_supported(gguf::GgmlType t);
+bool q8_one_token_supported(gguf::GgmlType t);
 
 // y[t][r] = sum_c W[r][c] * x_hat[t][c] for t < x.n_tokens (any count; made for 1..16).
 // x.n_cols must equal w.n_cols. y: [x.n_tokens, n_rows] device fp32. Throws sparsemla::Error
 // naming the type for an unsupported type, or the shape / alignment problem.
-void matmul_decode_q8(const QuantMatrix& w, const Q8Activations& x, float* y, Stream s);
+void matmul_decode_q8(const QuantMatrix& w, const Q8Activations& x, float* y, Stream s, bool one_token_kernel = false);
 
 // Several products of one input, y_i = W_i x_hat (n <= kMaxProducts; every type q8_supported), each
 // the bits of matmul_decode_q8 alone; at one token those of one type and column count share a launch
 // (as matmul_many).
-void matmul_many_q8(const QuantMatrix* w, float* const* y, int n, const Q8Activations& x, Stream s);
+// one_token_kernel: at one token, products of q8_one_token_supported types take the one-token
+// tensor-core kernel (each then the bits of matmul_decode_q8 alone with the same flag).
+void matmul_many_q8(const QuantMatrix* w, float* const* y, int n, const Q8Activations& x, Stream s,
+                    bool one_token_kernel = false);
 
 // matmul_experts on quantized activations: for each pair p < n_pairs with ids[p] >= 0,
 // y[p] = W_{ids[p]} x_hat[p / x_div]; pairs with a negative id leave their output row unwritten.
 // x holds n_pairs / x_div (rounded up) rows or more.   y: [n_pairs, rows_per_expert]
 // shared: a shared expert run as pair n_pairs, as matmul_experts takes it. Each pair is summed as
-// matmul_decode_q8 sums the expert's rows alone.
+// matmul_decode_q8 sums the expert's rows alone (with the same one_token_kernel).
 void matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expert, const int32_t* expert_ids, int64_t n_pairs,
-                       const Q8Activations& x, int64_t x_div, float* y, Stream s, const SharedPair* shared = nullptr);
+                       const Q8Activations& x, int64_t x_div, float* y, Stream s, const SharedPair* shared = nullptr,
+                       bool one_token_kernel = false);
 // The experts' gate and up products in one launch where their types and shapes agree (else two),
 // with a shared expert pair (SharedPair::w, w2): the bits of two matmul_experts_q8 calls.
 void matmul_experts_pair_q8(const QuantMatrix& w1, const QuantMatrix& w2, int64_t rows_per_expert,
                             const int32_t* expert_ids, int64_t n_pairs, const Q8Activations& x, int64_t x_div,
-                            float* y1, float* y2, Stream s, const SharedPair* shared = nullptr);
+                            float* y1, float* y2, Stream s, const SharedPair* shared = nullptr,
+                            bool one_token_kernel = false);
 
 // matmul_expert_groups on quantized activations: each group's slots read the rows of x that
 // matmul_expert_groups would read (perm[j] / x_div, or row j without perm); x must hold them all
