@@ -1163,7 +1163,7 @@ TEST_P(CudaMatmulQ8, ManyProductsAndSharedPairsEqualTheProductsAlone) {
 // shape (rows not a multiple of 16; one to 90 256-blocks per row, past the bf16 one-token kernel's
 // staged width), one and two levels, and close to W x; several products in one launch, expert
 // pairs and a shared pair each the bits of their product alone with the kernel; unused pairs
-// unwritten. Types without the kernel give the dp4a kernel's bits with the flag set.
+// unwritten. Types without the kernel (Q8_0, Q6_K) give the dp4a kernel's bits with the flag set.
 TEST_P(CudaMatmulQ8, OneTokenKernelMatchesProductWithDequantizedActivations) {
   SPARSEMLA_REQUIRE_GPU();
   const bool has = q8_one_token_supported(type());

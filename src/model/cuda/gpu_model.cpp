@@ -1168,7 +1168,8 @@ int GpuModel::q8_levels(gguf::GgmlType t) const {
   // int8 one beats at every token count (docs/PERFORMANCE.md, session 24).
   if (t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q5_K) return 2;
   // Q4_K in a one-token step: the one-token int8 tensor-core kernel (session 25); at 2-8 tokens
-  // its bf16 tensor-core kernel stays faster than the dp4a one.
+  // its bf16 tensor-core kernel stays faster than the dp4a one. (Q6_K keeps its fp32 kernel at one
+  // token and the bf16 tensor-core one at 3-8: no int8 kernel beat them in the model.)
   if (t == gguf::GgmlType::Q4_K && st_->T == 1) return 2;
   return 0;
 }

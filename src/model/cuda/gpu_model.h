@@ -102,9 +102,9 @@ struct GpuModelOptions {
   // bf16 ones of the tensor-core kernels (~2e-3). These types have no tensor-core decode kernel, and
   // the dp4a kernel beats their fp32 one at every token count (H200, output head at one token: Q8_0
   // 91% of copy bandwidth against 75%, Q5_K 56% against 41%; 1.6-2.4x at 8 tokens;
-  // docs/PERFORMANCE.md session 24). In one-token steps Q4_K takes them too, through the one-token
-  // int8 tensor-core kernel (session 25). An input is quantized only where such a product reads it.
-  // Off: the fp32 kernels and Q4_K's bf16 one-token kernel, as before.
+  // docs/PERFORMANCE.md session 24). In one-token steps Q4_K takes them too, and Q4_K and Q5_K go
+  // through the one-token int8 tensor-core kernel (session 25). An input is quantized only where
+  // such a product reads it. Off: the fp32 kernels and Q4_K's bf16 one-token kernel, as before.
   // SPARSEMLA_Q8_ACTIVATIONS=0 turns it off without a rebuild; never in precise mode.
   bool q8_two_level = true;
   // Decode steps replay CUDA graphs (one per batch size and context bucket), captured the first

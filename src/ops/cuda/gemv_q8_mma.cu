@@ -23,6 +23,12 @@
 // Its sums run in another order than the dp4a kernel's, so it is not batch invariant with it:
 // the q8 entry points take it only when asked (`one_token_kernel`), as matmul takes the bf16
 // one-token kernel and matmul_decode does not.
+//
+// Q6_K measured slower on this scheme than on the dp4a and fp32 kernels and is left out
+// (docs/PERFORMANCE.md, session 25): its 16-column groups need two sets of sums and its - 32 a
+// per-group activation sum passed between threads, and its 2-byte aligned 210-byte blocks take five
+// word loads and four permutes per 16 bytes, so a warp held too few bytes in flight (6144 x 16384
+// at one token: 47-57 us against 37 for the fp32 kernel and 32 for dp4a).
 #include "ops/cuda/gemv_mma.cuh"
 #include "ops/cuda/gemv_reduce.cuh"
 #include "ops/cuda/pdl.cuh"
@@ -51,43 +57,6 @@ __device__ __forceinline__ void kmin_group_scales(const uint4& hd, int c, float 
   Q4KMma::group_scales(Q4KMma::Raw{hd, {}, {}}, c, scale, min);
 }
 
-// Q4_K: thread c's quarter (Q4KMma::Raw: header, qs[32c .. 32c + 32)). Half h of word j as the
-// mma's 4 unsigned bytes: q (low nibbles) or 16 q (high).
-struct Q4KOne {
-  static constexpr int kBytes = 144;
-  static constexpr int kUnrollOneTile = 2;  // 256-blocks loaded at a time with one row tile (two tiles: 1)
-  static constexpr bool kTwoTiles = true;   // blocks of two row tiles where the grid allows
-  static constexpr float kHighScale = 1.0f / 16.0f;
-  using Raw = Q4KMma::Raw;
-  __device__ static Raw load(const uint8_t* b, int c) { return Q4KMma::load(b, c); }
-  __device__ static const uint4& header(const Raw& r) { return r.hd; }
-  __device__ static uint32_t a_word(const Raw& r, int j, int h, int) {
-    const uint32_t w = word_of(j < 4 ? r.q0 : r.q1, j % 4);
-    return w & (h ? 0xF0F0F0F0u : 0x0F0F0F0Fu);
-  }
-};
-
-// Q5_K, 176 bytes: fp16 d | fp16 dmin | scales[12] | qh[32] | qs[128]; the fifth bit of element
-// 32 G + l is bit G of qh[l], so word j of qh holds, for every group, the fifth bits of its
-// columns 4j .. + 4.
-struct Q5KOne {
-  static constexpr int kBytes = 176;
-  static constexpr int kUnrollOneTile = 1;  // 80 bytes per row and block: one at a time
-  static constexpr bool kTwoTiles = false;  // (four rows' 320 bytes spill at two blocks per SM)
-  static constexpr float kHighScale = 1.0f;
-  struct Raw {
-    uint4 hd, qh0, qh1, q0, q1;
-  };
-  __device__ static Raw load(const uint8_t* b, int c) {
-    return {ld128(b), ld128(b + 16), ld128(b + 32), ld128(b + 48 + 32 * c), ld128(b + 64 + 32 * c)};
-  }
-  __device__ static const uint4& header(const Raw& r) { return r.hd; }
-  __device__ static uint32_t a_word(const Raw& r, int j, int h, int c) {
-    const uint32_t w = word_of(j < 4 ? r.q0 : r.q1, j % 4), hb = word_of(j < 4 ? r.qh0 : r.qh1, j % 4);
-    return ((w >> (4 * h)) & 0x0F0F0F0Fu) | (((hb >> (2 * c + h)) & 0x01010101u) << 4);
-  }
-};
-
 // One token's int8 activations: level l's values at q[l], the blocks' {scale, sum} at xb.
 template <int L>
 struct TokenQ8 {
@@ -95,11 +64,12 @@ struct TokenQ8 {
   const int2* xb;
 };
 
-// One 256-block kb of NT row tiles for thread (g, c): rows g + 8 i (i < 2 NT; tile i / 2).
-// In the passes of half h (low / high nibbles), only the thread with g == 2c + h gives b registers
-// (group g's activations); D[row][n] collects group n's integer dot over the 8 passes of 4 words.
+// One 256-block kb of a Q4_K / Q5_K matrix (M: a_word, header, kHighScale) for thread (g, c): rows
+// g + 8 i (i < 2 NT; tile i / 2). In the passes of half h (low / high nibbles), only the thread with
+// g == 2c + h gives b registers (group g's activations); D[row][n] collects group n's integer dot
+// over the 8 passes of 4 words.
 template <class M, int NT, int L>
-__device__ __forceinline__ void one_block(const typename M::Raw (&r)[2 * NT], const TokenQ8<L>& t, int kb, int g,
+__device__ __forceinline__ void kmin_block(const typename M::Raw (&r)[2 * NT], const TokenQ8<L>& t, int kb, int g,
                                           int c, float (&tot)[2 * NT]) {
   // Group g's 32 activations of each level (zeros for the threads that give none) and the
   // {scale, sum} of groups 2c, 2c + 1.
@@ -154,6 +124,51 @@ __device__ __forceinline__ void one_block(const typename M::Raw (&r)[2 * NT], co
   }
 }
 
+// Q4_K: thread c's quarter (Q4KMma::Raw: header, qs[32c .. 32c + 32)). Half h of word j as the
+// mma's 4 unsigned bytes: q (low nibbles) or 16 q (high).
+struct Q4KOne {
+  static constexpr int kBytes = 144;
+  static constexpr int kUnrollOneTile = 2;  // 256-blocks loaded at a time with one row tile (two tiles: 1)
+  static constexpr bool kTwoTiles = true;   // blocks of two row tiles where the grid allows
+  static constexpr float kHighScale = 1.0f / 16.0f;
+  using Raw = Q4KMma::Raw;
+  __device__ static Raw load(const uint8_t* b, int c) { return Q4KMma::load(b, c); }
+  __device__ static const uint4& header(const Raw& r) { return r.hd; }
+  __device__ static uint32_t a_word(const Raw& r, int j, int h, int) {
+    const uint32_t w = word_of(j < 4 ? r.q0 : r.q1, j % 4);
+    return w & (h ? 0xF0F0F0F0u : 0x0F0F0F0Fu);
+  }
+  template <int NT, int L>
+  __device__ static void step(const Raw (&r)[2 * NT], const TokenQ8<L>& t, int kb, int g, int c, float (&tot)[2 * NT]) {
+    kmin_block<Q4KOne, NT, L>(r, t, kb, g, c, tot);
+  }
+};
+
+// Q5_K, 176 bytes: fp16 d | fp16 dmin | scales[12] | qh[32] | qs[128]; the fifth bit of element
+// 32 G + l is bit G of qh[l], so word j of qh holds, for every group, the fifth bits of its
+// columns 4j .. + 4.
+struct Q5KOne {
+  static constexpr int kBytes = 176;
+  static constexpr int kUnrollOneTile = 1;  // 80 bytes per row and block: one at a time
+  static constexpr bool kTwoTiles = false;  // (four rows' 320 bytes spill at two blocks per SM)
+  static constexpr float kHighScale = 1.0f;
+  struct Raw {
+    uint4 hd, qh0, qh1, q0, q1;
+  };
+  __device__ static Raw load(const uint8_t* b, int c) {
+    return {ld128(b), ld128(b + 16), ld128(b + 32), ld128(b + 48 + 32 * c), ld128(b + 64 + 32 * c)};
+  }
+  __device__ static const uint4& header(const Raw& r) { return r.hd; }
+  __device__ static uint32_t a_word(const Raw& r, int j, int h, int c) {
+    const uint32_t w = word_of(j < 4 ? r.q0 : r.q1, j % 4), hb = word_of(j < 4 ? r.qh0 : r.qh1, j % 4);
+    return ((w >> (4 * h)) & 0x0F0F0F0Fu) | (((hb >> (2 * c + h)) & 0x01010101u) << 4);
+  }
+  template <int NT, int L>
+  __device__ static void step(const Raw (&r)[2 * NT], const TokenQ8<L>& t, int kb, int g, int c, float (&tot)[2 * NT]) {
+    kmin_block<Q5KOne, NT, L>(r, t, kb, g, c, tot);
+  }
+};
+
 // Rows [16 NT bx, + 16 NT): as gemv_mma_one_kernel, thread (g, c) of warp w multiplies rows
 // g + 8 i over the 256-blocks w, w + 8, ..., U of them loaded at a time, and the block's 8 warps
 // add their sums in warp order (an expert pair is summed as the expert's rows alone).
@@ -188,7 +203,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_q8_one_kernel(
   if constexpr (L == 2) t.q[1] = a.xr + tok * a.n_cols;
   t.xb = a.xb + tok * (a.n_cols / 32);
   float tot[NR] = {};
-  const auto step = [&](const Raw (&r)[NR], int kb) { one_block<M, NT, L>(r, t, kb, g, c, tot); };
+  const auto step = [&](const Raw (&r)[NR], int kb) { M::template step<NT, L>(r, t, kb, g, c, tot); };
 #pragma unroll
   for (int u = 0; u < U; ++u)
     if (warp + u * kMmaWarps < n_blocks) step(first[u], warp + u * kMmaWarps);
