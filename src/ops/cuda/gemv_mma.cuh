@@ -12,6 +12,7 @@
 
 #include "ops/cuda/dequant.cuh"
 #include "ops/cuda/gemm.cuh"
+#include "ops/cuda/gemv_reduce.cuh"
 #include "ops/cuda/quant_matmul_kernels.cuh"
 
 namespace sparsemla::cuda::mma_gemv {
@@ -202,6 +203,58 @@ __device__ __forceinline__ void for_warp_blocks(const uint8_t* const (&w)[NR], i
     typename M::Raw r[NR];
     load_rows<M>(w, kb, c, r);
     step(r, kb);
+  }
+}
+
+// The frame of the one-token kernels (gemv_mma_one.cu, gemv_q8_mma.cu): rows [16 NT bx, + 16 NT)
+// of the block's product (grid z) for its one token (an expert pair's, in expert mode). Thread
+// (g, c) of warp w multiplies rows g + 8 i (i < 2 NT) over the 256-blocks w, w + 8, ...: the first
+// U are loaded before the wait for the kernel before (outside expert mode: the weights are not its
+// output, the expert ids are), then begin(v) binds the token (all threads reach it: a staging
+// barrier may sit there), step(r, kb, tot) runs each block in kb order, and the block's 8 warps
+// add their sums in warp order, so an expert pair is summed as the expert's rows alone.
+template <class M, int NT, int U, class Begin, class Step>
+__device__ __forceinline__ void one_token_rows(const MatArgs& a, Begin&& begin, Step&& step) {
+  constexpr int NR = 2 * NT, ROWS = kMmaRows * NT;
+  using Raw = typename M::Raw;
+  __shared__ float part[kMmaWarps][ROWS];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
+  const int64_t row0 = int64_t(blockIdx.x) * ROWS;
+  const int n_blocks = int(a.n_cols / 256);
+  const uint8_t* w[NR];
+  Raw first[U][NR];
+  const BlockMat m = block_mat(a);
+  if (row0 >= m.n_rows) return;  // (several products: the grid covers the one with the most rows)
+  const auto load_first = [&](const uint8_t* base) {
+    block_rows(base, m.n_rows, m.row_bytes, row0, g, w);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (warp + u * kMmaWarps < n_blocks) load_rows<M>(w, warp + u * kMmaWarps, c, first[u]);
+  };
+  if (!a.expert_ids) load_first(m.w);
+  gemv_prologue<ROWS>(a.prefetch && !a.expert_ids, m.w, m.row_bytes, row0, m.n_rows);
+  BlockView v;
+  if (!block_view(a, v)) return;
+  if (a.expert_ids) load_first(v.w);
+  begin(v);
+  float tot[NR] = {};
+  const auto run = [&](const Raw (&r)[NR], int kb) { step(r, kb, tot); };
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+    if (warp + u * kMmaWarps < n_blocks) run(first[u], warp + u * kMmaWarps);
+  for_warp_blocks<M, U>(w, n_blocks, warp + U * kMmaWarps, c, run);
+#pragma unroll
+  for (int i = 0; i < NR; ++i) {
+    tot[i] += __shfl_xor_sync(0xffffffffu, tot[i], 1);
+    tot[i] += __shfl_xor_sync(0xffffffffu, tot[i], 2);
+    if (c == 0) part[warp][g + 8 * i] = tot[i];
+  }
+  __syncthreads();
+  if (threadIdx.x < ROWS) {
+    float sum = part[0][threadIdx.x];
+#pragma unroll
+    for (int k = 1; k < kMmaWarps; ++k) sum += part[k][threadIdx.x];
+    if (row0 + threadIdx.x < v.n_rows) v.y[row0 + threadIdx.x] = sum;
   }
 }
 

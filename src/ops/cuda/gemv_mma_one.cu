@@ -129,58 +129,18 @@ __device__ __forceinline__ void one_block(const Q4KMma::Raw (&r)[2 * NT], const 
 // With the kernel's static shared memory, kOneTokenMaxCols columns stay within the default 48 KB.
 static_assert(bf16_staged_bytes(kOneTokenMaxCols) + sizeof(float) * kMmaWarps * kMmaRows * 2 <= 48 * 1024);
 
-// Rows [16 NT bx, + 16 NT): thread (g, c) of warp w multiplies rows g + 8 i (i < 2 NT) over the
-// 256-blocks w, w + 8, ..., U of them loaded at a time (the block's 8 warps split the row, then add
-// their sums in warp order).
+// One token's rows (one_token_rows), the token staged in shared memory once the first blocks'
+// loads are in flight (their memory latency overlaps the staging and its barrier).
 template <int NT, int MinBlocks>
 __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel(const MatArgs a) {
-  constexpr int NR = 2 * NT, ROWS = kMmaRows * NT, U = NT == 1 ? 2 : 1;
-  using Raw = Q4KMma::Raw;
   extern __shared__ uint4 smem[];  // bf16_staged_bytes(n_cols)
-  __shared__ float part[kMmaWarps][ROWS];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
-  const int64_t row0 = int64_t(blockIdx.x) * ROWS;
-  const int n_blocks = int(a.n_cols / 256);
-  const uint8_t* w[NR];
-  // The warp's first U blocks are loaded before the token is staged, so that their memory latency
-  // overlaps the staging and its barrier. Outside expert mode they are loaded even before the wait
-  // for the kernel before (the weights are not its output; the expert ids are).
-  Raw first[U][NR];
-  const BlockMat m = block_mat(a);
-  if (row0 >= m.n_rows) return;  // (several products: the grid covers the one with the most rows)
-  const auto load_first = [&](const uint8_t* base) {
-    block_rows(base, m.n_rows, m.row_bytes, row0, g, w);
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (warp + u * kMmaWarps < n_blocks) load_rows<Q4KMma>(w, warp + u * kMmaWarps, c, first[u]);
-  };
-  if (!a.expert_ids) load_first(m.w);
-  gemv_prologue<ROWS>(a.prefetch && !a.expert_ids, m.w, m.row_bytes, row0, m.n_rows);
-  BlockView v;
-  if (!block_view(a, v)) return;
-  if (a.expert_ids) load_first(v.w);
-  const UnitToken token = stage_bf16(v.token(a, 0), int(a.n_cols), reinterpret_cast<uint8_t*>(smem));
-  float tot[NR] = {};
-  const auto step = [&](const Raw (&r)[NR], int kb) {
-    one_block<NT>(r, {token.x + 512 * kb, token.sums + 16 * kb, token.zeros}, g, c, tot);
-  };
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-    if (warp + u * kMmaWarps < n_blocks) step(first[u], warp + u * kMmaWarps);
-  for_warp_blocks<Q4KMma, U>(w, n_blocks, warp + U * kMmaWarps, c, step);
-#pragma unroll
-  for (int i = 0; i < NR; ++i) {
-    tot[i] += __shfl_xor_sync(0xffffffffu, tot[i], 1);
-    tot[i] += __shfl_xor_sync(0xffffffffu, tot[i], 2);
-    if (c == 0) part[warp][g + 8 * i] = tot[i];
-  }
-  __syncthreads();
-  if (threadIdx.x < ROWS) {
-    float sum = part[0][threadIdx.x];
-#pragma unroll
-    for (int k = 1; k < kMmaWarps; ++k) sum += part[k][threadIdx.x];
-    if (row0 + threadIdx.x < v.n_rows) v.y[row0 + threadIdx.x] = sum;
-  }
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  UnitToken token{};
+  one_token_rows<Q4KMma, NT, NT == 1 ? 2 : 1>(
+      a, [&](const BlockView& v) { token = stage_bf16(v.token(a, 0), int(a.n_cols), reinterpret_cast<uint8_t*>(smem)); },
+      [&](const Q4KMma::Raw (&r)[2 * NT], int kb, float (&tot)[2 * NT]) {
+        one_block<NT>(r, {token.x + 512 * kb, token.sums + 16 * kb, token.zeros}, g, c, tot);
+      });
 }
 
 // Row tiles per block. Two (the b registers and the staged token shared by 32 rows, half the blocks)

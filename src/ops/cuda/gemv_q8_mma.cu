@@ -169,58 +169,22 @@ struct Q5KOne {
   }
 };
 
-// Rows [16 NT bx, + 16 NT): as gemv_mma_one_kernel, thread (g, c) of warp w multiplies rows
-// g + 8 i over the 256-blocks w, w + 8, ..., U of them loaded at a time, and the block's 8 warps
-// add their sums in warp order (an expert pair is summed as the expert's rows alone).
+// One token's rows (one_token_rows), its int8 activations bound to the block's token.
 template <class M, int NT, int MinBlocks, int L>
 __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_q8_one_kernel(const MatArgs a) {
-  constexpr int NR = 2 * NT, ROWS = kMmaRows * NT, U = NT == 1 ? M::kUnrollOneTile : 1;
-  using Raw = typename M::Raw;
-  __shared__ float part[kMmaWarps][ROWS];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, c = lane % 4;
-  const int64_t row0 = int64_t(blockIdx.x) * ROWS;
-  const int n_blocks = int(a.n_cols / 256);
-  const uint8_t* w[NR];
-  // The warp's first U blocks are loaded before the wait for the kernel before (outside expert
-  // mode: the weights are not its output; the expert ids are).
-  Raw first[U][NR];
-  const BlockMat m = block_mat(a);
-  if (row0 >= m.n_rows) return;  // (several products: the grid covers the one with the most rows)
-  const auto load_first = [&](const uint8_t* base) {
-    block_rows(base, m.n_rows, m.row_bytes, row0, g, w);
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (warp + u * kMmaWarps < n_blocks) load_rows<M>(w, warp + u * kMmaWarps, c, first[u]);
-  };
-  if (!a.expert_ids) load_first(m.w);
-  gemv_prologue<ROWS>(a.prefetch && !a.expert_ids, m.w, m.row_bytes, row0, m.n_rows);
-  BlockView v;
-  if (!block_view(a, v)) return;
-  if (a.expert_ids) load_first(v.w);
-  const int64_t tok = v.token_row(a, 0);
-  TokenQ8<L> t;
-  t.q[0] = a.xq + tok * a.n_cols;
-  if constexpr (L == 2) t.q[1] = a.xr + tok * a.n_cols;
-  t.xb = a.xb + tok * (a.n_cols / 32);
-  float tot[NR] = {};
-  const auto step = [&](const Raw (&r)[NR], int kb) { M::template step<NT, L>(r, t, kb, g, c, tot); };
-#pragma unroll
-  for (int u = 0; u < U; ++u)
-    if (warp + u * kMmaWarps < n_blocks) step(first[u], warp + u * kMmaWarps);
-  for_warp_blocks<M, U>(w, n_blocks, warp + U * kMmaWarps, c, step);
-#pragma unroll
-  for (int i = 0; i < NR; ++i) {
-    tot[i] += __shfl_xor_sync(0xffffffffu, tot[i], 1);
-    tot[i] += __shfl_xor_sync(0xffffffffu, tot[i], 2);
-    if (c == 0) part[warp][g + 8 * i] = tot[i];
-  }
-  __syncthreads();
-  if (threadIdx.x < ROWS) {
-    float sum = part[0][threadIdx.x];
-#pragma unroll
-    for (int k = 1; k < kMmaWarps; ++k) sum += part[k][threadIdx.x];
-    if (row0 + threadIdx.x < v.n_rows) v.y[row0 + threadIdx.x] = sum;
-  }
+  const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  TokenQ8<L> t{};
+  one_token_rows<M, NT, NT == 1 ? M::kUnrollOneTile : 1>(
+      a,
+      [&](const BlockView& v) {
+        const int64_t tok = v.token_row(a, 0);
+        t.q[0] = a.xq + tok * a.n_cols;
+        if constexpr (L == 2) t.q[1] = a.xr + tok * a.n_cols;
+        t.xb = a.xb + tok * (a.n_cols / 32);
+      },
+      [&](const typename M::Raw (&r)[2 * NT], int kb, float (&tot)[2 * NT]) {
+        M::template step<NT, L>(r, t, kb, g, c, tot);
+      });
 }
 
 // Row tiles per block as the bf16 one-token kernel takes them (gemv_mma_one.cu): two where each
