@@ -21,7 +21,7 @@
 // Against the dp4a kernel (gemv_q8.cu), which decodes each nibble into its own byte and runs one
 // __dp4a per 4 weights and level, it decodes 8 weights in two instructions and runs one mma per 16
 // weights a thread holds (counted from the code, not profiled). On an H200 at one token, two levels,
-// it takes 5-22% less time than the dp4a kernel on the Q4_K shapes measured and 0-29% less on the
+// it takes 5-21% less time than the dp4a kernel on the Q4_K shapes measured and 0-29% less on the
 // Q5_K ones (output head: 146 against 179 us for Q4_K, 195 against 274 for Q5_K).
 // Its sums run in another order than the dp4a kernel's, so it is not batch invariant with it:
 // the q8 entry points take it only when asked (`one_token_kernel`), as matmul takes the bf16
