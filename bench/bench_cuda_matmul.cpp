@@ -8,9 +8,9 @@
 // same weights (activations quantized beforehand; the quantization's own time is printed at the
 // end), a "q8x2:T" line the same on two-level activations, a "tc:T" line the tensor-core decode
 // kernel (Q4_K, Q6_K; what matmul takes for them at T <= 8), "q8o:1" / "q8x2o:1" lines the
-// one-token int8 tensor-core kernel (Q4_K, Q5_K; the fast mode's at one token) and a "pf:T" line the tensor-core
-// prefill kernel at that T. The plain "T" lines at T <= 8
-// are the fp32 decode kernel (matmul_decode).
+// one-token int8 tensor-core kernel (Q4_K, Q5_K; the fast mode's at one token; "q8x2o:8e" its
+// expert pairs) and a "pf:T" line the tensor-core prefill kernel at that T. The plain "T" lines at
+// T <= 8 are the fp32 decode kernel (matmul_decode).
 //
 //   bench_cuda_matmul [--quick] [--decode] [--tokens T]   --decode: only T <= 8 and the experts;
 //                                                          --tokens: only that T (and the experts)
@@ -179,8 +179,9 @@ int main(int argc, char** argv) {
                 cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), T, n_calls, runs, levels);
             print_line(t, sh, (std::string(levels == 2 ? "q8x2:" : "q8:") + std::to_string(T)).c_str(), q, copy);
             if (T == 1 && cuda::q8_one_token_supported(t))
-              print_line(t, sh, levels == 2 ? "q8x2o:1" : "q8o:1",
-                         cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), 1, n_calls, runs, levels, true), copy);
+              print_line(
+                  t, sh, levels == 2 ? "q8x2o:1" : "q8o:1",
+                  cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), 1, n_calls, runs, levels, true), copy);
           }
       }
     }

@@ -206,6 +206,19 @@ __device__ __forceinline__ void for_warp_blocks(const uint8_t* const (&w)[NR], i
   }
 }
 
+// Row tiles per block of the one-token kernels (gemv_mma_one.cu, gemv_q8_mma.cu): two (the b
+// registers shared by 32 rows, half the blocks) where each warp has one 256-block per row (n_cols
+// <= 2048) or the grid still fills the device with two such blocks per SM; else one, which fills it
+// better (the bf16 kernel: three blocks per SM at 80 registers). Measured for the bf16 kernel on
+// the H200 (docs/PERFORMANCE.md, session 13): output head 154880 x 6144 201 -> 183 us, 8 experts
+// 2048 x 6144 28.3 -> 23.8, 16384 x 2048 11.7 -> 9.9, 6144 x 2048 5.0 -> 4.7; kept at one: 6144 x
+// 16384 (23.8 against 26.9), 2048 x 6144 (6.0 / 7.1), 4096^2 (5.7 / 5.9). The tile count does not
+// change any row's sum (same passes, same order).
+inline bool one_token_two_tiles(const MatArgs& a) {
+  const int64_t items = a.expert_ids ? a.n_tokens : 1;  // blocks per row tile of each product
+  return a.n_cols <= 256 * kMmaWarps || a.blocks_of_all(2 * kMmaRows) * items >= 2 * int64_t(a.sm_count);
+}
+
 // The frame of the one-token kernels (gemv_mma_one.cu, gemv_q8_mma.cu): rows [16 NT bx, + 16 NT)
 // of the block's product (grid z) for its one token (an expert pair's, in expert mode). Thread
 // (g, c) of warp w multiplies rows g + 8 i (i < 2 NT) over the 256-blocks w, w + 8, ...: the first

@@ -9,7 +9,7 @@
 // only the activations are rounded, to bf16 (2.2e-3 relative on the test shapes, against ~8e-3 for
 // the multi-token kernel of gemv_mma.cu, which rounds every weight to bf16).
 //
-// Layout: a block takes one or two m16 row tiles (two_tiles); its 8 warps split the rows' 256-blocks
+// Layout: a block takes one or two m16 row tiles (one_token_two_tiles); its 8 warps split the rows' 256-blocks
 // round-robin (warp w takes w, w + 8, ...) and add their sums in warp order (shuffles over a row's 4
 // threads, then shared memory), so an expert pair is summed exactly as a product of the expert's
 // rows alone, whatever the tile count.
@@ -137,23 +137,15 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_mma_one_kernel
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   UnitToken token{};
   one_token_rows<Q4KMma, NT, NT == 1 ? 2 : 1>(
-      a, [&](const BlockView& v) { token = stage_bf16(v.token(a, 0), int(a.n_cols), reinterpret_cast<uint8_t*>(smem)); },
+      a,
+      [&](const BlockView& v) {
+        token = stage_bf16(v.token(a, 0), int(a.n_cols), reinterpret_cast<uint8_t*>(smem));
+      },
       [&](const Q4KMma::Raw (&r)[2 * NT], int kb, float (&tot)[2 * NT]) {
         one_block<NT>(r, {token.x + 512 * kb, token.sums + 16 * kb, token.zeros}, g, c, tot);
       });
 }
 
-// Row tiles per block. Two (the b registers and the staged token shared by 32 rows, half the blocks)
-// where each warp has one 256-block per row (n_cols <= 2048) or the grid still fills the device
-// with two such blocks per SM (113 registers); else one, whose three blocks per SM (80 registers)
-// fill it better. Measured on the H200 (docs/PERFORMANCE.md, session 13): output head 154880 x
-// 6144 201 -> 183 us, 8 experts 2048 x 6144 28.3 -> 23.8, 16384 x 2048 11.7 -> 9.9, 6144 x 2048
-// 5.0 -> 4.7; kept at one: 6144 x 16384 (23.8 against 26.9), 2048 x 6144 (6.0 / 7.1), 4096^2
-// (5.7 / 5.9). The tile count does not change any row's sum (same passes, same order).
-bool two_tiles(const MatArgs& a) {
-  const int64_t items = a.expert_ids ? a.n_tokens : 1;  // blocks per row tile of each product
-  return a.n_cols <= 256 * kMmaWarps || a.blocks_of_all(2 * kMmaRows) * items >= 2 * int64_t(a.sm_count);
-}
 
 template <int NT>
 void launch_tiles(const MatArgs& a, cudaStream_t s) {
@@ -180,7 +172,7 @@ void launch_gemv_mma_one(gguf::GgmlType t, const MatArgs& a, cudaStream_t s) {
          a.n_cols, kOneTokenMaxCols);
   if (t != gguf::GgmlType::Q4_K)
     fail("cuda::launch_gemv_mma_one: no one-token tensor-core kernel for {}", gguf::type_name(t));
-  if (two_tiles(a)) launch_tiles<2>(a, s);
+  if (one_token_two_tiles(a)) launch_tiles<2>(a, s);
   else launch_tiles<1>(a, s);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }

@@ -34,7 +34,6 @@
 // (counted from the code). 6144 x 16384 at one token: 47-57 us against 37 for the fp32 kernel and
 // 32 for dp4a.
 #include "ops/cuda/gemv_mma.cuh"
-#include "ops/cuda/gemv_reduce.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/quant_matmul_q8.h"
 
@@ -142,10 +141,6 @@ struct Q4KOne {
     const uint32_t w = word_of(j < 4 ? r.q0 : r.q1, j % 4);
     return w & (h ? 0xF0F0F0F0u : 0x0F0F0F0Fu);
   }
-  template <int NT, int L>
-  __device__ static void step(const Raw (&r)[2 * NT], const TokenQ8<L>& t, int kb, int g, int c, float (&tot)[2 * NT]) {
-    kmin_block<Q4KOne, NT, L>(r, t, kb, g, c, tot);
-  }
 };
 
 // Q5_K, 176 bytes: fp16 d | fp16 dmin | scales[12] | qh[32] | qs[128]; the fifth bit of element
@@ -167,15 +162,12 @@ struct Q5KOne {
     const uint32_t w = word_of(j < 4 ? r.q0 : r.q1, j % 4), hb = word_of(j < 4 ? r.qh0 : r.qh1, j % 4);
     return ((w >> (4 * h)) & 0x0F0F0F0Fu) | (((hb >> (2 * c + h)) & 0x01010101u) << 4);
   }
-  template <int NT, int L>
-  __device__ static void step(const Raw (&r)[2 * NT], const TokenQ8<L>& t, int kb, int g, int c, float (&tot)[2 * NT]) {
-    kmin_block<Q5KOne, NT, L>(r, t, kb, g, c, tot);
-  }
 };
 
 // One token's rows (one_token_rows), its int8 activations bound to the block's token.
-template <class M, int NT, int MinBlocks, int L>
-__global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_q8_one_kernel(const MatArgs a) {
+// Held to 128 registers (two blocks per multiprocessor; launch_levels says why).
+template <class M, int NT, int L>
+__global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8_one_kernel(const MatArgs a) {
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   TokenQ8<L> t{};
   one_token_rows<M, NT, NT == 1 ? M::kUnrollOneTile : 1>(
@@ -187,29 +179,27 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MinBlocks) gemv_q8_one_kernel(
         t.xb = a.xb + tok * (a.n_cols / 32);
       },
       [&](const typename M::Raw (&r)[2 * NT], int kb, float (&tot)[2 * NT]) {
-        M::template step<NT, L>(r, t, kb, g, c, tot);
+        kmin_block<M, NT, L>(r, t, kb, g, c, tot);
       });
 }
 
-// Row tiles per block as the bf16 one-token kernel takes them (gemv_mma_one.cu): two where each
-// warp has one 256-block per row or the grid still fills the device twice over. Every variant is
-// held to 128 registers, so two blocks fit a multiprocessor: uncapped, the two-tile kernel took
-// 148 and ran its 192 blocks of a 6144-row product in two waves (5.4 us against 4.5 for the bf16
-// one-token kernel, H200).
+// Row tiles per block as the bf16 one-token kernel takes them (one_token_two_tiles; Q5_K one).
+// Every variant is held to 128 registers, so two blocks fit a multiprocessor: uncapped, the
+// two-tile kernel took 148 and ran its 192 blocks of a 6144-row product in two waves (5.4 us
+// against 4.5 for the bf16 one-token kernel, H200).
 template <class M, int L>
 void launch_levels(const MatArgs& a, cudaStream_t s) {
   const int64_t items = a.expert_ids ? a.n_tokens : 1;  // blocks per row tile of each product
-  const bool two = M::kTwoTiles && (a.n_cols <= 256 * kMmaWarps ||
-                                     a.blocks_of_all(2 * kMmaRows) * items >= 2 * int64_t(a.sm_count));
+  const bool two = M::kTwoTiles && one_token_two_tiles(a);
   const int nt = two ? 2 : 1;
   const dim3 grid{unsigned(ceil_div(a.max_rows(), int64_t(kMmaRows) * nt)), unsigned(items), 1u + unsigned(a.n_more)};
   if constexpr (M::kTwoTiles) {
     if (two) {
-      pdl::launch(gemv_q8_one_kernel<M, 2, 2, L>, grid, kMmaWarps * 32, 0, s, a);
+      pdl::launch(gemv_q8_one_kernel<M, 2, L>, grid, kMmaWarps * 32, 0, s, a);
       return;
     }
   }
-  pdl::launch(gemv_q8_one_kernel<M, 1, 2, L>, grid, kMmaWarps * 32, 0, s, a);
+  pdl::launch(gemv_q8_one_kernel<M, 1, L>, grid, kMmaWarps * 32, 0, s, a);
 }
 
 template <class M>
@@ -224,7 +214,8 @@ bool q8_one_token_supported(gguf::GgmlType t) { return t == gguf::GgmlType::Q4_K
 
 void launch_q8_one(gguf::GgmlType t, const MatArgs& a, cudaStream_t s) {
   if (a.group_offsets || (!a.expert_ids && a.n_tokens != 1))
-    fail("cuda::launch_q8_one: one token per product (got {} tokens{})", a.n_tokens, a.group_offsets ? ", grouped" : "");
+    fail("cuda::launch_q8_one: one token per product (got {} tokens{})", a.n_tokens,
+         a.group_offsets ? ", grouped" : "");
   if (!a.xq || !a.xb) fail("cuda::launch_q8_one: no quantized activations");
   if (t == gguf::GgmlType::Q4_K) launch_type<Q4KOne>(a, s);
   else if (t == gguf::GgmlType::Q5_K) launch_type<Q5KOne>(a, s);

@@ -16,14 +16,16 @@
 //               but faster than the fp32 kernel for Q8_0 and Q5_K at every batch (output head at
 //               one token: 91% against 75% of copy bandwidth, and 56% against 41%; 1.6-2.4x at 8
 //               tokens): the model's fast mode takes it for those two types
-//               (model::GpuModelOptions::q8_two_level).
+//               (model::GpuModelOptions::q8_two_level), and for Q4_K in one-token steps, where
+//               the one-token tensor-core kernel below beats the bf16 one (session 25).
 // Batch invariant as matmul_decode is: token t's result is the same bits whatever the number of
 // tokens and the other tokens' values, and an expert pair equals the one-token product on the
 // expert's rows.
 //
 // One-token tensor-core kernel (Q4_K, Q5_K: q8_one_token_supported; gemv_q8_mma.cu): the bf16
 // one-token kernel's scheme on integers (m16n8k32 u8 x s8 mma, the n holding a 256-block's scale
-// groups), about a third of the dp4a kernel's instructions per weight. Its result is W x_hat as
+// groups), fewer decode instructions per weight than the dp4a kernel (counted from the code) and
+// 5-29% less time at one token on an H200 (docs/PERFORMANCE.md, session 25). Its result is W x_hat as
 // well (the integer dots are exact; fp32 scaling and sums in another order), so it is taken only
 // where a caller asks (one_token_kernel below: one token per product, or expert pairs), as
 // matmul takes the bf16 one-token kernel and matmul_decode does not; a token's bits then differ
