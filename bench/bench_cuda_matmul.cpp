@@ -9,7 +9,9 @@
 // end), a "q8x2:T" line the same on two-level activations, a "tc:T" line the tensor-core decode
 // kernel (Q4_K, Q6_K; what matmul takes for them at T <= 8), "q8o:1" / "q8x2o:1" lines the
 // one-token int8 tensor-core kernel (Q4_K, Q5_K; the fast mode's at one token; "q8x2o:8e" its
-// expert pairs) and a "pf:T" line the tensor-core prefill kernel at that T. The plain "T" lines at
+// expert pairs), "q8u:1" / "q8x2u:1" lines the dp4a kernel without its staged loads (Q6_K, Q8_0:
+// the "q8" lines take them where the rows allow) and a "pf:T" line the tensor-core prefill kernel
+// at that T. The plain "T" lines at
 // T <= 8 are the fp32 decode kernel (matmul_decode).
 //
 //   bench_cuda_matmul [--quick] [--decode] [--tokens T]   --decode: only T <= 8 and the experts;
@@ -107,9 +109,14 @@ int run_only(const char* spec) {
     print_line(*t, {rows, cols}, "one:1",
                cuda::bench_matmul(c.mats.data(), int(c.mats.size()), 1, 8, 2, cuda::BenchKernel::OneTokenTensorCore), copy);
   if (cuda::q8_supported(*t))
-    for (int levels : {1, 2})
+    for (int levels : {1, 2}) {
       print_line(*t, {rows, cols}, (std::string(levels == 2 ? "q8x2:" : "q8:") + std::to_string(T)).c_str(),
                  cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), T, 8, 2, levels), copy);
+      cuda::set_q8_staged_loads(false);  // "u": the dp4a kernel without staged loads (Q6_K, Q8_0)
+      print_line(*t, {rows, cols}, (std::string(levels == 2 ? "q8x2u:" : "q8u:") + std::to_string(T)).c_str(),
+                 cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), T, 8, 2, levels), copy);
+      cuda::set_q8_staged_loads(true);
+    }
   if (T == 1 && cuda::q8_one_token_supported(*t))
     for (int levels : {1, 2})
       print_line(*t, {rows, cols}, levels == 2 ? "q8x2o:1" : "q8o:1",
@@ -178,6 +185,12 @@ int main(int argc, char** argv) {
             const cuda::MatmulTiming q =
                 cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), T, n_calls, runs, levels);
             print_line(t, sh, (std::string(levels == 2 ? "q8x2:" : "q8:") + std::to_string(T)).c_str(), q, copy);
+            if (T == 1 && (t == GgmlType::Q6_K || t == GgmlType::Q8_0)) {  // without staged loads
+              cuda::set_q8_staged_loads(false);
+              print_line(t, sh, levels == 2 ? "q8x2u:1" : "q8u:1",
+                         cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), 1, n_calls, runs, levels), copy);
+              cuda::set_q8_staged_loads(true);
+            }
             if (T == 1 && cuda::q8_one_token_supported(t))
               print_line(
                   t, sh, levels == 2 ? "q8x2o:1" : "q8o:1",
@@ -203,6 +216,10 @@ int main(int argc, char** argv) {
                  cuda::bench_matmul_experts(w, rows, 8, calls, runs, cuda::ExpertKernel::kOneToken), copy);
     print_line(t, {rows, cols}, "q8:8e", cuda::bench_matmul_experts_q8(w, rows, 8, calls, runs), copy);
     print_line(t, {rows, cols}, "q8x2:8e", cuda::bench_matmul_experts_q8(w, rows, 8, calls, runs, 2), copy);
+    cuda::set_q8_staged_loads(false);  // "u": without staged loads (Q6_K)
+    print_line(t, {rows, cols}, "q8u:8e", cuda::bench_matmul_experts_q8(w, rows, 8, calls, runs), copy);
+    print_line(t, {rows, cols}, "q8x2u:8e", cuda::bench_matmul_experts_q8(w, rows, 8, calls, runs, 2), copy);
+    cuda::set_q8_staged_loads(true);
     if (cuda::q8_one_token_supported(t))
       print_line(t, {rows, cols}, "q8x2o:8e", cuda::bench_matmul_experts_q8(w, rows, 8, calls, runs, 2, true), copy);
   }

@@ -1250,6 +1250,92 @@ TEST_P(CudaMatmulQ8, OneTokenKernelMatchesProductWithDequantizedActivations) {
   }
 }
 
+// Staged loads (Q6_K and Q8_0, whose blocks are only 2-byte aligned): rows of whole chunks (8 Q6_K
+// blocks; 32 Q8_0 blocks, from 4096 columns) take the staged kernel (counted by
+// q8_staged_launches) at one token, as several products in one launch and as expert pairs with a
+// shared pair, with one level and two, with two chunk buffers per warp (Q8_0 6144 columns: 192
+// units over 64 threads) and with chunks in turn in one buffer (Q6_K 18432 columns: 288 units over
+// 256 threads, two buffers past kStagedMaxSmem); each result has the bits of the kernel without
+// staging. Narrower rows, other types and two tokens do not take it.
+TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
+  SPARSEMLA_REQUIRE_GPU();
+  struct Restore {
+    ~Restore() { set_q8_staged_loads(true); }
+  } restore;
+  const bool staged_type = type() == GgmlType::Q6_K || type() == GgmlType::Q8_0;
+  const auto whole_chunks = [&](int64_t n_cols) {
+    return type() == GgmlType::Q6_K ? n_cols % (8 * 256) == 0 : n_cols % (32 * 32) == 0 && n_cols >= 4096;
+  };
+  // f() with staging on and off: both results and the staged launches each made.
+  const auto both = [&](auto&& f) {
+    set_q8_staged_loads(true);
+    const int64_t n0 = q8_staged_launches();
+    auto on = f();
+    const int64_t n_on = q8_staged_launches() - n0;
+    set_q8_staged_loads(false);
+    auto off = f();
+    const int64_t n_off = q8_staged_launches() - n0 - n_on;
+    set_q8_staged_loads(true);
+    EXPECT_EQ(n_off, 0) << "staged launches with staging off";
+    return std::tuple{on, off, n_on};
+  };
+  const std::vector<Shape> shapes = {{37, 2048}, {6144, 2048}, {67, 6144}, {19, 18432}, {33, 768}, {5, 1024}};
+  uint32_t seed = 900;
+  for (const Shape& sh : shapes) {
+    const TestWeight w(type(), sh.n_rows, sh.n_cols, seed++);
+    for (int levels : {1, 2}) {
+      const std::string what = GetParam() + " " + std::to_string(sh.n_rows) + "x" + std::to_string(sh.n_cols) + ", " +
+                               std::to_string(levels) + " level(s)";
+      const DeviceQ8 dq(randn(size_t(sh.n_cols), seed++), 1, sh.n_cols, levels);
+      const auto [on, off, n] = both([&] { return gpu_product_q8(w.mat, dq); });
+      EXPECT_EQ(on, off) << what << ": staged bits differ";
+      EXPECT_EQ(n, staged_type && whole_chunks(sh.n_cols) ? 1 : 0) << what << ": staged launches";
+      const DeviceQ8 dq2(randn(size_t(2 * sh.n_cols), seed++), 2, sh.n_cols, levels);
+      const auto [on2, off2, n2] = both([&] { return gpu_product_q8(w.mat, dq2); });
+      EXPECT_EQ(on2, off2) << what << ", two tokens";
+      EXPECT_EQ(n2, 0) << what << ", two tokens: staged launches";
+    }
+  }
+  const int64_t E = 4, F = 37, H = 6144, k = 3;
+  const TestWeight a(type(), 40, H, 991), b(type(), 3, H, 992), c(type(), 96, H, 993), we(type(), E * F, H, 994),
+      we2(type(), E * F, H, 995), sh(type(), F, H, 996), sh2(type(), F, H, 997);
+  const std::vector<int32_t> ids = {3, -1, 1};
+  const DeviceBuffer dids = to_device(ids);
+  for (int levels : {1, 2}) {
+    const std::string name = GetParam() + ", " + std::to_string(levels) + " level(s)";
+    const DeviceQ8 dq(randn(size_t(H), uint32_t(1000 + levels)), 1, H, levels);
+    const std::vector<QuantMatrix> mats = {a.mat, b.mat, c.mat};
+    const auto [many_on, many_off, n_many] = both([&] {
+      std::vector<DeviceBuffer> ys;
+      std::vector<float*> yp;
+      for (const QuantMatrix& m : mats) {
+        ys.push_back(to_device(std::vector<float>(size_t(m.n_rows), kUnwritten)));
+        yp.push_back(ys.back().as<float>());
+      }
+      matmul_many_q8(mats.data(), yp.data(), 3, dq.act, nullptr);
+      synchronize();
+      std::vector<std::vector<float>> out;
+      for (size_t i = 0; i < mats.size(); ++i) out.push_back(to_host<float>(ys[i], size_t(mats[i].n_rows)));
+      return out;
+    });
+    EXPECT_EQ(many_on, many_off) << name << ": three products in one launch";
+    EXPECT_EQ(n_many, staged_type ? 1 : 0) << name << ": three products, staged launches";
+    const DeviceQ8 dx(randn(size_t(2 * H), uint32_t(1010 + levels)), 2, H, levels);
+    const SharedPair two{&sh.mat, &sh2.mat, 1};
+    const auto [pair_on, pair_off, n_pair] = both([&] {
+      const std::vector<float> unwritten(size_t((k + 1) * F), kUnwritten);
+      DeviceBuffer g = to_device(unwritten), u = to_device(unwritten);
+      matmul_experts_pair_q8(we.mat, we2.mat, F, dids.as<int32_t>(), k, dx.act, k, g.as<float>(), u.as<float>(),
+                             nullptr, &two);
+      synchronize();
+      return std::pair{to_host<float>(g, size_t((k + 1) * F)), to_host<float>(u, size_t((k + 1) * F))};
+    });
+    EXPECT_EQ(pair_on, pair_off) << name << ": expert pairs with a shared pair";
+    EXPECT_EQ(n_pair, staged_type ? 1 : 0) << name << ": expert pairs, staged launches";
+    EXPECT_EQ(pair_on.first[size_t(F)], kUnwritten) << name << ": the unused pair was written";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulQ8, ::testing::Values("q8_0", "q4_K", "q5_K", "q6_K"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 

@@ -1168,9 +1168,12 @@ int GpuModel::q8_levels(gguf::GgmlType t) const {
   // int8 one beats at every token count (docs/PERFORMANCE.md, session 24).
   if (t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q5_K) return 2;
   // Q4_K in a one-token step: the one-token int8 tensor-core kernel (session 25); at 2-8 tokens
-  // its bf16 tensor-core kernel stays faster than the dp4a one. (Q6_K keeps its fp32 kernel at one
-  // token and the bf16 tensor-core one at 3-8: no int8 kernel beat them in the model.)
+  // its bf16 tensor-core kernel stays faster than the dp4a one.
   if (t == gguf::GgmlType::Q4_K && st_->T == 1) return 2;
+  // Q6_K in a one-token step: the dp4a kernel with staged loads (session 26; the Q6_K output head
+  // 307 -> 265 us, a 2-layer Q4_K_M GLM-5-width step 0.709 -> 0.669 ms). At 3-8 tokens its bf16
+  // tensor-core kernel stays.
+  if (t == gguf::GgmlType::Q6_K && st_->T == 1) return 2;
   return 0;
 }
 

@@ -23,10 +23,13 @@
 #include "ops/cuda/quant_matmul_q8.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/dequant.cuh"
 #include "ops/cuda/gemv_reduce.cuh"
+#include "ops/cuda/launch_cache.cuh"
+#include "ops/cuda/mma.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/quant_matmul_kernels.cuh"
 
@@ -178,6 +181,7 @@ struct Q5KUnit : KMinUnit {
 // Element = d sc (q - 32), q - 32 held as signed bytes.
 struct Q6KUnit {
   static constexpr int kBlock = 256, kBytes = 210, kUnitsPerBlock = 4, kUnroll = 1;
+  static constexpr int64_t kStagedMinCols = 0;  // staged loads at every width (the rows allow)
   struct W {
     uint32_t q[4][4];  // [j][word]
     float sc[4];       // d * sc of part j
@@ -236,6 +240,10 @@ struct Q6KUnit {
 // 8 aligned words from (b + 2) rounded down to 4, plus the last half-word, permuted into place.
 struct Q80Unit {
   static constexpr int kBlock = 32, kBytes = 34, kUnitsPerBlock = 1, kUnroll = 4;
+  // Staged loads from 4096 columns: at 2048 (one warp per block, two chunks) the direct loads of 4
+  // units at a time were faster (H200: 6144 x 2048 6.3 against 6.9 us, 16384 x 2048 12.4 against
+  // 14.4; 4096^2 10.2 -> 8.8, output head two levels 263 -> 242; docs/PERFORMANCE.md, session 26).
+  static constexpr int64_t kStagedMinCols = 4096;
   struct W {
     uint32_t q[2][4];
     float d;
@@ -278,6 +286,9 @@ struct Q80Unit {
 constexpr int kQ8MaxThreads = 256;
 // Rows per block: each activation load feeds kQ8Rows rows.
 constexpr int kQ8Rows = 4;
+// The staged kernel's shared memory per block at most: within SM86/89/12x's 99 KB (and the
+// H100/H200's 227 KB) with room for the block's partial sums.
+constexpr size_t kStagedMaxSmem = 96 * 1024;
 
 // acc[row][t] += unit iu of each row . token t's activations of the unit.
 template <class V, int R, int NT, int L>
@@ -338,6 +349,117 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_kernel(const MatArgs a)
   }
 }
 
+// ---- staged loads (one token or expert pairs; Q6_K and Q8_0) ----
+//
+// Q6_K (210-byte) and Q8_0 (34-byte) blocks are only 2-byte aligned, so the kernel above reads each
+// 16 weight bytes as five 4-byte loads and byte permutes, scattered over the warp's 8 (Q6_K) or 32
+// (Q8_0) consecutive blocks: many small L1 requests per byte. Here each warp first copies the
+// bytes its 32 lanes' units cover (one "chunk": 32 units of each of its R rows, 1680 bytes of a
+// Q6_K row, 1088 of a Q8_0 one, 16-byte aligned when the rows are) into shared memory with
+// 16-byte cp.async copies, coalesced, and the units are then decoded from there as before. Each
+// thread takes the same units in the same order as gemv_q8_kernel<V, 1, R, L> and adds them the
+// same way, so the result is the same bits (a one-token product, or one per expert pair, with
+// several products). With two or more chunks per warp, the next chunk's copy is in flight while
+// the current one is decoded (two buffers, where they fit; else one after the other).
+template <class V>
+struct Staged {
+  static constexpr int kChunkBlocks = 32 / V::kUnitsPerBlock;
+  static constexpr int kChunkBytes = kChunkBlocks * V::kBytes;
+  static_assert(32 % V::kUnitsPerBlock == 0 && kChunkBytes % 16 == 0, "a warp's chunk is whole 16-byte pieces");
+  // Chunk buffers per warp: two when a warp has more than one chunk (the next one's copy in flight
+  // while the current one is decoded) and they fit in kStagedMaxSmem, else one.
+  __host__ __device__ static size_t smem_of(int n_threads, int buffers, int R) {
+    return size_t(n_threads / 32) * size_t(buffers) * size_t(R) * kChunkBytes;
+  }
+  __host__ __device__ static int buffers(int n_units, int n_threads, int R) {
+    return n_units > n_threads && smem_of(n_threads, 2, R) <= kStagedMaxSmem ? 2 : 1;
+  }
+  static size_t smem(int n_units, int n_threads, int R) { return smem_of(n_threads, buffers(n_units, n_threads, R), R); }
+};
+
+template <class V, int R, int L>
+__global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_staged_kernel(const MatArgs a) {
+  using S = Staged<V>;
+  constexpr int kPiecesPerRow = S::kChunkBytes / 16;
+  extern __shared__ __align__(16) uint8_t stage[];  // per warp: [buffers][R][kChunkBytes]
+  __shared__ float partial[kQ8MaxThreads / 32][R];
+  const int n_units = int(a.n_cols / V::kBlock) * V::kUnitsPerBlock;
+  const int n_threads = blockDim.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int nbuf = S::buffers(n_units, n_threads, R);
+  const int64_t row0 = int64_t(blockIdx.x) * R;
+  const BlockMat m = block_mat(a);
+  if (row0 >= m.n_rows) return;
+  gemv_prologue<R>(a.prefetch && !a.expert_ids, m.w, m.row_bytes, row0, m.n_rows);
+  BlockView v;
+  if (!block_view(a, v)) return;
+  TokenX<L> x;
+  const int64_t tok = v.token_row(a, 0);
+  x.q[0] = a.xq + tok * a.n_cols;
+  if constexpr (L == 2) x.q[1] = a.xr + tok * a.n_cols;
+  x.xb = a.xb + tok * (a.n_cols / 32);
+  float acc[R][1];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
+
+  uint8_t* buf = stage + size_t(warp) * nbuf * R * S::kChunkBytes;
+  // Chunk of units [iu0, iu0 + 32) of the R rows into buffer k, as one cp.async group.
+  const auto copy = [&](int iu0, int k) {
+    const int64_t off = int64_t(iu0 / V::kUnitsPerBlock) * V::kBytes;
+    uint8_t* dst = buf + k * R * S::kChunkBytes;
+#pragma unroll 1
+    for (int i = lane; i < R * kPiecesPerRow; i += 32) {
+      const int r = i / kPiecesPerRow, p = i % kPiecesPerRow;
+      const uint8_t* row = v.w + uint64_t(min(row0 + r, v.n_rows - 1)) * v.row_bytes;  // (w[r], not indexed)
+      cp_async16(dst + r * S::kChunkBytes + 16 * p, row + off + 16 * p);
+    }
+    cp_async_commit();
+  };
+  int iu0 = warp * 32;
+  if (iu0 < n_units) copy(iu0, 0);
+  for (int k = 0; iu0 < n_units; iu0 += n_threads, ++k) {
+    const int cur = nbuf == 2 ? (k & 1) : 0;
+    if (nbuf == 2) {
+      if (iu0 + n_threads < n_units) copy(iu0 + n_threads, cur ^ 1);
+      else cp_async_commit();  // (an empty group: the wait below counts one behind)
+      cp_async_wait_group<1>();
+    } else {
+      cp_async_wait_all();
+    }
+    __syncwarp();
+    const int iu = iu0 + lane, b = iu / V::kUnitsPerBlock, u = iu % V::kUnitsPerBlock;
+    const uint8_t* src = buf + cur * R * S::kChunkBytes + (lane / V::kUnitsPerBlock) * V::kBytes;
+    typename V::W wu[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wu[r] = V::load(src + r * S::kChunkBytes, u);
+    const typename V::template X<L> xu = V::template load_x<L>(x, b, u);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r][0] = V::fma(wu[r], xu, acc[r][0]);
+    __syncwarp();  // every lane's reads of this buffer are done before it is filled again
+    if (nbuf == 1 && iu0 + n_threads < n_units) copy(iu0 + n_threads, 0);
+  }
+  block_sum_store(acc, partial, row0, v.n_rows, 0, 1, v.y);
+}
+
+// Whether a product takes the staged kernel: the 2-byte aligned types, one token (or one per
+// expert pair), rows of whole chunks and at least V::kStagedMinCols columns, every matrix 16-byte
+// aligned (so every chunk is), and within kStagedMaxSmem.
+bool g_q8_staged = true;
+std::atomic<int64_t> g_q8_staged_launches{0};
+
+template <class V>
+bool takes_staged(const MatArgs& a, int threads) {
+  using S = Staged<V>;
+  if (!g_q8_staged || a.group_offsets || (!a.expert_ids && a.n_tokens != 1)) return false;
+  if (a.n_cols < V::kStagedMinCols || (a.n_cols / V::kBlock) % S::kChunkBlocks != 0 || a.row_bytes % 16 != 0)
+    return false;
+  const auto aligned16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  if (!aligned16(a.w) || !aligned16(a.shared_w)) return false;
+  for (int i = 0; i < a.n_more; ++i)
+    if (!aligned16(a.more[i].w) || !aligned16(a.more[i].shared_w) || a.more[i].row_bytes % 16 != 0) return false;
+  const int n_units = int(a.n_cols / V::kBlock) * V::kUnitsPerBlock;
+  return S::smem(n_units, threads, kQ8Rows) <= kStagedMaxSmem;
+}
+
 // Threads per block: enough that each takes about kUnroll units of a row, a multiple of 32 in
 // [32, kQ8MaxThreads]. A function of n_cols and the type only (batch invariance).
 template <class V>
@@ -362,6 +484,19 @@ void launch_q8_levels(const MatArgs& a, cudaStream_t s) {
   const unsigned z = 1u + unsigned(a.n_more);  // several products: product i in grid z = i
   if (a.n_more && (a.group_offsets || (!a.expert_ids && a.n_tokens != 1)))
     fail("cuda::launch_q8: several products take one token or expert pairs");
+  if constexpr (V::kBytes % 16 != 0) {  // (16-byte aligned blocks gain nothing from staging)
+    if (takes_staged<V>(a, threads)) {
+      const int n_units = int(a.n_cols / V::kBlock) * V::kUnitsPerBlock;
+      const size_t smem = Staged<V>::smem(n_units, threads, R);
+      const auto kernel = gemv_q8_staged_kernel<V, R, L>;
+      allow_smem(kernel, smem);
+      const unsigned y = a.expert_ids ? unsigned(a.n_tokens) : 1u;
+      pdl::launch(kernel, dim3(blocks, y, z), threads, smem, s, a);
+      SPARSEMLA_CUDA_LAUNCH_CHECK();
+      ++g_q8_staged_launches;
+      return;
+    }
+  }
   if (a.group_offsets)  // a grid row per group (MatArgs::n_tokens), two tokens per pass at every batch
     pdl::launch(gemv_q8_kernel<V, kQ8GroupTokens, R, L>, dim3(blocks, unsigned(a.n_tokens)), threads, 0, s, a);
   else if (a.expert_ids)
@@ -472,6 +607,10 @@ void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Ac
   else quantize_q8_kernel<1><<<grid, kThreads, 0, st>>>(x, n_blocks, q, r, blocks);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
+
+void set_q8_staged_loads(bool on) { g_q8_staged = on; }
+bool q8_staged_loads() { return g_q8_staged; }
+int64_t q8_staged_launches() { return g_q8_staged_launches.load(); }
 
 bool q8_supported(gguf::GgmlType t) {
   for (const Q8Kernels& k : kQ8Kernels)

@@ -183,14 +183,18 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8_one_kernel(const Ma
       });
 }
 
-// Row tiles per block as the bf16 one-token kernel takes them (one_token_two_tiles; Q5_K one).
+// Row tiles per block: two where the bf16 one-token kernel takes two (one_token_two_tiles) and where
+// the two-tile blocks still fill the device once (below); Q5_K one.
 // Every variant is held to 128 registers, so two blocks fit a multiprocessor: uncapped, the
 // two-tile kernel took 148 and ran its 192 blocks of a 6144-row product in two waves (5.4 us
 // against 4.5 for the bf16 one-token kernel, H200).
 template <class M, int L>
 void launch_levels(const MatArgs& a, cudaStream_t s) {
   const int64_t items = a.expert_ids ? a.n_tokens : 1;  // blocks per row tile of each product
-  const bool two = M::kTwoTiles && one_token_two_tiles(a);
+  // Two tiles also where their blocks still fill every multiprocessor once (2 per SM fit): the
+  // attention output 6144 x 16384 in 192 blocks, 19.8-19.9 us against 20.4-20.7 in 384 one-tile
+  // blocks (1.45 waves; H200, session 26). (The bf16 kernel measured the other way there.)
+  const bool two = M::kTwoTiles && (one_token_two_tiles(a) || a.blocks_of_all(2 * kMmaRows) * items >= a.sm_count);
   const int nt = two ? 2 : 1;
   const dim3 grid{unsigned(ceil_div(a.max_rows(), int64_t(kMmaRows) * nt)), unsigned(items), 1u + unsigned(a.n_more)};
   if constexpr (M::kTwoTiles) {

@@ -11,13 +11,14 @@
 //   two levels  x_hat = (d / 254) (254 q + r), r the int8 rounding of what q leaves over: each
 //               value within max|x| / 64,500 of its block, a relative error of ~3e-5 on N(0, 1)
 //               activations, under the ~2e-3 of bf16 activations; one more __dp4a per 4 weights
-//               and twice the activation loads. On an H200 (docs/PERFORMANCE.md, sessions 18
-//               and 24) no faster than the one-token and tensor-core kernels for Q4_K and Q6_K,
-//               but faster than the fp32 kernel for Q8_0 and Q5_K at every batch (output head at
-//               one token: 91% against 75% of copy bandwidth, and 56% against 41%; 1.6-2.4x at 8
-//               tokens): the model's fast mode takes it for those two types
-//               (model::GpuModelOptions::q8_two_level), and for Q4_K in one-token steps, where
-//               the one-token tensor-core kernel below beats the bf16 one (session 25).
+//               and twice the activation loads. On an H200 (docs/PERFORMANCE.md, sessions 18,
+//               24-26) faster than the fp32 kernel for Q8_0 and Q5_K at every batch (output head
+//               at one token: 91% against 75% of copy bandwidth, and 56% against 41%; 1.6-2.4x at
+//               8 tokens) and for Q6_K at one token with staged loads (below; head 265 against
+//               307 us); at 2-8 tokens no faster than the tensor-core kernels for Q4_K and Q6_K.
+//               The model's fast mode takes it for Q8_0 and Q5_K
+//               (model::GpuModelOptions::q8_two_level), and for Q4_K and Q6_K in one-token steps
+//               (Q4_K on the one-token tensor-core kernel below: session 25).
 // Batch invariant as matmul_decode is: token t's result is the same bits whatever the number of
 // tokens and the other tokens' values, and an expert pair equals the one-token product on the
 // expert's rows.
@@ -116,6 +117,15 @@ void matmul_experts_pair_q8(const QuantMatrix& w1, const QuantMatrix& w2, int64_
                             const int32_t* expert_ids, int64_t n_pairs, const Q8Activations& x, int64_t x_div,
                             float* y1, float* y2, Stream s, const SharedPair* shared = nullptr,
                             bool one_token_kernel = false);
+
+// The dp4a kernel's staged loads for Q6_K and Q8_0 (gemv_q8.cu: each warp copies its weight bytes
+// into shared memory in 16-byte pieces first; one token or expert pairs, rows of whole 8-block
+// (Q6_K) / 32-block (Q8_0) chunks). The same bits either way; on by default. Off: the kernel reads
+// the 2-byte aligned blocks directly. For tests and benchmarks (process-wide, not thread-safe).
+// q8_staged_launches: how many launches took the staged kernel so far (process-wide).
+void set_q8_staged_loads(bool on);
+bool q8_staged_loads();
+int64_t q8_staged_launches();
 
 // matmul_expert_groups on quantized activations: each group's slots read the rows of x that
 // matmul_expert_groups would read (perm[j] / x_div, or row j without perm); x must hold them all
