@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -28,6 +29,8 @@
 #include "ops/cpu/rope.h"
 #include "ops/cuda/buffer.h"
 #include "ops/cuda/moe_router.h"
+#include "ops/cuda/norm_split.h"
+#include "ops/cuda/quant_matmul_q8.h"
 #include "ops/cuda/small_ops.h"
 #include "util/error.h"
 #include "util/half.h"
@@ -95,6 +98,73 @@ TEST(CudaSmallOps, AddRmsNormUpdatesResidualThenNorms) {
       EXPECT_EQ(to_host<float>(dh, h.size()), h_want) << "the residual sum is one fp32 add";
       expect_close(to_host<float>(dout, h.size()), out_want, 2e-6, 1e-7, "add_rms_norm n=" + std::to_string(n));
     }
+}
+
+// The norms with int8 output (the model's norms feeding int8-activation products): the rows as
+// without it (close to the CPU), the int8 activations the bits of quantize_activations on those
+// rows, with the norm split over a cluster (SM90 and later: every width here, 8 / 4 / 2 blocks) and
+// with the one-block kernel; the split rows within 2e-6 of the one-block ones and batch invariant
+// (a row's bits the same at T = 1 and T = 3).
+TEST(CudaSmallOps, NormsWithInt8OutputQuantizeAsQuantizeActivations) {
+  SPARSEMLA_REQUIRE_GPU();
+  struct Restore {
+    ~Restore() { set_split_norms(true); }
+  } restore;
+  EXPECT_FALSE(split_norm_fits(1, 768)) << "rows under 1024 values keep the one-block kernel";
+  EXPECT_FALSE(split_norm_fits(1, 1000));
+  std::printf("  split norms on this device: %s\n", split_norm_fits(1, 6144) ? "yes" : "no (before SM90)");
+  for (int64_t n : {1024, 1536, 2048, 6144, 7168}) {
+    EXPECT_EQ(split_norm_fits(1, n), split_norm_fits(1, 6144)) << n;
+    const auto w = randn(size_t(n), uint32_t(n + 9), 0.2f, 1.0f);
+    const DeviceBuffer dw = to_device(w);
+    for (int levels : {1, 2})
+      for (bool split : {true, false}) {
+        set_split_norms(split);
+        std::vector<float> row0;  // T = 1's output row
+        for (int64_t T : {1, 3}) {
+          const std::string what = "n=" + std::to_string(n) + " T=" + std::to_string(T) + " levels=" +
+                                   std::to_string(levels) + (split ? " split" : " one block");
+          // (T = 1 takes the first of the three rows.)
+          const auto h3 = randn(size_t(3 * n), uint32_t(n * 11)), d3 = randn(size_t(3 * n), uint32_t(n * 13));
+          const std::vector<float> h(h3.begin(), h3.begin() + T * n), delta(d3.begin(), d3.begin() + T * n);
+          std::vector<float> h_want(h.size()), want(h.size());
+          for (size_t i = 0; i < h.size(); ++i) h_want[i] = h[i] + delta[i];
+          for (int64_t t = 0; t < T; ++t) ops::rms_norm(h_want.data() + t * n, w.data(), n, 1e-5f, want.data() + t * n);
+          const size_t qbytes = q8_activation_bytes(T, n, levels);
+          DeviceBuffer dh = to_device(h), dd = to_device(delta), dout(h.size() * sizeof(float)), dq(qbytes),
+                       dref(qbytes), dx = to_device(h_want), dout2(h.size() * sizeof(float)), dq2(qbytes);
+          Q8Activations q, ref, q2;
+          q.data = dq.get(), q.bytes = qbytes, ref.data = dref.get(), ref.bytes = qbytes, q2.data = dq2.get(),
+          q2.bytes = qbytes;
+          add_rms_norm(dh.as<float>(), dd.as<float>(), dw.as<float>(), T, n, 1e-5f, dout.as<float>(), nullptr, &q,
+                       levels);
+          rms_norm(dx.as<float>(), n, dw.as<float>(), T, n, 1e-5f, dout2.as<float>(), n, nullptr, &q2, levels);
+          quantize_activations(dout.as<float>(), T, n, ref, nullptr, levels);
+          synchronize();
+          const std::vector<float> out = to_host<float>(dout, h.size());
+          EXPECT_EQ(to_host<float>(dh, h.size()), h_want) << what << ": the residual";
+          expect_close(out, want, 2e-6, 1e-7, what + ": add_rms_norm");
+          expect_close(to_host<float>(dout2, h.size()), want, 2e-6, 1e-7, what + ": rms_norm");
+          EXPECT_EQ(q.n_tokens, T);
+          EXPECT_EQ(q.levels, levels);
+          EXPECT_EQ(to_host<uint8_t>(dq, qbytes), to_host<uint8_t>(dref, qbytes)) << what << ": int8 output";
+          DeviceBuffer dref2(qbytes);
+          Q8Activations r2;
+          r2.data = dref2.get(), r2.bytes = qbytes;
+          quantize_activations(dout2.as<float>(), T, n, r2, nullptr, levels);
+          synchronize();
+          EXPECT_EQ(to_host<uint8_t>(dq2, qbytes), to_host<uint8_t>(dref2, qbytes)) << what << ": rms_norm int8 output";
+          if (T == 1) row0 = out;
+          else if (split) EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + n), row0) << what << ": batch invariance";
+        }
+      }
+  }
+  // Int8 output wants contiguous rows.
+  DeviceBuffer buf(1 << 20);
+  Q8Activations q;
+  q.data = buf.get(), q.bytes = 1 << 19;
+  EXPECT_THROW(rms_norm(buf.as<float>(), 2100, buf.as<float>(), 1, 2048, 1e-5f, buf.as<float>(), 2100, nullptr, &q, 2),
+               Error);
 }
 
 TEST(CudaSmallOps, LayerNormMatchesCpuWithAndWithoutBias) {

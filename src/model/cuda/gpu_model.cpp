@@ -415,6 +415,7 @@ struct GpuModel::State {
   cuda::DeviceBuffer sample_buf;     // sample(): the rows' parameters, the ids, the sampler's scratch
   std::unique_ptr<gpu::StepTimer> timer;  // SPARSEMLA_STEP_PROFILE=1: device time by operation
   cuda::Q8Activations q8[2];              // the int8 activations of ws.q8 (GpuModel::quantized)
+  const float* prequantized[2] = {nullptr, nullptr};  // q8[slot] holds this input, quantized by its norm
   bool profiling = false;                 // this forward is a decode step, timed
   // Decode graphs by (batch size, context bucket, cache, cache format); an empty graph: not capturable.
   std::map<GraphKey, gpu::Graph> graphs;
@@ -964,24 +965,34 @@ void GpuModel::run_step(GpuCache& cache) {
   mark("begin");
   cuda::dequantize_rows(st.token_embd, w.ids, T, w.h, s);
   reduce(w.h, T * H);
-  cuda::rms_norm(w.h, H, st.layers[0].attn_norm, T, H, hp.rms_eps, w.x, H, s);
+  // Each norm writing x quantizes it for its readers as it writes it where it can (norm_output_q8).
+  int lv = 0;
+  cuda::Q8Activations* nq = norm_output_q8(w.x, T, H, 0, attention_readers(st.layers[0]), &lv);
+  cuda::rms_norm(w.h, H, st.layers[0].attn_norm, T, H, hp.rms_eps, w.x, H, s, nq, lv);
   mark("embedding");
   for (uint32_t il = 0; il < hp.n_layer; ++il) {
     const Layer& L = st.layers[il];
     attention_layer(L, int32_t(il), cache);
     reduce(w.attn, T * H);
-    cuda::add_rms_norm(w.h, w.attn, L.ffn_norm, T, H, hp.rms_eps, w.x, s);
+    nq = norm_output_q8(w.x, T, H, 0, ffn_readers(L), &lv);
+    cuda::add_rms_norm(w.h, w.attn, L.ffn_norm, T, H, hp.rms_eps, w.x, s, nq, lv);
     mark("attention: output all-reduce, norm");
     ffn(L, int32_t(il));
     reduce(w.attn, T * H);
-    if (il + 1 < hp.n_layer) cuda::add_rms_norm(w.h, w.attn, st.layers[il + 1].attn_norm, T, H, hp.rms_eps, w.x, s);
-    else cuda::add(w.h, w.attn, T * H, s);
+    if (il + 1 < hp.n_layer) {
+      const Layer& next = st.layers[il + 1];
+      nq = norm_output_q8(w.x, T, H, 0, attention_readers(next), &lv);
+      cuda::add_rms_norm(w.h, w.attn, next.attn_norm, T, H, hp.rms_eps, w.x, s, nq, lv);
+    } else {
+      cuda::add(w.h, w.attn, T * H, s);
+    }
     mark("ffn: all-reduce, residual, norm");
   }
   // The output head, on the requested rows only.
   if (R == 0) return;
   gpu::gather_rows(w.h, H, w.out_rows, 1, R, w.rows_h, s);
-  cuda::rms_norm(w.rows_h, H, st.output_norm, R, H, hp.rms_eps, w.rows_n, H, s);
+  nq = norm_output_q8(w.rows_n, R, H, 0, {&st.output}, &lv);
+  cuda::rms_norm(w.rows_h, H, st.output_norm, R, H, hp.rms_eps, w.rows_n, H, s, nq, lv);
   product(st.output, w.rows_n, R, w.logits, quantized(w.rows_n, R, H, 0, {&st.output}));
   if (sharded()) coll_.all_gather(w.logits, R * shard_.vocab_count, w.gathered);
   mark("output head");
@@ -1003,8 +1014,7 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   // overlap each other's start (pdl.cuh), the small operations on their outputs follow.
   const bool index = sparse && L.indexer;
   // (At one token those of one type share a launch: product_many.)
-  const cuda::Q8Activations* qx =
-      quantized(w.x, T, hp.n_embd, 0, {&L.q_a, &L.kv_a_mqa, index ? &L.idx_k : nullptr, index ? &L.idx_proj : nullptr, &L.q});
+  const cuda::Q8Activations* qx = quantized(w.x, T, hp.n_embd, 0, attention_readers(L));
   {
     const QuantMatrix* mats[3];
     float* outs[3];
@@ -1040,8 +1050,11 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   to_main();
   if (hp.q_lora_rank > 0) {
     const int64_t ql = hp.q_lora_rank;
-    cuda::rms_norm(w.qr, ql, L.q_a_norm, T, ql, hp.rms_eps, w.qr, ql, s);
-    const cuda::Q8Activations* qqr = quantized(w.qr, T, ql, 1, {&L.q_b, index ? &L.idx_q_b : nullptr});
+    int lv = 0;
+    const Readers qr_readers{&L.q_b, index ? &L.idx_q_b : nullptr};
+    cuda::Q8Activations* nq = norm_output_q8(w.qr, T, ql, 1, qr_readers, &lv);
+    cuda::rms_norm(w.qr, ql, L.q_a_norm, T, ql, hp.rms_eps, w.qr, ql, s, nq, lv);
+    const cuda::Q8Activations* qqr = quantized(w.qr, T, ql, 1, qr_readers);
     const QuantMatrix* mats[2] = {&L.q_b, &L.idx_q_b};
     float* outs[2] = {w.q, w.iq};
     product_many(mats, outs, index ? 2 : 1, w.qr, T, qqr);
@@ -1214,20 +1227,59 @@ void GpuModel::product_many(const QuantMatrix* const* w, float* const* y, int n,
   if (nf > 0) cuda::matmul_many(mf, yf, nf, x, T, st_->s(), opts_.precise);
 }
 
-const cuda::Q8Activations* GpuModel::quantized(const float* x, int64_t T, int64_t n_cols, int slot,
-                                                std::initializer_list<const QuantMatrix*> readers, int64_t max_rows) {
-  State& st = *st_;
+GpuModel::Readers::Readers(std::initializer_list<const QuantMatrix*> l) {
+  if (l.size() > size_t(kMax)) fail("GpuModel: {} readers of one input (at most {})", l.size(), kMax);
+  for (const QuantMatrix* p : l) m[n++] = p;
+}
+
+int GpuModel::input_levels(int64_t T, int64_t n_cols, const Readers& readers, int64_t max_rows) const {
   int levels = 0;
-  for (const QuantMatrix* m : readers)
+  for (int i = 0; i < readers.n; ++i) {
+    const QuantMatrix* m = readers.m[i];
     if (m && m->data && m->n_cols == n_cols) levels = std::max(levels, q8_levels(m->type));
+  }
   if (levels == 0 || T < 1 || T > max_rows || n_cols % cuda::kQ8ActBlock != 0 ||
-      cuda::q8_activation_bytes(T, n_cols, levels) > st.ws.q8_bytes)
-    return nullptr;
+      cuda::q8_activation_bytes(T, n_cols, levels) > st_->ws.q8_bytes)
+    return 0;
+  return levels;
+}
+
+const cuda::Q8Activations* GpuModel::quantized(const float* x, int64_t T, int64_t n_cols, int slot,
+                                                const Readers& readers, int64_t max_rows) {
+  State& st = *st_;
+  const bool done = st.prequantized[slot] == x;  // by the norm that wrote x (norm_output_q8)
+  st.prequantized[slot] = nullptr;
+  const int levels = input_levels(T, n_cols, readers, max_rows);
+  if (levels == 0) return nullptr;
   cuda::Q8Activations& q = st.q8[slot];
+  if (done && q.data == st.ws.q8[slot] && q.n_tokens == T && q.n_cols == n_cols && q.levels == levels) return &q;
   q.data = st.ws.q8[slot];
   q.bytes = st.ws.q8_bytes;
   cuda::quantize_activations(x, T, n_cols, q, st.s(), levels);
   return &q;
+}
+
+cuda::Q8Activations* GpuModel::norm_output_q8(const float* x, int64_t T, int64_t n_cols, int slot,
+                                              const Readers& readers, int* levels) {
+  State& st = *st_;
+  st.prequantized[slot] = nullptr;
+  *levels = input_levels(T, n_cols, readers, cuda::kDecodeMaxTokens);
+  if (*levels == 0) return nullptr;
+  cuda::Q8Activations& q = st.q8[slot];
+  q.data = st.ws.q8[slot];
+  q.bytes = st.ws.q8_bytes;
+  st.prequantized[slot] = x;
+  return &q;
+}
+
+GpuModel::Readers GpuModel::attention_readers(const Layer& L) const {
+  const bool index = attention_ == AttentionMode::Sparse && hp_.has_indexer() && L.indexer;
+  return {&L.q_a, &L.kv_a_mqa, index ? &L.idx_k : nullptr, index ? &L.idx_proj : nullptr, &L.q};
+}
+
+GpuModel::Readers GpuModel::ffn_readers(const Layer& L) const {
+  if (!L.moe) return {&L.gate, &L.up};
+  return {&L.gate_exps, &L.up_exps, L.shared ? &L.gate_shexp : nullptr, L.shared ? &L.up_shexp : nullptr};
 }
 
 void GpuModel::mlp(const QuantMatrix& gate, const QuantMatrix& up, const QuantMatrix& down, const float* y, int64_t T,
@@ -1304,8 +1356,7 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     mark("moe: shared expert");
   };
   if (T == 1) {
-    const cuda::Q8Activations* qx =
-        quantized(w.x, 1, H, 0, {&L.gate_exps, &L.up_exps, L.shared ? &L.gate_shexp : nullptr, L.shared ? &L.up_shexp : nullptr});
+    const cuda::Q8Activations* qx = quantized(w.x, 1, H, 0, ffn_readers(L));
     // The shared expert as pair k of the routed products (no launches of its own; the combine adds
     // its output row first, as it adds the shared MLP's output otherwise), where it has one routed
     // expert's types and shapes (the same bits either way).

@@ -238,13 +238,30 @@ class GpuModel {
   // y_i = x W_i^T for the n products of one input (at one token, one launch per type).
   void product_many(const cuda::QuantMatrix* const* w, float* const* y, int n, const float* x, int64_t T,
                     const cuda::Q8Activations* q);
+  // The products that read one input (null entries: none).
+  struct Readers {
+    static constexpr int kMax = 6;
+    const cuda::QuantMatrix* m[kMax] = {};
+    int n = 0;
+    Readers(std::initializer_list<const cuda::QuantMatrix*> l);
+  };
+  // The int8 levels an input [T, n_cols] of these readers is quantized to (the most any takes:
+  // q8_levels); 0 where none takes any (precise mode, T past max_rows, n_cols not whole blocks of
+  // 32, no such weight type, or more than the workspace holds).
+  int input_levels(int64_t T, int64_t n_cols, const Readers& readers, int64_t max_rows) const;
   // x [T, n_cols] quantized to int8 blocks into workspace slot `slot` (0 or 1), for `readers`, the
-  // products that read x, at the levels they take (q8_levels); null where none of them takes any
-  // (precise mode, T past max_rows (the decode products' kDecodeMaxTokens; the grouped experts'
-  // rows and pairs pass theirs), n_cols not whole blocks of 32, or no such weight type).
-  const cuda::Q8Activations* quantized(const float* x, int64_t T, int64_t n_cols, int slot,
-                                       std::initializer_list<const cuda::QuantMatrix*> readers,
+  // products that read x, at input_levels; null where that is 0 (max_rows: the decode products'
+  // kDecodeMaxTokens; the grouped experts' rows and pairs pass theirs). Where the norm that wrote
+  // x quantized it already (norm_output_q8) at those levels, no launch.
+  const cuda::Q8Activations* quantized(const float* x, int64_t T, int64_t n_cols, int slot, const Readers& readers,
                                        int64_t max_rows = cuda::kDecodeMaxTokens);
+  // For a norm about to write x [T, n_cols]: slot `slot`'s activations to quantize x into as it
+  // writes it, at the levels quantized() will ask for these readers (*levels), or null (none).
+  cuda::Q8Activations* norm_output_q8(const float* x, int64_t T, int64_t n_cols, int slot, const Readers& readers,
+                                      int* levels);
+  // The readers of a layer's normed input before attention, and before its FFN.
+  Readers attention_readers(const Layer& L) const;
+  Readers ffn_readers(const Layer& L) const;
   // out = down(silu(gate y) * up y)   y, out: [T, H]   (qy: y quantized already, or null)
   void mlp(const cuda::QuantMatrix& gate, const cuda::QuantMatrix& up, const cuda::QuantMatrix& down, const float* y,
            int64_t T, float* out, const cuda::Q8Activations* qy = nullptr);

@@ -31,6 +31,7 @@
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/q8_quantize.cuh"
 #include "ops/cuda/quant_matmul_kernels.cuh"
 
 namespace sparsemla::cuda {
@@ -545,23 +546,7 @@ __global__ void quantize_q8_kernel(const float* x, int64_t n_blocks, int8_t* q, 
   const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (blk >= n_blocks) return;  // whole warps
-  const float v = x[blk * 32 + lane];
-  // |v| as bits: non-negative floats order as their bit patterns.
-  const float amax = __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(fabsf(v))));
-  const float d = __fdiv_rn(amax, 127.0f);
-  const int qi = d == 0.0f ? 0 : max(-127, min(127, __float2int_rn(__fdiv_rn(v, d))));
-  q[blk * 32 + lane] = int8_t(qi);
-  float scale = d;
-  int value = qi;
-  if constexpr (L == 2) {
-    scale = __fdiv_rn(d, float(kQ8LevelRatio));
-    const float e = __fmaf_rn(-d, float(qi), v);
-    const int ri = scale == 0.0f ? 0 : max(-127, min(127, __float2int_rn(__fdiv_rn(e, scale))));
-    r[blk * 32 + lane] = int8_t(ri);
-    value = kQ8LevelRatio * qi + ri;
-  }
-  const int sum = __reduce_add_sync(0xFFFFFFFFu, value);
-  if (lane == 0) blocks[blk] = make_int2(__float_as_int(scale), sum);
+  quantize_q8_warp<L>(x[blk * 32 + lane], blk, lane, q, r, blocks);
 }
 
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; }
@@ -576,27 +561,34 @@ size_t q8_activation_bytes(int64_t n_tokens, int64_t n_cols, int levels) {
   return q8_scales_offset(n_tokens, n_cols, levels) + size_t(n_tokens * (n_cols / kQ8ActBlock)) * 8;
 }
 
-void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Activations& out, Stream s,
-                          int levels) {
-  if (levels != 1 && levels != 2) fail("cuda::quantize_activations: {} levels (1 or 2)", levels);
+Q8Out q8_output(const char* op, int64_t n_tokens, int64_t n_cols, Q8Activations& out, int levels) {
+  if (levels != 1 && levels != 2) fail("cuda::{}: {} levels (1 or 2)", op, levels);
   if (n_tokens < 0 || n_cols <= 0 || n_cols % kQ8ActBlock != 0)
-    fail("cuda::quantize_activations: {} tokens x {} columns: columns must be a positive multiple of {}", n_tokens,
-         n_cols, kQ8ActBlock);
+    fail("cuda::{}: {} tokens x {} columns: columns must be a positive multiple of {}", op, n_tokens, n_cols,
+         kQ8ActBlock);
   const size_t need = q8_activation_bytes(n_tokens, n_cols, levels);
   if (!out.data || !aligned(out.data, 16) || out.bytes < need)
-    fail("cuda::quantize_activations: output buffer {} of {} bytes; {} tokens x {} columns need {} bytes, 16-byte "
-         "aligned",
-         out.data, out.bytes, n_tokens, n_cols, need);
-  if (!aligned(x, 4)) fail("cuda::quantize_activations: input {} is not 4-byte aligned", static_cast<const void*>(x));
+    fail("cuda::{}: output buffer {} of {} bytes; {} tokens x {} columns need {} bytes, 16-byte aligned", op, out.data,
+         out.bytes, n_tokens, n_cols, need);
   out.n_tokens = n_tokens;
   out.n_cols = n_cols;
   out.levels = levels;
+  Q8Out o;
+  o.q = static_cast<int8_t*>(out.data);
+  o.r = levels == 2 ? o.q + q8_scales_offset(n_tokens, n_cols, 1) : nullptr;
+  o.blocks = reinterpret_cast<int2*>(static_cast<uint8_t*>(out.data) + q8_scales_offset(n_tokens, n_cols, levels));
+  return o;
+}
+
+void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Activations& out, Stream s,
+                          int levels) {
+  if (!aligned(x, 4)) fail("cuda::quantize_activations: input {} is not 4-byte aligned", static_cast<const void*>(x));
+  const Q8Out o = q8_output("quantize_activations", n_tokens, n_cols, out, levels);
   const int64_t n_blocks = n_tokens * (n_cols / kQ8ActBlock);
   if (n_blocks == 0) return;
-  int8_t* q = static_cast<int8_t*>(out.data);
-  int8_t* r = levels == 2 ? q + q8_scales_offset(n_tokens, n_cols, 1) : nullptr;
-  int2* blocks =
-      reinterpret_cast<int2*>(static_cast<uint8_t*>(out.data) + q8_scales_offset(n_tokens, n_cols, levels));
+  int8_t* q = o.q;
+  int8_t* r = o.r;
+  int2* blocks = o.blocks;
   constexpr int kThreads = 256;
   const unsigned grid = unsigned(ceil_div(n_blocks * 32, kThreads));
   // A plain launch: as a dependent launch (PDL) it measured no faster in the model (H200, session

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ops/cuda/check.cuh"
+#include "ops/cuda/norm_split.h"
 #include "ops/cuda/rope.cuh"
 #include "ops/cuda/row_norm.cuh"
 #include "ops/cuda/small_ops_reduce.cuh"
@@ -197,21 +198,33 @@ void check_rows(const char* op, int64_t T, int64_t n) {
 }  // namespace
 
 void rms_norm(const float* x, int64_t x_stride, const float* w, int64_t T, int64_t n, float eps, float* out,
-              int64_t out_stride, Stream s) {
+              int64_t out_stride, Stream s, Q8Activations* q, int levels) {
   check_rows("rms_norm", T, n);
   if (x_stride < n || out_stride < n)
     fail("cuda::rms_norm: strides {} / {} shorter than the row ({})", x_stride, out_stride, n);
+  if (q && out_stride != n)
+    fail("cuda::rms_norm: int8 output wants contiguous rows (out_stride {} for rows of {})", out_stride, n);
   if (T == 0 || n == 0) return;
+  if (split_norm_fits(T, n)) {
+    split_norm(x, x_stride, nullptr, w, T, n, eps, out, out_stride, q, levels, "rms_norm", s);
+    return;
+  }
   rms_norm_kernel<<<int(T), row_threads(n), 0, stream_of(s)>>>(x, x_stride, w, n, eps, out, out_stride);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
+  if (q) quantize_activations(out, T, n, *q, s, levels);
 }
 
 void add_rms_norm(float* h, const float* delta, const float* w, int64_t T, int64_t n, float eps, float* out,
-                  Stream s) {
+                  Stream s, Q8Activations* q, int levels) {
   check_rows("add_rms_norm", T, n);
   if (T == 0 || n == 0) return;
+  if (split_norm_fits(T, n)) {
+    split_norm(delta, n, h, w, T, n, eps, out, n, q, levels, "add_rms_norm", s);
+    return;
+  }
   add_rms_norm_kernel<<<int(T), row_threads(n), 0, stream_of(s)>>>(h, delta, w, n, eps, out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
+  if (q) quantize_activations(out, T, n, *q, s, levels);
 }
 
 void layer_norm(const float* x, const float* w, const float* b, int64_t T, int64_t n, float eps, float* out,

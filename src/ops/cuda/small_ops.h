@@ -7,19 +7,24 @@
 
 #include "ops/cpu/rope.h"
 #include "ops/cuda/buffer.h"
+#include "ops/cuda/quant_matmul_q8.h"
 
 namespace sparsemla::cuda {
 
 // out = x / sqrt(mean(x^2) + eps) * w for each of T rows of n values. Rows start `x_stride` and
 // `out_stride` floats apart, so a norm can read or write part of a wider row (the latent c of
 // [c | k_pe]); x == out (in place) is allowed.   x: [T, x_stride]   w: [n]   out: [T, out_stride]
+// With q: out (its n values per row, contiguous: out_stride == n) also quantized into *q on
+// `levels` levels, the bits of quantize_activations(out, T, n, *q, s, levels), in the same launch
+// where the norm is split over a cluster of blocks (norm_split.h: SM90 and later, rows of whole
+// 1024-value multiples), else by that call after it.
 void rms_norm(const float* x, int64_t x_stride, const float* w, int64_t T, int64_t n, float eps, float* out,
-              int64_t out_stride, Stream s);
+              int64_t out_stride, Stream s, Q8Activations* q = nullptr, int levels = 0);
 
-// The residual step of every layer, fused: h += delta, then out = rms_norm(h, w).
+// The residual step of every layer, fused: h += delta, then out = rms_norm(h, w) (q: as rms_norm).
 //   h: [T, n] (updated)   delta: [T, n]   w: [n]   out: [T, n]
 void add_rms_norm(float* h, const float* delta, const float* w, int64_t T, int64_t n, float eps, float* out,
-                  Stream s);
+                  Stream s, Q8Activations* q = nullptr, int levels = 0);
 
 // out = (x - mean) / sqrt(var + eps) * w + b per row (biased variance; b may be null).
 //   x, out: [T, n]   w, b: [n]
