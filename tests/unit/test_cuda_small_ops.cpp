@@ -344,6 +344,39 @@ TEST(CudaSmallOps, SiluMulPlainAndFusedMatchCpu) {
     }
 }
 
+// SiLU x up with int8 output (the down products' input): the same values as without, and the int8
+// activations the bits of quantize_activations on them, one and two levels; rows that are not whole
+// blocks of 32 refused.
+TEST(CudaSmallOps, SiluMulWithInt8OutputQuantizesAsQuantizeActivations) {
+  SPARSEMLA_REQUIRE_GPU();
+  for (const auto& [T, F] : {std::pair<int64_t, int64_t>{1, 2048}, {9, 2048}, {3, 96}, {2, 12288}})
+    for (int levels : {1, 2}) {
+      const std::string what = std::to_string(T) + " x " + std::to_string(F) + ", " + std::to_string(levels) + " level(s)";
+      const auto gate = randn(size_t(T * F), uint32_t(F + T), 3.0f), up = randn(size_t(T * F), uint32_t(F * 3 + T));
+      DeviceBuffer dg = to_device(gate), du = to_device(up), dplain = to_device(gate);
+      const size_t qbytes = q8_activation_bytes(T, F, levels);
+      DeviceBuffer dq(qbytes), dref(qbytes);
+      Q8Activations q, ref;
+      q.data = dq.get(), q.bytes = qbytes, ref.data = dref.get(), ref.bytes = qbytes;
+      silu_mul(dg.as<float>(), du.as<float>(), T * F, nullptr, &q, F, levels);
+      silu_mul(dplain.as<float>(), du.as<float>(), T * F, nullptr);
+      quantize_activations(dplain.as<float>(), T, F, ref, nullptr, levels);
+      synchronize();
+      EXPECT_EQ(to_host<float>(dg, gate.size()), to_host<float>(dplain, gate.size())) << what << ": values";
+      EXPECT_EQ(q.n_tokens, T);
+      EXPECT_EQ(to_host<uint8_t>(dq, qbytes), to_host<uint8_t>(dref, qbytes)) << what << ": int8 output";
+    }
+  DeviceBuffer buf(1 << 16);
+  Q8Activations q;
+  q.data = buf.get(), q.bytes = 1 << 15;
+  EXPECT_NE(test::error_of([&] { silu_mul(buf.as<float>(), buf.as<float>(), 100, nullptr, &q, 50, 1); })
+                .find("multiple of 32"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([&] { silu_mul(buf.as<float>(), buf.as<float>(), 100, nullptr, &q, 64, 1); })
+                .find("whole rows"),
+            std::string::npos);
+}
+
 TEST(CudaSmallOps, AddAndScaleAreExact) {
   SPARSEMLA_REQUIRE_GPU();
   for (int64_t n : {int64_t(1), int64_t(7), int64_t(6144), int64_t(100 * 6144)}) {

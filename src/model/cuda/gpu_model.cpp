@@ -965,23 +965,23 @@ void GpuModel::run_step(GpuCache& cache) {
   mark("begin");
   cuda::dequantize_rows(st.token_embd, w.ids, T, w.h, s);
   reduce(w.h, T * H);
-  // Each norm writing x quantizes it for its readers as it writes it where it can (norm_output_q8).
+  // Each norm writing x quantizes it for its readers as it writes it where it can (producer_q8).
   int lv = 0;
-  cuda::Q8Activations* nq = norm_output_q8(w.x, T, H, 0, attention_readers(st.layers[0]), &lv);
+  cuda::Q8Activations* nq = producer_q8(w.x, T, H, 0, attention_readers(st.layers[0]), &lv);
   cuda::rms_norm(w.h, H, st.layers[0].attn_norm, T, H, hp.rms_eps, w.x, H, s, nq, lv);
   mark("embedding");
   for (uint32_t il = 0; il < hp.n_layer; ++il) {
     const Layer& L = st.layers[il];
     attention_layer(L, int32_t(il), cache);
     reduce(w.attn, T * H);
-    nq = norm_output_q8(w.x, T, H, 0, ffn_readers(L), &lv);
+    nq = producer_q8(w.x, T, H, 0, ffn_readers(L), &lv);
     cuda::add_rms_norm(w.h, w.attn, L.ffn_norm, T, H, hp.rms_eps, w.x, s, nq, lv);
     mark("attention: output all-reduce, norm");
     ffn(L, int32_t(il));
     reduce(w.attn, T * H);
     if (il + 1 < hp.n_layer) {
       const Layer& next = st.layers[il + 1];
-      nq = norm_output_q8(w.x, T, H, 0, attention_readers(next), &lv);
+      nq = producer_q8(w.x, T, H, 0, attention_readers(next), &lv);
       cuda::add_rms_norm(w.h, w.attn, next.attn_norm, T, H, hp.rms_eps, w.x, s, nq, lv);
     } else {
       cuda::add(w.h, w.attn, T * H, s);
@@ -991,7 +991,7 @@ void GpuModel::run_step(GpuCache& cache) {
   // The output head, on the requested rows only.
   if (R == 0) return;
   gpu::gather_rows(w.h, H, w.out_rows, 1, R, w.rows_h, s);
-  nq = norm_output_q8(w.rows_n, R, H, 0, {&st.output}, &lv);
+  nq = producer_q8(w.rows_n, R, H, 0, {&st.output}, &lv);
   cuda::rms_norm(w.rows_h, H, st.output_norm, R, H, hp.rms_eps, w.rows_n, H, s, nq, lv);
   product(st.output, w.rows_n, R, w.logits, quantized(w.rows_n, R, H, 0, {&st.output}));
   if (sharded()) coll_.all_gather(w.logits, R * shard_.vocab_count, w.gathered);
@@ -1052,7 +1052,7 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
     const int64_t ql = hp.q_lora_rank;
     int lv = 0;
     const Readers qr_readers{&L.q_b, index ? &L.idx_q_b : nullptr};
-    cuda::Q8Activations* nq = norm_output_q8(w.qr, T, ql, 1, qr_readers, &lv);
+    cuda::Q8Activations* nq = producer_q8(w.qr, T, ql, 1, qr_readers, &lv);
     cuda::rms_norm(w.qr, ql, L.q_a_norm, T, ql, hp.rms_eps, w.qr, ql, s, nq, lv);
     const cuda::Q8Activations* qqr = quantized(w.qr, T, ql, 1, qr_readers);
     const QuantMatrix* mats[2] = {&L.q_b, &L.idx_q_b};
@@ -1247,7 +1247,7 @@ int GpuModel::input_levels(int64_t T, int64_t n_cols, const Readers& readers, in
 const cuda::Q8Activations* GpuModel::quantized(const float* x, int64_t T, int64_t n_cols, int slot,
                                                 const Readers& readers, int64_t max_rows) {
   State& st = *st_;
-  const bool done = st.prequantized[slot] == x;  // by the norm that wrote x (norm_output_q8)
+  const bool done = st.prequantized[slot] == x;  // by the norm that wrote x (producer_q8)
   st.prequantized[slot] = nullptr;
   const int levels = input_levels(T, n_cols, readers, max_rows);
   if (levels == 0) return nullptr;
@@ -1259,11 +1259,11 @@ const cuda::Q8Activations* GpuModel::quantized(const float* x, int64_t T, int64_
   return &q;
 }
 
-cuda::Q8Activations* GpuModel::norm_output_q8(const float* x, int64_t T, int64_t n_cols, int slot,
-                                              const Readers& readers, int* levels) {
+cuda::Q8Activations* GpuModel::producer_q8(const float* x, int64_t T, int64_t n_cols, int slot, const Readers& readers,
+                                           int* levels, int64_t max_rows) {
   State& st = *st_;
   st.prequantized[slot] = nullptr;
-  *levels = input_levels(T, n_cols, readers, cuda::kDecodeMaxTokens);
+  *levels = input_levels(T, n_cols, readers, max_rows);
   if (*levels == 0) return nullptr;
   cuda::Q8Activations& q = st.q8[slot];
   q.data = st.ws.q8[slot];
@@ -1295,7 +1295,9 @@ void GpuModel::mlp(const QuantMatrix& gate, const QuantMatrix& up, const QuantMa
   const QuantMatrix* mats[2] = {&gate, &up};
   float* outs[2] = {st.ws.g, st.ws.u};
   product_many(mats, outs, 2, y, T, qy);
-  cuda::silu_mul(st.ws.g, st.ws.u, T * F, s);
+  int lv = 0;
+  cuda::Q8Activations* gq = producer_q8(st.ws.g, T, F, 1, {&down}, &lv);
+  cuda::silu_mul(st.ws.g, st.ws.u, T * F, s, gq, F, lv);
   product(down, st.ws.g, T, out, quantized(st.ws.g, T, F, 1, {&down}));
 }
 
@@ -1385,9 +1387,12 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
         else cuda::matmul_experts(*m, Fe, ids, k, w.x, k, y, s, kernel(*m));
       }
     }
-    cuda::silu_mul(w.g, w.u, pairs * Fe, s);
     // (k + 1 rows with the shared expert folded: more than a decode product's kDecodeMaxTokens.)
-    const cuda::Q8Activations* qg = quantized(w.g, pairs, Fe, 1, {&L.down_exps, fold ? &L.down_shexp : nullptr}, pairs);
+    const Readers down_readers{&L.down_exps, fold ? &L.down_shexp : nullptr};
+    int lv = 0;
+    cuda::Q8Activations* gq = producer_q8(w.g, pairs, Fe, 1, down_readers, &lv, pairs);
+    cuda::silu_mul(w.g, w.u, pairs * Fe, s, gq, Fe, lv);
+    const cuda::Q8Activations* qg = quantized(w.g, pairs, Fe, 1, down_readers, pairs);
     if (int8(qg, L.down_exps))
       cuda::matmul_experts_q8(L.down_exps, H, ids, k, *qg, 1, w.oe, s, fold ? &down_pair : nullptr, true);
     else
@@ -1421,9 +1426,11 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     };
     groups(L.gate_exps, Fe, w.x, qx, k, w.g);
     groups(L.up_exps, Fe, w.x, qx, k, w.u);
-    cuda::silu_mul(w.g, w.u, P * Fe, s);  // slots past the routed ones hold stale values, never read
-    g.perm = nullptr;                      // the down products read the grouped rows in place
-    // (All P slots quantized: those past the routed ones hold stale but finite values.)
+    // (All P slots quantized: those past the routed ones hold stale but finite values, never read.)
+    int lv = 0;
+    cuda::Q8Activations* gq = producer_q8(w.g, P, Fe, 1, {&L.down_exps}, &lv, kSyncFreeTokens * k);
+    cuda::silu_mul(w.g, w.u, P * Fe, s, gq, Fe, lv);
+    g.perm = nullptr;  // the down products read the grouped rows in place
     const cuda::Q8Activations* qg = quantized(w.g, P, Fe, 1, {&L.down_exps}, kSyncFreeTokens * k);
     groups(L.down_exps, H, w.g, qg, 1, w.oe);
     // Entries left out of the grouping (other ranks' experts) are -1 in perm and add nothing.

@@ -252,13 +252,14 @@ class GpuModel {
   // x [T, n_cols] quantized to int8 blocks into workspace slot `slot` (0 or 1), for `readers`, the
   // products that read x, at input_levels; null where that is 0 (max_rows: the decode products'
   // kDecodeMaxTokens; the grouped experts' rows and pairs pass theirs). Where the norm that wrote
-  // x quantized it already (norm_output_q8) at those levels, no launch.
+  // x quantized it already (producer_q8) at those levels, no launch.
   const cuda::Q8Activations* quantized(const float* x, int64_t T, int64_t n_cols, int slot, const Readers& readers,
                                        int64_t max_rows = cuda::kDecodeMaxTokens);
-  // For a norm about to write x [T, n_cols]: slot `slot`'s activations to quantize x into as it
-  // writes it, at the levels quantized() will ask for these readers (*levels), or null (none).
-  cuda::Q8Activations* norm_output_q8(const float* x, int64_t T, int64_t n_cols, int slot, const Readers& readers,
-                                      int* levels);
+  // For a kernel about to write x [T, n_cols] (a norm, SiLU x up): slot `slot`'s activations to
+  // quantize x into as it writes it, at the levels quantized() will ask for these readers
+  // (*levels), or null (none).
+  cuda::Q8Activations* producer_q8(const float* x, int64_t T, int64_t n_cols, int slot, const Readers& readers,
+                                   int* levels, int64_t max_rows = cuda::kDecodeMaxTokens);
   // The readers of a layer's normed input before attention, and before its FFN.
   Readers attention_readers(const Layer& L) const;
   Readers ffn_readers(const Layer& L) const;

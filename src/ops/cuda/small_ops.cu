@@ -8,6 +8,7 @@
 #include "ops/cuda/row_norm.cuh"
 #include "ops/cuda/small_ops_reduce.cuh"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/q8_quantize.cuh"
 
 namespace sparsemla::cuda {
 
@@ -135,6 +136,17 @@ __global__ void silu_mul_kernel(float* gate, const float* __restrict__ up, int64
   pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     gate[i] = silu_times(gate[i], up[i]);
+}
+
+// One thread per value, whole warps per 32 values: each warp quantizes the activation block it wrote.
+template <int L>
+__global__ void silu_mul_q8_kernel(float* gate, const float* __restrict__ up, int64_t n, Q8Out q) {
+  pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i - threadIdx.x % 32 >= n) return;  // whole warps (n is whole blocks of 32)
+  const float v = silu_times(gate[i], up[i]);
+  gate[i] = v;
+  quantize_q8_warp<L>(v, i / 32, int(threadIdx.x % 32), q.q, q.r, q.blocks);
 }
 
 __global__ void silu_mul_fused_kernel(const float* __restrict__ gate_up, int64_t T, int64_t F,
@@ -274,10 +286,21 @@ void DeviceRope::apply_to(const float* x, int64_t x_stride, float* out, int64_t 
   launch_rope(x, x_stride, out, out_stride, width, T, heads, pos, table(style), s);
 }
 
-void silu_mul(float* gate, const float* up, int64_t n, Stream s) {
+void silu_mul(float* gate, const float* up, int64_t n, Stream s, Q8Activations* q, int64_t n_cols, int levels) {
+  if (q && (n_cols <= 0 || n % n_cols != 0))
+    fail("cuda::silu_mul: int8 output of {} values as rows of {}: not whole rows", n, n_cols);
   if (n <= 0) return;
+  const int64_t blocks = (n + kElementwiseThreads - 1) / kElementwiseThreads;
+  if (q && blocks <= kMaxElementwiseBlocks) {  // (q8_output checks that rows are whole blocks of 32)
+    const Q8Out o = q8_output("silu_mul", n / n_cols, n_cols, *q, levels);
+    if (levels == 2) silu_mul_q8_kernel<2><<<unsigned(blocks), kElementwiseThreads, 0, stream_of(s)>>>(gate, up, n, o);
+    else silu_mul_q8_kernel<1><<<unsigned(blocks), kElementwiseThreads, 0, stream_of(s)>>>(gate, up, n, o);
+    SPARSEMLA_CUDA_LAUNCH_CHECK();
+    return;
+  }
   silu_mul_kernel<<<elementwise_blocks(n), kElementwiseThreads, 0, stream_of(s)>>>(gate, up, n);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
+  if (q) quantize_activations(gate, n / n_cols, n_cols, *q, s, levels);
 }
 
 void silu_mul_fused(const float* gate_up, int64_t T, int64_t F, float* out, Stream s) {

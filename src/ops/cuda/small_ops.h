@@ -67,7 +67,10 @@ class DeviceRope {
 };
 
 // gate[i] = silu(gate[i]) * up[i]   gate, up: [n]
-void silu_mul(float* gate, const float* up, int64_t n, Stream s);
+// With q: gate, as rows of n_cols values (n / n_cols of them), also quantized into *q on `levels`
+// levels in the same launch, the bits of quantize_activations(gate, n / n_cols, n_cols, *q, s, levels).
+void silu_mul(float* gate, const float* up, int64_t n, Stream s, Q8Activations* q = nullptr, int64_t n_cols = 0,
+              int levels = 0);
 // The same on the fused layout of one gate|up product: out[t][f] = silu(gu[t][f]) * gu[t][F + f].
 //   gate_up: [T, 2F]   out: [T, F]
 void silu_mul_fused(const float* gate_up, int64_t T, int64_t F, float* out, Stream s);
