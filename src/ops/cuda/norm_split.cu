@@ -160,26 +160,17 @@ void split_norm(const float* x, int64_t x_stride, float* h, const float* w, int6
                 float* out, int64_t out_stride, Q8Activations* q, int levels, const char* op, Stream st) {
   const cudaStream_t s = static_cast<cudaStream_t>(st);
   if (!split_norm_fits(T, n)) fail("cuda::{}: internal error: no split norm for {} x {}", op, T, n);
-  SplitArgs a;
-  a.x = x;
-  a.x_stride = x_stride;
-  a.h = h;
-  a.w = w;
-  a.out = out;
-  a.out_stride = out_stride;
-  a.n = n;
-  a.eps = eps;
-  if (q) a.q = q8_output(op, T, n, *q, levels);
-  const Split C = split_of(n);
+  SplitArgs a{x, x_stride, h, w, out, out_stride, n, eps, q ? q8_output(op, T, n, *q, levels) : Q8Out{}};
+  const Split sp = split_of(n);
   const int lv = q ? levels : 0;
   if (h) {
-    if (lv == 2) launch_split<true, 2>(a, C, T, s);
-    else if (lv == 1) launch_split<true, 1>(a, C, T, s);
-    else launch_split<true, 0>(a, C, T, s);
+    if (lv == 2) launch_split<true, 2>(a, sp, T, s);
+    else if (lv == 1) launch_split<true, 1>(a, sp, T, s);
+    else launch_split<true, 0>(a, sp, T, s);
   } else {
-    if (lv == 2) launch_split<false, 2>(a, C, T, s);
-    else if (lv == 1) launch_split<false, 1>(a, C, T, s);
-    else launch_split<false, 0>(a, C, T, s);
+    if (lv == 2) launch_split<false, 2>(a, sp, T, s);
+    else if (lv == 1) launch_split<false, 1>(a, sp, T, s);
+    else launch_split<false, 0>(a, sp, T, s);
   }
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
