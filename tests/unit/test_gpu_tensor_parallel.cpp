@@ -176,9 +176,19 @@ TEST(GpuTensorParallel, BundledModelBf16EqualsTheSingleGpuRun) {
   for (int i = 0; i < 96; ++i) ids.push_back(int32_t((i * 733 + 29) % V));  // longer than top-k: the indexer selects
   ASSERT_GT(ids.size(), cpu->hparams().idx_top_k);
   const std::vector<float> single = gpu_prompt(*cpu, options(KvDtype::BF16, false), ids);
+  // The ranks' bf16 partial products sum in another order, so a row whose two best logits are nearly
+  // tied may flip its argmax: at 4 ranks one row of 96 does (H200, since at least 6709824; every row
+  // within 2.4e-3). Held: every row within 2e-2, the argmax equal on every row but near ties (the
+  // reference's top two within 2 tol) and on >= 98% of all rows.
   for (int n : {2, 4, 8}) {
     Sharded s(*cpu, n, host_staged(n, options(KvDtype::BF16, false)));
-    expect_agree(s.prompt(ids), single, V, 2e-2, fmt::format("bundled N={} bf16 vs single GPU", n));
+    const std::string what = fmt::format("bundled N={} bf16 vs single GPU", n);
+    const test::Agreement a = test::compare_all(s.prompt(ids), single, V, 2e-2);
+    std::printf("  %-52s max rel err %.2e, argmax agrees %5.1f%% (%5.1f%% near ties excepted)\n", what.c_str(), a.rel,
+                100.0 * a.argmax, 100.0 * a.argmax_tie);
+    EXPECT_LE(a.rel, 2e-2) << what;
+    EXPECT_EQ(a.argmax_tie, 1.0) << what;
+    EXPECT_GE(a.argmax, 0.98) << what;
   }
 }
 
