@@ -102,9 +102,11 @@ struct GpuModelOptions {
   // bf16 ones of the tensor-core kernels (~2e-3). These types have no tensor-core decode kernel, and
   // the dp4a kernel beats their fp32 one at every token count (H200, output head at one token: Q8_0
   // 91% of copy bandwidth against 75%, Q5_K 56% against 41%; 1.6-2.4x at 8 tokens;
-  // docs/PERFORMANCE.md session 24). In one-token steps Q4_K takes them too, and Q4_K and Q5_K go
-  // through the one-token int8 tensor-core kernel (session 25). An input is quantized only where
-  // such a product reads it. Off: the fp32 kernels and Q4_K's bf16 one-token kernel, as before.
+  // docs/PERFORMANCE.md session 24). In one-token steps Q4_K and Q6_K take them too; Q4_K and Q5_K
+  // go through the one-token int8 tensor-core kernel (session 25), Q6_K through the dp4a kernel
+  // with staged loads (session 26). An input is quantized only where such a product reads it, by the
+  // kernel that writes it where that can (the norms, SiLU x up). Off: the fp32 kernels and Q4_K's
+  // bf16 one-token kernel, as before.
   // SPARSEMLA_Q8_ACTIVATIONS=0 turns it off without a rebuild; never in precise mode.
   bool q8_two_level = true;
   // Decode steps replay CUDA graphs (one per batch size and context bucket), captured the first
@@ -230,7 +232,7 @@ class GpuModel {
                const cuda::Q8Activations* q = nullptr);
   // The int8 activation levels a decode product of this weight type takes (0: fp32 activations):
   // 1 for every type with an int8 kernel under int8_activations, else 2 for Q8_0 and Q5_K, and for
-  // Q4_K in one-token steps (q8_two_level). One-token products take the one-token int8 tensor-core
+  // Q4_K and Q6_K in one-token steps (q8_two_level). One-token products take the one-token int8 tensor-core
   // kernel where the type has one (cuda::q8_one_token_supported).
   int q8_levels(gguf::GgmlType t) const;
   // Whether the product of w on T tokens takes the quantized activations q.
