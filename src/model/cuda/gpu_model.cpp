@@ -415,7 +415,7 @@ struct GpuModel::State {
   cuda::DeviceBuffer sample_buf;     // sample(): the rows' parameters, the ids, the sampler's scratch
   std::unique_ptr<gpu::StepTimer> timer;  // SPARSEMLA_STEP_PROFILE=1: device time by operation
   cuda::Q8Activations q8[2];              // the int8 activations of ws.q8 (GpuModel::quantized)
-  const float* prequantized[2] = {nullptr, nullptr};  // q8[slot] holds this input, quantized by its norm
+  const float* prequantized[2] = {nullptr, nullptr};  // q8[slot] holds this input, quantized by its writer (producer_q8)
   bool profiling = false;                 // this forward is a decode step, timed
   // Decode graphs by (batch size, context bucket, cache, cache format); an empty graph: not capturable.
   std::map<GraphKey, gpu::Graph> graphs;
@@ -1252,7 +1252,7 @@ const cuda::Q8Activations* GpuModel::quantized(const float* x, int64_t T, int64_
   const int levels = input_levels(T, n_cols, readers, max_rows);
   if (levels == 0) return nullptr;
   cuda::Q8Activations& q = st.q8[slot];
-  if (done && q.data == st.ws.q8[slot] && q.n_tokens == T && q.n_cols == n_cols && q.levels == levels) return &q;
+  if (done && q.n_tokens == T && q.n_cols == n_cols && q.levels == levels) return &q;
   q.data = st.ws.q8[slot];
   q.bytes = st.ws.q8_bytes;
   cuda::quantize_activations(x, T, n_cols, q, st.s(), levels);

@@ -369,7 +369,7 @@ struct Staged {
   static_assert(32 % V::kUnitsPerBlock == 0 && kChunkBytes % 16 == 0, "a warp's chunk is whole 16-byte pieces");
   // Chunk buffers per warp: two when a warp has more than one chunk (the next one's copy in flight
   // while the current one is decoded) and they fit in kStagedMaxSmem, else one.
-  __host__ __device__ static size_t smem_of(int n_threads, int buffers, int R) {
+  __host__ __device__ static constexpr size_t smem_of(int n_threads, int buffers, int R) {
     return size_t(n_threads / 32) * size_t(buffers) * size_t(R) * kChunkBytes;
   }
   __host__ __device__ static int buffers(int n_units, int n_threads, int R) {
@@ -442,14 +442,15 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_staged_kernel(const Mat
 }
 
 // Whether a product takes the staged kernel: the 2-byte aligned types, one token (or one per
-// expert pair), rows of whole chunks and at least V::kStagedMinCols columns, every matrix 16-byte
-// aligned (so every chunk is), and within kStagedMaxSmem.
+// expert pair), rows of whole chunks and at least V::kStagedMinCols columns, and every matrix
+// 16-byte aligned (so every chunk is). (One buffer per warp always fits: Staged::buffers.)
 bool g_q8_staged = true;
 std::atomic<int64_t> g_q8_staged_launches{0};
 
 template <class V>
-bool takes_staged(const MatArgs& a, int threads) {
+bool takes_staged(const MatArgs& a) {
   using S = Staged<V>;
+  static_assert(S::smem_of(kQ8MaxThreads, 1, kQ8Rows) <= kStagedMaxSmem, "one chunk buffer per warp fits");
   if (!g_q8_staged || a.group_offsets || (!a.expert_ids && a.n_tokens != 1)) return false;
   if (a.n_cols < V::kStagedMinCols || (a.n_cols / V::kBlock) % S::kChunkBlocks != 0 || a.row_bytes % 16 != 0)
     return false;
@@ -457,8 +458,7 @@ bool takes_staged(const MatArgs& a, int threads) {
   if (!aligned16(a.w) || !aligned16(a.shared_w)) return false;
   for (int i = 0; i < a.n_more; ++i)
     if (!aligned16(a.more[i].w) || !aligned16(a.more[i].shared_w) || a.more[i].row_bytes % 16 != 0) return false;
-  const int n_units = int(a.n_cols / V::kBlock) * V::kUnitsPerBlock;
-  return S::smem(n_units, threads, kQ8Rows) <= kStagedMaxSmem;
+  return true;
 }
 
 // Threads per block: enough that each takes about kUnroll units of a row, a multiple of 32 in
@@ -486,7 +486,7 @@ void launch_q8_levels(const MatArgs& a, cudaStream_t s) {
   if (a.n_more && (a.group_offsets || (!a.expert_ids && a.n_tokens != 1)))
     fail("cuda::launch_q8: several products take one token or expert pairs");
   if constexpr (V::kBytes % 16 != 0) {  // (16-byte aligned blocks gain nothing from staging)
-    if (takes_staged<V>(a, threads)) {
+    if (takes_staged<V>(a)) {
       const int n_units = int(a.n_cols / V::kBlock) * V::kUnitsPerBlock;
       const size_t smem = Staged<V>::smem(n_units, threads, R);
       const auto kernel = gemv_q8_staged_kernel<V, R, L>;
@@ -586,17 +586,14 @@ void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Ac
   const Q8Out o = q8_output("quantize_activations", n_tokens, n_cols, out, levels);
   const int64_t n_blocks = n_tokens * (n_cols / kQ8ActBlock);
   if (n_blocks == 0) return;
-  int8_t* q = o.q;
-  int8_t* r = o.r;
-  int2* blocks = o.blocks;
   constexpr int kThreads = 256;
   const unsigned grid = unsigned(ceil_div(n_blocks * 32, kThreads));
   // A plain launch: as a dependent launch (PDL) it measured no faster in the model (H200, session
   // 25: 3-layer Q4_K_M 0.944 against 0.920 ms per step, Q8_0 1.033 against 1.041, 4 rounds), as
   // the other small kernels in session 20.
   const cudaStream_t st = static_cast<cudaStream_t>(s);
-  if (levels == 2) quantize_q8_kernel<2><<<grid, kThreads, 0, st>>>(x, n_blocks, q, r, blocks);
-  else quantize_q8_kernel<1><<<grid, kThreads, 0, st>>>(x, n_blocks, q, r, blocks);
+  if (levels == 2) quantize_q8_kernel<2><<<grid, kThreads, 0, st>>>(x, n_blocks, o.q, o.r, o.blocks);
+  else quantize_q8_kernel<1><<<grid, kThreads, 0, st>>>(x, n_blocks, o.q, o.r, o.blocks);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 

@@ -16,8 +16,8 @@ namespace sparsemla::cuda {
 // [c | k_pe]); x == out (in place) is allowed.   x: [T, x_stride]   w: [n]   out: [T, out_stride]
 // With q: out (its n values per row, contiguous: out_stride == n) also quantized into *q on
 // `levels` levels, the bits of quantize_activations(out, T, n, *q, s, levels), in the same launch
-// where the norm is split over a cluster of blocks (norm_split.h: SM90 and later, rows of whole
-// 1024-value multiples), else by that call after it.
+// where the norm is split over a cluster of blocks (norm_split.h: SM90 and later, rows of 1024 or
+// more values that split into 8, 4 or 2 slices of whole warps), else by that call after it.
 void rms_norm(const float* x, int64_t x_stride, const float* w, int64_t T, int64_t n, float eps, float* out,
               int64_t out_stride, Stream s, Q8Activations* q = nullptr, int levels = 0);
 
