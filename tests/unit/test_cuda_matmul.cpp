@@ -1256,7 +1256,8 @@ TEST_P(CudaMatmulQ8, OneTokenKernelMatchesProductWithDequantizedActivations) {
 // shared pair, with one level and two, with two chunk buffers per warp (Q8_0 6144 columns: 192
 // units over 64 threads) and with chunks in turn in one buffer (Q6_K 18432 columns: 288 units over
 // 256 threads, two buffers past kStagedMaxSmem); each result has the bits of the kernel without
-// staging. Narrower rows, other types and two tokens do not take it.
+// staging. Rows of one chunk (Q6_K 2048 columns) take the row-group kernel, also for expert
+// products with a shared one. Narrower rows, other types and two tokens do not take it.
 TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
   SPARSEMLA_REQUIRE_GPU();
   struct Restore {
@@ -1267,11 +1268,15 @@ TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
     return type() == GgmlType::Q6_K ? n_cols % (8 * 256) == 0 : n_cols % (32 * 32) == 0 && n_cols >= 4096;
   };
   // f() with staging on and off: both results and the staged launches each made.
+  // Rows of exactly one chunk (Q6_K 2048 columns) take the row-group form (counted apart too).
+  const auto one_chunk = [&](int64_t n_cols) { return type() == GgmlType::Q6_K && n_cols == 8 * 256; };
+  int64_t group_launches = 0;
   const auto both = [&](auto&& f) {
     set_q8_staged_loads(true);
-    const int64_t n0 = q8_staged_launches();
+    const int64_t n0 = q8_staged_launches(), g0 = q8_staged_group_launches();
     auto on = f();
     const int64_t n_on = q8_staged_launches() - n0;
+    group_launches = q8_staged_group_launches() - g0;
     set_q8_staged_loads(false);
     auto off = f();
     const int64_t n_off = q8_staged_launches() - n0 - n_on;
@@ -1279,7 +1284,10 @@ TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
     EXPECT_EQ(n_off, 0) << "staged launches with staging off";
     return std::tuple{on, off, n_on};
   };
-  const std::vector<Shape> shapes = {{37, 2048}, {6144, 2048}, {67, 6144}, {19, 18432}, {33, 768}, {5, 1024}};
+  // (Q6_K 2048 columns: 37 rows take one row group per warp, 6144 two and 8461 four on a 132-SM
+  // device, the last block's warps fewer.)
+  const std::vector<Shape> shapes = {{37, 2048},  {6144, 2048}, {8461, 2048}, {67, 6144},
+                                     {19, 18432}, {33, 768},    {5, 1024}};
   uint32_t seed = 900;
   for (const Shape& sh : shapes) {
     const TestWeight w(type(), sh.n_rows, sh.n_cols, seed++);
@@ -1290,6 +1298,7 @@ TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
       const auto [on, off, n] = both([&] { return gpu_product_q8(w.mat, dq); });
       EXPECT_EQ(on, off) << what << ": staged bits differ";
       EXPECT_EQ(n, staged_type && whole_chunks(sh.n_cols) ? 1 : 0) << what << ": staged launches";
+      EXPECT_EQ(group_launches, one_chunk(sh.n_cols) ? 1 : 0) << what << ": row-group launches";
       const DeviceQ8 dq2(randn(size_t(2 * sh.n_cols), seed++), 2, sh.n_cols, levels);
       const auto [on2, off2, n2] = both([&] { return gpu_product_q8(w.mat, dq2); });
       EXPECT_EQ(on2, off2) << what << ", two tokens";
@@ -1333,6 +1342,35 @@ TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
     EXPECT_EQ(pair_on, pair_off) << name << ": expert pairs with a shared pair";
     EXPECT_EQ(n_pair, staged_type ? 1 : 0) << name << ": expert pairs, staged launches";
     EXPECT_EQ(pair_on.first[size_t(F)], kUnwritten) << name << ": the unused pair was written";
+  }
+  // Expert down products of 2048 columns with a shared expert (GLM-5's shape, fewer rows: 37 per
+  // expert, not a whole number of row groups per block).
+  const int64_t Hd = 2048;
+  const TestWeight wd(type(), E * F, Hd, 998), shd(type(), F, Hd, 999);
+  for (int levels : {1, 2}) {
+    const std::string name = GetParam() + ", " + std::to_string(levels) + " level(s), 2048 columns";
+    const std::vector<float> x = randn(size_t(2 * Hd), uint32_t(1020 + levels));
+    const DeviceQ8 dx(x, 2, Hd, levels);
+    const DeviceQ8 dx0(std::vector<float>(x.begin(), x.begin() + Hd), 1, Hd, levels);
+    const DeviceQ8 dx1(std::vector<float>(x.begin() + Hd, x.end()), 1, Hd, levels);
+    const SharedPair one{&shd.mat, nullptr, 1};
+    const auto [on, off, n] = both([&] {
+      DeviceBuffer y = to_device(std::vector<float>(size_t((k + 1) * F), kUnwritten));
+      matmul_experts_q8(wd.mat, F, dids.as<int32_t>(), k, dx.act, k, y.as<float>(), nullptr, &one);
+      synchronize();
+      return to_host<float>(y, size_t((k + 1) * F));
+    });
+    EXPECT_EQ(on, off) << name << ": expert products with a shared one";
+    EXPECT_EQ(n, type() == GgmlType::Q6_K ? 1 : 0) << name << ": staged launches";
+    EXPECT_EQ(group_launches, one_chunk(Hd) ? 1 : 0) << name << ": row-group launches";
+    EXPECT_EQ(on[size_t(F)], kUnwritten) << name << ": the unused pair was written";
+    for (int64_t p = 0; p < k; ++p) {
+      if (ids[size_t(p)] < 0) continue;
+      EXPECT_EQ(std::vector<float>(on.begin() + p * F, on.begin() + (p + 1) * F),
+                gpu_product_q8(expert_rows(wd.mat, ids[size_t(p)], F), dx0))
+          << name << ": pair " << p;
+    }
+    EXPECT_EQ(std::vector<float>(on.begin() + k * F, on.end()), gpu_product_q8(shd.mat, dx1)) << name << ": shared row";
   }
 }
 

@@ -378,10 +378,47 @@ struct Staged {
   static size_t smem(int n_units, int n_threads, int R) { return smem_of(n_threads, buffers(n_units, n_threads, R), R); }
 };
 
+// One warp's chunk: R rows' kChunkBytes each from byte `off` of rows row0 .. (clamped to the last
+// row) into dst ([R][kChunkBytes]), as one cp.async group of 16-byte copies.
+template <class V, int R>
+__device__ __forceinline__ void staged_copy(uint8_t* dst, const BlockView& v, int64_t row0, int64_t off, int lane) {
+  constexpr int kPiecesPerRow = Staged<V>::kChunkBytes / 16;
+#pragma unroll 1
+  for (int i = lane; i < R * kPiecesPerRow; i += 32) {
+    const int r = i / kPiecesPerRow, p = i % kPiecesPerRow;
+    const uint8_t* row = v.w + uint64_t(min(row0 + r, v.n_rows - 1)) * v.row_bytes;  // (w[r], not indexed)
+    cp_async16(dst + r * Staged<V>::kChunkBytes + 16 * p, row + off + 16 * p);
+  }
+  cp_async_commit();
+}
+
+// acc[r] += this lane's unit (unit iu0 + lane of each row) from a landed chunk src ([R][kChunkBytes]).
+template <class V, int R, int L>
+__device__ __forceinline__ void staged_unit(const uint8_t* src, const typename V::template X<L>& xu, int lane,
+                                            float (&acc)[R][1]) {
+  const int u = lane % V::kUnitsPerBlock;
+  src += (lane / V::kUnitsPerBlock) * V::kBytes;
+  typename V::W wu[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wu[r] = V::load(src + r * Staged<V>::kChunkBytes, u);
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r][0] = V::fma(wu[r], xu, acc[r][0]);
+}
+
+// The token's int8 activation rows (one token, or the block's expert pair's row).
+template <int L>
+__device__ __forceinline__ TokenX<L> staged_token(const MatArgs& a, const BlockView& v) {
+  TokenX<L> x;
+  const int64_t tok = v.token_row(a, 0);
+  x.q[0] = a.xq + tok * a.n_cols;
+  if constexpr (L == 2) x.q[1] = a.xr + tok * a.n_cols;
+  x.xb = a.xb + tok * (a.n_cols / 32);
+  return x;
+}
+
 template <class V, int R, int L>
 __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_staged_kernel(const MatArgs a) {
   using S = Staged<V>;
-  constexpr int kPiecesPerRow = S::kChunkBytes / 16;
   extern __shared__ __align__(16) uint8_t stage[];  // per warp: [buffers][R][kChunkBytes]
   __shared__ float partial[kQ8MaxThreads / 32][R];
   const int n_units = int(a.n_cols / V::kBlock) * V::kUnitsPerBlock;
@@ -393,27 +430,15 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_staged_kernel(const Mat
   gemv_prologue<R>(a.prefetch && !a.expert_ids, m.w, m.row_bytes, row0, m.n_rows);
   BlockView v;
   if (!block_view(a, v)) return;
-  TokenX<L> x;
-  const int64_t tok = v.token_row(a, 0);
-  x.q[0] = a.xq + tok * a.n_cols;
-  if constexpr (L == 2) x.q[1] = a.xr + tok * a.n_cols;
-  x.xb = a.xb + tok * (a.n_cols / 32);
+  const TokenX<L> x = staged_token<L>(a, v);
   float acc[R][1];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
 
   uint8_t* buf = stage + size_t(warp) * nbuf * R * S::kChunkBytes;
-  // Chunk of units [iu0, iu0 + 32) of the R rows into buffer k, as one cp.async group.
+  // Chunk of units [iu0, iu0 + 32) of the R rows into buffer k.
   const auto copy = [&](int iu0, int k) {
-    const int64_t off = int64_t(iu0 / V::kUnitsPerBlock) * V::kBytes;
-    uint8_t* dst = buf + k * R * S::kChunkBytes;
-#pragma unroll 1
-    for (int i = lane; i < R * kPiecesPerRow; i += 32) {
-      const int r = i / kPiecesPerRow, p = i % kPiecesPerRow;
-      const uint8_t* row = v.w + uint64_t(min(row0 + r, v.n_rows - 1)) * v.row_bytes;  // (w[r], not indexed)
-      cp_async16(dst + r * S::kChunkBytes + 16 * p, row + off + 16 * p);
-    }
-    cp_async_commit();
+    staged_copy<V, R>(buf + k * R * S::kChunkBytes, v, row0, int64_t(iu0 / V::kUnitsPerBlock) * V::kBytes, lane);
   };
   int iu0 = warp * 32;
   if (iu0 < n_units) copy(iu0, 0);
@@ -427,25 +452,76 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_staged_kernel(const Mat
       cp_async_wait_all();
     }
     __syncwarp();
-    const int iu = iu0 + lane, b = iu / V::kUnitsPerBlock, u = iu % V::kUnitsPerBlock;
-    const uint8_t* src = buf + cur * R * S::kChunkBytes + (lane / V::kUnitsPerBlock) * V::kBytes;
-    typename V::W wu[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) wu[r] = V::load(src + r * S::kChunkBytes, u);
-    const typename V::template X<L> xu = V::template load_x<L>(x, b, u);
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r][0] = V::fma(wu[r], xu, acc[r][0]);
+    const int iu = iu0 + lane;
+    const typename V::template X<L> xu = V::template load_x<L>(x, iu / V::kUnitsPerBlock, iu % V::kUnitsPerBlock);
+    staged_unit<V, R, L>(buf + cur * R * S::kChunkBytes, xu, lane, acc);
     __syncwarp();  // every lane's reads of this buffer are done before it is filled again
     if (nbuf == 1 && iu0 + n_threads < n_units) copy(iu0 + n_threads, 0);
   }
   block_sum_store(acc, partial, row0, v.n_rows, 0, 1, v.y);
 }
 
+// Rows of one chunk (32 units: Q6_K rows of 2048 columns, as GLM-5's expert down products), where
+// the kernel above runs one-warp blocks of R rows that copy, wait, decode and leave. Here a block
+// holds kGroupWarps warps and each warp takes G groups of R rows in turn, group k + 1's copy in
+// flight while group k is decoded (two buffers per warp); group k of warp w is row group
+// (blockIdx.x G + k) kGroupWarps + w, so a block's warps read neighbouring rows at once. Each row is
+// summed by the same lanes in the same order and reduced by the same shuffle tree as in the kernel
+// above with its one warp: the same bits.
+template <class V, int R, int L>
+__global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_staged_groups_kernel(const MatArgs a, int G) {
+  using S = Staged<V>;
+  extern __shared__ __align__(16) uint8_t stage[];  // per warp: [2][R][kChunkBytes]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+  const BlockMat m = block_mat(a);
+  const auto group_row = [&](int k) { return ((int64_t(blockIdx.x) * G + k) * n_warps + warp) * R; };
+  if (int64_t(blockIdx.x) * G * n_warps * R >= m.n_rows) return;
+  gemv_prologue<R>(a.prefetch && !a.expert_ids, m.w, m.row_bytes, group_row(0), m.n_rows);
+  BlockView v;
+  if (!block_view(a, v)) return;
+  const TokenX<L> x = staged_token<L>(a, v);
+  const typename V::template X<L> xu = V::template load_x<L>(x, lane / V::kUnitsPerBlock, lane % V::kUnitsPerBlock);
+  uint8_t* buf = stage + size_t(warp) * 2 * R * S::kChunkBytes;
+  int n = 0;  // this warp's groups
+  while (n < G && group_row(n) < v.n_rows) ++n;
+  if (n > 0) staged_copy<V, R>(buf, v, group_row(0), 0, lane);
+  for (int k = 0; k < n; ++k) {
+    const int cur = k & 1;
+    if (k + 1 < n) staged_copy<V, R>(buf + (cur ^ 1) * R * S::kChunkBytes, v, group_row(k + 1), 0, lane);
+    else cp_async_commit();  // (an empty group: the wait below counts one behind)
+    cp_async_wait_group<1>();
+    __syncwarp();
+    float acc[R][1];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
+    staged_unit<V, R, L>(buf + cur * R * S::kChunkBytes, xu, lane, acc);
+    __syncwarp();  // every lane's reads of this buffer are done before it is filled again
+    const int64_t row0 = group_row(k);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float s = warp_sum(acc[r][0]);
+      if (lane == 0 && row0 + r < v.n_rows) v.y[row0 + r] = s;
+    }
+  }
+}
+
 // Whether a product takes the staged kernel: the 2-byte aligned types, one token (or one per
 // expert pair), rows of whole chunks and at least V::kStagedMinCols columns, and every matrix
 // 16-byte aligned (so every chunk is). (One buffer per warp always fits: Staged::buffers.)
 bool g_q8_staged = true;
-std::atomic<int64_t> g_q8_staged_launches{0};
+std::atomic<int64_t> g_q8_staged_launches{0}, g_q8_group_launches{0};
+
+// The row-group kernel's shape: kGroupWarps warps per block, each taking the most row groups, up to
+// 4, that still leave every multiprocessor a block. H200, Q6_K 6144 x 2048, two levels, us per
+// call (warps x groups; docs/PERFORMANCE.md, session 27): one product 6.4 (4 x 2: 192 blocks)
+// against 8.1 (4 x 4: 96 blocks) and 8.0 for one-warp blocks of one group; 8 experts 28.8 (4 x 4)
+// against 29.9 (4 x 2), 36.1 (4 x 8: 384 blocks) and 34.6.
+constexpr int kGroupWarps = 4, kMaxGroupsPerWarp = 4;
+int groups_per_warp(int64_t row_groups, int sm_count) {
+  int g = kMaxGroupsPerWarp;
+  while (g > 1 && ceil_div(row_groups, int64_t(kGroupWarps) * g) < sm_count) g /= 2;
+  return g;
+}
 
 template <class V>
 bool takes_staged(const MatArgs& a) {
@@ -488,10 +564,23 @@ void launch_q8_levels(const MatArgs& a, cudaStream_t s) {
   if constexpr (V::kBytes % 16 != 0) {  // (16-byte aligned blocks gain nothing from staging)
     if (takes_staged<V>(a)) {
       const int n_units = int(a.n_cols / V::kBlock) * V::kUnitsPerBlock;
+      const unsigned y = a.expert_ids ? unsigned(a.n_tokens) : 1u;
+      if (n_units == 32) {  // rows of one chunk: warps that take several row groups
+        const int64_t groups = ceil_div(a.max_rows(), int64_t(R));
+        const int g = groups_per_warp(groups * y * z, a.sm_count);
+        const unsigned gx = unsigned(ceil_div(groups, int64_t(kGroupWarps) * g));
+        const size_t smem = size_t(kGroupWarps) * 2 * R * Staged<V>::kChunkBytes;
+        const auto kernel = gemv_q8_staged_groups_kernel<V, R, L>;
+        allow_smem(kernel, smem);
+        pdl::launch(kernel, dim3(gx, y, z), 32 * kGroupWarps, smem, s, a, g);
+        SPARSEMLA_CUDA_LAUNCH_CHECK();
+        ++g_q8_staged_launches;
+        ++g_q8_group_launches;
+        return;
+      }
       const size_t smem = Staged<V>::smem(n_units, threads, R);
       const auto kernel = gemv_q8_staged_kernel<V, R, L>;
       allow_smem(kernel, smem);
-      const unsigned y = a.expert_ids ? unsigned(a.n_tokens) : 1u;
       pdl::launch(kernel, dim3(blocks, y, z), threads, smem, s, a);
       SPARSEMLA_CUDA_LAUNCH_CHECK();
       ++g_q8_staged_launches;
@@ -600,6 +689,7 @@ void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Ac
 void set_q8_staged_loads(bool on) { g_q8_staged = on; }
 bool q8_staged_loads() { return g_q8_staged; }
 int64_t q8_staged_launches() { return g_q8_staged_launches.load(); }
+int64_t q8_staged_group_launches() { return g_q8_group_launches.load(); }
 
 bool q8_supported(gguf::GgmlType t) {
   for (const Q8Kernels& k : kQ8Kernels)

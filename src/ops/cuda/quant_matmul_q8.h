@@ -126,6 +126,8 @@ void matmul_experts_pair_q8(const QuantMatrix& w1, const QuantMatrix& w2, int64_
 void set_q8_staged_loads(bool on);
 bool q8_staged_loads();
 int64_t q8_staged_launches();
+// Of those, the launches of the row-group kernel (rows of one chunk: Q6_K 2048 columns).
+int64_t q8_staged_group_launches();
 
 // matmul_expert_groups on quantized activations: each group's slots read the rows of x that
 // matmul_expert_groups would read (perm[j] / x_div, or row j without perm); x must hold them all
