@@ -1328,6 +1328,30 @@ TEST(CudaAttention, SparseMlaFitsDevicesOf99KbPerBlock) {
   }
 }
 
+// The largest error of the absorption output `got` (fp32 [T, heads, out_stride]) against double
+// sums of weight(h, r, c) times x rounded to bf16, each relative to its (token, head)'s largest
+// |sum|; infinite where a pad value past `rows` was written.
+double absorption_error(const std::vector<float>& got, const std::function<double(int, int, int)>& weight,
+                        const std::vector<float>& x, int heads, int rows, int cols, int T, int x_stride, int out_stride) {
+  double worst = 0;
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < heads; ++h) {
+      std::vector<double> ref(static_cast<size_t>(rows));
+      double mx = 0;
+      for (int r = 0; r < rows; ++r) {
+        double acc = 0;
+        for (int c = 0; c < cols; ++c) acc += weight(h, r, c) * round_bf16(x[(size_t(t) * heads + h) * x_stride + c]);
+        ref[size_t(r)] = acc;
+        mx = std::max(mx, std::fabs(acc));
+      }
+      const float* row = got.data() + (size_t(t) * heads + h) * out_stride;
+      for (int r = 0; r < rows; ++r) worst = std::max(worst, std::fabs(row[r] - ref[size_t(r)]) / std::max(mx, 1e-9));
+      for (int r = rows; r < out_stride; ++r)
+        if (row[r] != 0.0f) return INFINITY;
+    }
+  return worst;
+}
+
 TEST(CudaAttention, AbsorptionProductsMatchTheCpu) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(6);
@@ -1350,25 +1374,10 @@ TEST(CudaAttention, AbsorptionProductsMatchTheCpu) {
     cuda::HeadBatchedGemm g{d_w.get(), heads, rows, cols};
     blas.per_head(g, d_x.as<float>(), x_stride, T, d_out.as<float>(), out_stride, nullptr);
     const std::vector<float> got = cuda::to_host<float>(d_out, size_t(T) * heads * out_stride);
-    double worst = 0;
-    for (int t = 0; t < T; ++t)
-      for (int h = 0; h < heads; ++h) {
-        std::vector<double> ref(static_cast<size_t>(rows));
-        double mx = 0;
-        for (int r = 0; r < rows; ++r) {
-          double acc = 0;
-          for (int c2 = 0; c2 < cols; ++c2)
-            acc += double(w[(size_t(h) * rows + r) * cols + c2]) * round_bf16(x[(size_t(t) * heads + h) * x_stride + c2]);
-          ref[size_t(r)] = acc;
-          mx = std::max(mx, std::fabs(acc));
-        }
-        for (int r = 0; r < rows; ++r) {
-          const double err = std::fabs(got[(size_t(t) * heads + h) * out_stride + r] - ref[size_t(r)]) / std::max(mx, 1e-9);
-          worst = std::max(worst, err);
-          ASSERT_LE(err, 1e-4) << "head " << h << " row " << r;
-        }
-        for (int r = rows; r < out_stride; ++r) ASSERT_EQ(got[(size_t(t) * heads + h) * out_stride + r], 0.0f);
-      }
+    const double worst = absorption_error(
+        got, [&](int h, int r, int c) { return double(w[(size_t(h) * rows + r) * cols + c]); }, x, heads, rows, cols, T,
+        x_stride, out_stride);
+    EXPECT_LE(worst, 1e-4) << heads << " heads " << rows << "x" << cols << ", " << T << " tokens";
     std::printf("  absorption %d heads %dx%d, %d tokens: max error %.2e\n", heads, rows, cols, T, worst);
     // The fp32 path (precise mode): fp32 weights and activations, against double to fp32 rounding.
     std::vector<float> w32 = random_vec(w.size(), rng, 0.05f);
@@ -1393,6 +1402,46 @@ TEST(CudaAttention, AbsorptionProductsMatchTheCpu) {
       }
     EXPECT_LE(worst32, 2e-6) << "fp32 absorption " << heads << " heads";
     std::printf("  absorption fp32 %d heads %dx%d, %d tokens: max error %.2e\n", heads, rows, cols, T, worst32);
+  }
+}
+
+// The absorption weights read as the file stores them in f16 (attn_k_b / attn_v_b, no bf16 copy):
+// the decode-sized GEMV against the exact stored values times x rounded to bf16 (in double), and
+// the larger batches' cuBLAS path against those values rounded to bf16 (its widened copy).
+TEST(CudaAttention, AbsorptionWeightsReadAsStored) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(16);
+  cuda::Blas blas;
+  for (auto [heads, rows, cols, T] :
+       std::vector<std::tuple<int, int, int, int>>{{64, 512, 192, 1}, {64, 256, 512, 1}, {64, 512, 192, 5},
+                                                   {64, 256, 512, 16}, {3, 40, 96, 3}, {5, 33, 32, 1},
+                                                   {64, 512, 192, 17}, {16, 256, 512, 33}, {3, 40, 96, 20}}) {
+    SCOPED_TRACE(fmt::format("f16 {} heads {}x{}, {} tokens", heads, rows, cols, T));
+    const int64_t n_rows = int64_t(heads) * rows;
+    std::vector<float> w = random_vec(size_t(n_rows) * cols, rng, 0.05f);
+    std::vector<uint16_t> stored(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      stored[i] = f32_to_fp16(w[i]);
+      w[i] = fp16_to_f32(stored[i]);  // the values as stored
+    }
+    const bool gemv = T <= 16;
+    const int x_stride = cols + 3, out_stride = rows + 5;
+    const std::vector<float> x = random_vec(size_t(T) * heads * x_stride, rng);
+    DeviceBuffer d_w = cuda::to_device(stored), d_x = cuda::to_device(x), d_out(size_t(T) * heads * out_stride * 4);
+    d_out.zero();
+    cuda::HeadBatchedGemm g{d_w.get(), heads, rows, cols, false, cuda::HeadWeights::F16};
+    blas.per_head(g, d_x.as<float>(), x_stride, T, d_out.as<float>(), out_stride, nullptr);
+    const std::vector<float> got = cuda::to_host<float>(d_out, size_t(T) * heads * out_stride);
+    const double worst = absorption_error(
+        got,
+        [&](int h, int r, int c) {
+          const float wv = w[(size_t(h) * rows + r) * cols + c];
+          return double(gemv ? wv : round_bf16(wv));
+        },
+        x, heads, rows, cols, T, x_stride, out_stride);
+    EXPECT_LE(worst, 1e-4);
+    std::printf("  absorption f16 %d heads %dx%d, %d tokens (%s): max error %.2e\n", heads, rows, cols, T,
+                gemv ? "GEMV" : "cuBLAS", worst);
   }
 }
 

@@ -495,6 +495,52 @@ TEST(GpuModel, Q4KOneTokenStepsTakeTheInt8KernelCloserToFp32) {
   EXPECT_LT(a.median, b.median) << "the int8 kernel is not closer to the fp32 products than the bf16 one";
 }
 
+// attn_k_b / attn_v_b stored as bf16 or f16 are read in place in the fast mode: no W_UK / W_UV
+// copies on the device. bf16: the same logits, bit for bit, as with bf16 copies (GpuModelOptions::
+// absorb_in_place off), from a 100-token prefill (cuBLAS on the stored rows) and one-token steps
+// (the head-batched GEMV). f16 (its rows read exactly, where the copies round them to bf16): against
+// the precise mode (fp32 copies) in one-token steps, within the fixtures' bound and closer than the
+// copies, on dense layers (with experts, this random model's near-tie expert scores flipped between
+// the modes, and the logits of the steps after a flip parted by up to 0.3). The f16 prefill path,
+// widened into a scratch copy, is tested against double in CudaAttention.AbsorptionWeightsReadAsStored.
+TEST(GpuModel, Bf16AndF16AbsorptionWeightsAreReadInPlace) {
+  SPARSEMLA_REQUIRE_GPU();
+  for (gguf::GgmlType t : {gguf::GgmlType::BF16, gguf::GgmlType::F16}) {
+    SCOPED_TRACE(gguf::type_name(t));
+    test::TempDir dir("gpu-absorb");
+    SyntheticSpec spec = SyntheticSpec::glm5_small();
+    spec.matrix_type = t;
+    if (t == gguf::GgmlType::F16) spec.n_leading_dense = spec.n_layer;
+    const std::string path = dir.file("m.gguf");
+    write_synthetic_model(spec, path);
+    ASSERT_EQ(gguf::File::open(path)->tensor("blk.0.attn_k_b.weight")->type, t);
+    ASSERT_EQ(gguf::File::open(path)->tensor("blk.0.attn_v_b.weight")->type, t);
+    auto cpu = Model::load(path, {AttentionMode::Sparse, 2});
+    const int64_t V = cpu->hparams().n_vocab;
+    GpuModelOptions in_place = options(KvDtype::BF16), copies = in_place;
+    copies.absorb_in_place = false;
+    EXPECT_EQ(GpuModel::load(*cpu, in_place)->memory().absorption, 0u) << "read in place";
+    EXPECT_GT(GpuModel::load(*cpu, copies)->memory().absorption, 0u) << "bf16 copies";
+    std::vector<int32_t> tokens;
+    if (t == gguf::GgmlType::BF16) {
+      const std::vector<float> a = bundled_decode_logits(*cpu, in_place, tokens);
+      EXPECT_EQ(a, bundled_decode_logits(*cpu, copies, tokens)) << "bf16 read in place vs its bf16 copies";
+      continue;
+    }
+    GpuModelOptions precise = options(KvDtype::BF16, true);
+    const std::vector<float> ref = bundled_decode_logits(*cpu, precise, tokens, 1);
+    const Agreement a = compare(bundled_decode_logits(*cpu, in_place, tokens, 1), ref, V, 48, 2e-2),
+                    b = compare(bundled_decode_logits(*cpu, copies, tokens, 1), ref, V, 48, 2e-2);
+    print(a, "f16 W_UK / W_UV read in place vs fp32 copies");
+    print(b, "f16 W_UK / W_UV as bf16 copies vs fp32 copies");
+    EXPECT_TRUE(a.finite);
+    EXPECT_LE(a.rel, 2e-2);
+    EXPECT_GE(a.argmax_tie, kMinArgmax);
+    // (H200: median row 2.2e-3 read in place, 2.9e-3 through the bf16 copies.)
+    EXPECT_LT(a.median, b.median) << "the f16 rows read in place are not closer to fp32 than their bf16 copies";
+  }
+}
+
 TEST(GpuModel, DecodeGraphsGiveTheEagerLogits) {
   SPARSEMLA_REQUIRE_GPU();
   auto cpu = Model::load(test::bundled_model_path(), {AttentionMode::Sparse, 2});

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <type_traits>
 
@@ -34,7 +35,8 @@ constexpr uint64_t kAlign = 256;  // every device array starts on a 256-byte bou
 uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // Device memory the load and cache checks leave for what they do not count: the CUDA context,
-// cuBLAS's workspace and the attention's split-KV partials.
+// cuBLAS's workspace, the attention's split-KV partials and the bf16 copy of one layer's f16 W_UK or
+// W_UV that batches of more than 16 tokens widen (Blas::per_head).
 constexpr uint64_t kReserve = uint64_t(512) << 20;
 // Indexer scores are computed for as many tokens at once as fit in this many bytes ([tokens, context]).
 constexpr uint64_t kScoreBytes = uint64_t(256) << 20;
@@ -128,6 +130,7 @@ class Arena {
     return at(off);
   }
   bool f32_absorption = false;
+  bool absorb_in_place = true;  // bf16 / f16 W_UK / W_UV read as stored (GpuModelOptions::absorb_in_place)
   std::string progress_label;  // uploads print their progress under this label ("" : silent)
 
   uint64_t quantized = 0, absorption = 0, vectors = 0;
@@ -423,10 +426,10 @@ struct GpuModel::State {
   std::string graph_error;  // why the last capture that failed failed
   // The addresses of every buffer the graphs use that grows on demand. Buffers only grow, so the
   // graphs stay valid while these are unchanged; when an eager step moved one, they are dropped.
-  std::array<const void*, 4> buffers() const {
-    return {ws_buf.get(), attn_ws.partial.get(), topk_ws.candidates.get(), blas.scratch()};
+  std::array<const void*, 5> buffers() const {
+    return {ws_buf.get(), attn_ws.partial.get(), topk_ws.candidates.get(), blas.scratch(), blas.weight_scratch()};
   }
-  std::array<const void*, 4> graph_buffers = {};
+  std::array<const void*, 5> graph_buffers = {};
   void eager_step_done() {
     if (buffers() != graph_buffers) {
       graphs.clear();
@@ -441,6 +444,15 @@ struct GpuModel::State {
 };
 
 namespace {
+
+// The absorption weights' types the head-batched products read in place.
+std::optional<cuda::HeadWeights> head_weights_form(gguf::GgmlType t) {
+  switch (t) {
+    case gguf::GgmlType::BF16: return cuda::HeadWeights::BF16;
+    case gguf::GgmlType::F16: return cuda::HeadWeights::F16;
+    default: return std::nullopt;
+  }
+}
 
 // Binds every main layer's weights on the device (the next-n layers are not run).
 void bind(Arena& a, const ModelWeights& w, const HParams& hp, bool sparse, GpuModel::State& st) {
@@ -466,8 +478,21 @@ void bind(Arena& a, const ModelWeights& w, const HParams& hp, bool sparse, GpuMo
     d.kv_a_mqa = a.matrix(m.kv_a_mqa, n("attn_kv_a_mqa.weight"));
     d.kv_a_norm = a.vec(m.kv_a_norm);
     d.output = a.matrix(m.output, n("attn_output.weight"));
-    // W_UK_h [kv_lora][nope] and W_UV_h [v_head][kv_lora] per head, as the CPU's mla_attend uses them.
-    d.uk = {a.absorb(uint64_t(nh * kvl * nope),
+    // W_UK_h [kv_lora][nope] and W_UV_h [v_head][kv_lora] per head, as the CPU's mla_attend uses them:
+    // attn_k_b / attn_v_b read in place where they are bf16 or f16 (fast mode), else a bf16 copy
+    // (fp32 in precise mode; also for the older attn_kv_b, whose rows interleave the two). Q8_0 read
+    // in place measured slower than its bf16 copy (H200, GLM-5 W_UK: 10.2 against 7.1 us;
+    // docs/PERFORMANCE.md, session 27), so it keeps the copy.
+    const auto in_place = [&](const ops::Weight& wt, int64_t rows, int64_t cols, const std::string& name,
+                              cuda::HeadBatchedGemm& g) {
+      const std::optional<cuda::HeadWeights> form = head_weights_form(wt.type);
+      if (!a.absorb_in_place || a.f32_absorption || m.legacy_kv_b || !form) return false;
+      if (wt.n_rows != nh * rows || wt.n_cols != cols || cols % 8 != 0) return false;
+      g = {a.matrix(wt, name).data, int(nh), int(rows), int(cols), false, *form};
+      return true;
+    };
+    if (!in_place(m.k_b, kvl, nope, n("attn_k_b.weight"), d.uk))
+      d.uk = {a.absorb(uint64_t(nh * kvl * nope),
                    [&](float* out) {
                      if (!m.legacy_kv_b) {
                        for (int64_t r = 0; r < nh * kvl; ++r) ops::dequantize_row(m.k_b, r, out + r * nope);
@@ -481,7 +506,8 @@ void bind(Arena& a, const ModelWeights& w, const HParams& hp, bool sparse, GpuMo
                        }
                    }),
             int(nh), int(kvl), int(nope), a.f32_absorption};
-    d.uv = {a.absorb(uint64_t(nh * vh * kvl),
+    if (!in_place(m.v_b, vh, kvl, n("attn_v_b.weight"), d.uv))
+      d.uv = {a.absorb(uint64_t(nh * vh * kvl),
                    [&](float* out) {
                      for (int64_t h = 0; h < nh; ++h)
                        for (int64_t j = 0; j < vh; ++j) {
@@ -640,6 +666,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   // Measure, check against free memory, then upload.
   Arena measure;
   measure.f32_absorption = opts.precise;
+  measure.absorb_in_place = opts.absorb_in_place;
   auto st = std::make_unique<State>();
   bind(measure, weights, ahp, sparse, *st);
   uint64_t free_b = 0, total_b = 0;
@@ -664,9 +691,10 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   const uint64_t min_cache = uint64_t(std::max<int64_t>(0, opts.min_cache_tokens)) * g->cache_bytes_per_token();
   const uint64_t need = measure.bytes() + min_cache + g->mem_.workspace_estimate + kReserve;
   if (need > free_b)
-    fail("not enough memory on {}: the model needs {} of weights ({} of matrices as stored, {} of W_UK/W_UV (bf16; fp32 in precise mode), "
-         "{} of fp32 vectors) + {} for a KV cache of {} tokens ({}, {} per token) + {} of workspace for "
-         "{}-token forwards + {} of reserve = {}, and {} of its {} are free",
+    fail("not enough memory on {}: the model needs {} of weights ({} of matrices as stored, {} of W_UK/W_UV "
+         "copies (bf16, fp32 in precise mode; none for bf16 / f16 ones), {} of fp32 vectors) + {} for a KV "
+         "cache of {} tokens ({}, {} per token) + {} of workspace for {}-token forwards + {} of reserve = {}, "
+         "and {} of its {} are free",
          g->mem_.device, bytes_str(measure.bytes()), bytes_str(measure.quantized), bytes_str(measure.absorption),
          bytes_str(measure.vectors), bytes_str(min_cache), opts.min_cache_tokens, cuda::kv_dtype_name(opts.kv_cache),
          bytes_str(g->cache_bytes_per_token()), bytes_str(g->mem_.workspace_estimate), g->mem_.workspace_tokens,
@@ -675,6 +703,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   st->weights = cuda::DeviceBuffer(measure.bytes());
   Arena up;
   up.f32_absorption = opts.precise;
+  up.absorb_in_place = opts.absorb_in_place;
   up.begin_upload(st->weights);
   up.progress_label = fmt::format("uploading weights to {}", g->mem_.device);
   bind(up, weights, ahp, sparse, *st);
@@ -725,7 +754,7 @@ int64_t GpuModel::cache_capacity_tokens() const {
 std::string GpuModel::memory_report() const {
   const uint64_t per_token = cache_bytes_per_token();
   return fmt::format(
-      "{}: weights {} ({} matrices as stored, {} W_UK/W_UV, {} fp32 vectors); KV cache {} per token ({}, {} "
+      "{}: weights {} ({} matrices as stored, {} W_UK/W_UV copies, {} fp32 vectors); KV cache {} per token ({}, {} "
       "layers), room for {} tokens in the free memory; workspace {} for {}-token forwards; {} of {} free",
       mem_.device, bytes_str(mem_.weights()), bytes_str(mem_.quantized), bytes_str(mem_.absorption),
       bytes_str(mem_.vectors), bytes_str(per_token), cuda::kv_dtype_name(opts_.kv_cache), hp_.n_layer,

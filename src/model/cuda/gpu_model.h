@@ -3,8 +3,8 @@
 // built only with CUDA (SPARSEMLA_HAVE_CUDA).
 //
 // Weights are uploaded once, as the GGUF file stores them (quantized matrices are read in place by
-// cuda::matmul); the per-head absorption matrices W_UK / W_UV become bf16 for cuBLAS; norms and
-// biases are fp32. Activations are fp32 between the operations.
+// cuda::matmul); the per-head absorption matrices W_UK / W_UV are read in place when bf16 or f16,
+// else become bf16 copies (fp32 in precise mode); norms and biases are fp32. Activations are fp32 between the operations.
 //
 // Host synchronization: one per MoE layer (the per-expert token counts are read back to size the
 // expert products) and one at the end (the logits are copied to the host).
@@ -118,6 +118,10 @@ struct GpuModelOptions {
   // bit for bit. SPARSEMLA_SIDE_STREAM=0 turns it off without a rebuild; the step profile
   // (SPARSEMLA_STEP_PROFILE=1) runs without it.
   bool side_stream = true;
+  // attn_k_b / attn_v_b stored as bf16 or f16 are read in place by the absorption products (fast
+  // mode; no W_UK / W_UV copies on the device). Off: bf16 copies, as for the other types (tests,
+  // A/B; the same bits for bf16 files).
+  bool absorb_in_place = true;
 };
 
 // One rank's part of the model under tensor parallelism (dist/cuda/sharded_gpu_model.h makes it, by
@@ -144,7 +148,7 @@ struct GpuMemory {
   std::string device;
   uint64_t total = 0;
   uint64_t quantized = 0;         // matrices as the file stores them
-  uint64_t absorption = 0;        // bf16 W_UK / W_UV
+  uint64_t absorption = 0;        // W_UK / W_UV copies (bf16, fp32 in precise mode; none for bf16 / f16 files)
   uint64_t vectors = 0;           // fp32 norms and biases
   uint64_t weights() const { return quantized + absorption + vectors; }
   uint64_t free_after_load = 0;

@@ -1,7 +1,9 @@
-// The per-head absorption products of MLA: decode-sized batches of the bf16 path on a head-batched
-// GEMV of this file's own, everything else on cuBLAS (strided batched GEMM, bf16 x bf16 -> fp32, or
-// fp32 pedantic for the reference's arithmetic).
+// The per-head absorption products of MLA: decode-sized batches of the bf16 / f16 path on a
+// head-batched GEMV of this file's own that reads the weights as stored, everything else on cuBLAS
+// (strided batched GEMM, bf16 x bf16 -> fp32 with f16 weights widened first, or fp32 pedantic for
+// the reference's arithmetic).
 #include <cublas_v2.h>
+#include <cuda_fp16.h>
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.cuh"
@@ -60,20 +62,38 @@ __device__ __forceinline__ void bf16x8_to_f(const uint4& v, float (&f)[8]) {
   }
 }
 
-template <int NT, int RPW>
-__global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const __nv_bfloat16* __restrict__ w, int heads,
-                                                                   int rows, int cols, const float* __restrict__ x,
-                                                                   int64_t x_stride, int T, float* __restrict__ out,
-                                                                   int64_t out_stride) {
+// A lane's chunk ch of a weight row (columns 8 ch .. 8 ch + 8) as the row stores it, and its values
+// in fp32 (exact).
+struct Bf16Row {
+  using Raw = uint4;
+  __device__ static Raw load(const uint8_t* row, int ch) { return __ldg(reinterpret_cast<const uint4*>(row) + ch); }
+  __device__ static void to_f(const Raw& v, float (&f)[8]) { bf16x8_to_f(v, f); }
+};
+struct F16Row {
+  using Raw = uint4;
+  __device__ static Raw load(const uint8_t* row, int ch) { return __ldg(reinterpret_cast<const uint4*>(row) + ch); }
+  __device__ static void to_f(const Raw& v, float (&f)[8]) {
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
+      f[2 * i] = p.x;
+      f[2 * i + 1] = p.y;
+    }
+  }
+};
+template <class WR, int NT, int RPW>
+__global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const uint8_t* __restrict__ w, int64_t row_bytes,
+                                                                   int heads, int rows, int cols,
+                                                                   const float* __restrict__ x, int64_t x_stride, int T,
+                                                                   float* __restrict__ out, int64_t out_stride) {
   extern __shared__ float xs[];  // [T][cols]
   const int h = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, chunks = cols / 8;
   const int r0 = (blockIdx.x * kHgWarps + warp) * RPW;
-  const __nv_bfloat16* wh = w + int64_t(h) * rows * cols;
-  auto load_w = [&](int r, int ch) {
-    return __ldg(reinterpret_cast<const uint4*>(wh + int64_t(min(r0 + r, rows - 1)) * cols) + ch);
-  };
-  uint4 first[RPW];
+  const uint8_t* wh = w + int64_t(h) * rows * row_bytes;
+  auto load_w = [&](int r, int ch) { return WR::load(wh + int64_t(min(r0 + r, rows - 1)) * row_bytes, ch); };
+  typename WR::Raw first[RPW];
   if (r0 < rows && lane < chunks)
 #pragma unroll
     for (int r = 0; r < RPW; ++r) first[r] = load_w(r, lane);
@@ -92,7 +112,7 @@ __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const __nv_bfl
 #pragma unroll
       for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
     // acc[r][t] += chunk ch of row r . chunk ch of token t0 + t.
-    auto chunk_dot = [&](const uint4 (&wv)[RPW], int ch) {
+    auto chunk_dot = [&](const typename WR::Raw (&wv)[RPW], int ch) {
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const float4* xp = reinterpret_cast<const float4*>(xs + min(t0 + t, T - 1) * cols + 8 * ch);
@@ -101,7 +121,7 @@ __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const __nv_bfl
 #pragma unroll
         for (int r = 0; r < RPW; ++r) {
           float wf[8];
-          bf16x8_to_f(wv[r], wf);
+          WR::to_f(wv[r], wf);
 #pragma unroll
           for (int i = 0; i < 8; ++i) acc[r][t] = fmaf(wf[i], xv[i], acc[r][t]);
         }
@@ -111,7 +131,7 @@ __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const __nv_bfl
       if (lane < chunks) chunk_dot(first, lane);
     } else {
       for (int ch = lane; ch < chunks; ch += 32) {
-        uint4 wv[RPW];
+        typename WR::Raw wv[RPW];
 #pragma unroll
         for (int r = 0; r < RPW; ++r) wv[r] = ch == lane ? first[r] : load_w(r, ch);
         chunk_dot(wv, ch);
@@ -127,23 +147,56 @@ __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const __nv_bfl
   }
 }
 
+// f16 weights widened to bf16 (rounded to nearest even) for cuBLAS: one thread per chunk.
+template <class WR>
+__global__ void widen_rows_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_rows, int cols,
+                                  __nv_bfloat16* __restrict__ out) {
+  const int chunks = cols / 8;
+  const int64_t n = n_rows * chunks;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / chunks;
+    const int ch = int(i % chunks);
+    float f[8];
+    WR::to_f(WR::load(w + r * row_bytes, ch), f);
+    *reinterpret_cast<uint4*>(out + r * cols + 8 * ch) =
+        make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]), pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
+  }
+}
+
+bool aligned_to(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; }
+
 bool head_gemv_fits(const HeadBatchedGemm& g, int64_t T) {
-  return !g.f32 && T <= kHgMaxTokens && g.cols % 8 == 0 && T * g.cols <= kHgMaxStaged &&
-         (reinterpret_cast<uintptr_t>(g.w) & 15) == 0 && g.heads <= 65535;
+  return !g.f32 && T <= kHgMaxTokens && g.cols % 8 == 0 && T * g.cols <= kHgMaxStaged && aligned_to(g.w, 16) &&
+         g.heads <= 65535;
+}
+
+template <class WR, int RPW>
+void launch_head_gemv(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_t T, float* out,
+                      int64_t out_stride, cudaStream_t s) {
+  const dim3 grid(unsigned((g.rows + kHgWarps * RPW - 1) / (kHgWarps * RPW)), unsigned(g.heads));
+  const size_t smem = size_t(T * g.cols) * sizeof(float);
+  const auto* w = static_cast<const uint8_t*>(g.w);
+  const int64_t rb = int64_t(g.cols) * 2;
+  const auto kernel = T == 1   ? head_gemv_kernel<WR, 1, RPW>
+                      : T == 2 ? head_gemv_kernel<WR, 2, RPW>
+                               : head_gemv_kernel<WR, 4, RPW>;
+  pdl::launch(kernel, grid, kHgWarps * 32, smem, s, w, rb, g.heads, g.rows, g.cols, x, x_stride, int(T), out, out_stride);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+template <class WR>
+void launch_head_gemv(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_t T, float* out,
+                      int64_t out_stride, cudaStream_t s) {
+  if (g.cols <= 256) launch_head_gemv<WR, kHgShortRowsPerWarp>(g, x, x_stride, T, out, out_stride, s);
+  else launch_head_gemv<WR, kHgRowsPerWarp>(g, x, x_stride, T, out, out_stride, s);
 }
 
 void head_gemv(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_t T, float* out, int64_t out_stride,
                cudaStream_t s) {
-  const int rpw = g.cols <= 256 ? kHgShortRowsPerWarp : kHgRowsPerWarp;
-  const dim3 grid(unsigned((g.rows + kHgWarps * rpw - 1) / (kHgWarps * rpw)), unsigned(g.heads));
-  const size_t smem = size_t(T * g.cols) * sizeof(float);
-  const auto* w = static_cast<const __nv_bfloat16*>(g.w);
-  using Kernel = decltype(&head_gemv_kernel<1, 4>);
-  static constexpr Kernel kKernels[2][3] = {{head_gemv_kernel<1, 4>, head_gemv_kernel<2, 4>, head_gemv_kernel<4, 4>},
-                                            {head_gemv_kernel<1, 8>, head_gemv_kernel<2, 8>, head_gemv_kernel<4, 8>}};
-  const Kernel kernel = kKernels[rpw == kHgRowsPerWarp][T == 1 ? 0 : T == 2 ? 1 : 2];
-  pdl::launch(kernel, grid, kHgWarps * 32, smem, s, w, g.heads, g.rows, g.cols, x, x_stride, int(T), out, out_stride);
-  SPARSEMLA_CUDA_LAUNCH_CHECK();
+  switch (g.form) {
+    case HeadWeights::BF16: return launch_head_gemv<Bf16Row>(g, x, x_stride, T, out, out_stride, s);
+    case HeadWeights::F16: return launch_head_gemv<F16Row>(g, x, x_stride, T, out, out_stride, s);
+  }
 }
 
 }  // namespace
@@ -187,6 +240,17 @@ void Blas::per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, 
     head_gemv(g, x, x_stride, T, out, out_stride, st);
     return;
   }
+  const void* wbf = g.w;
+  if (g.form == HeadWeights::F16) {  // widened into the scratch copy
+    const int64_t n_rows = int64_t(g.heads) * g.rows, n = n_rows * g.cols;
+    if (g.cols % 8 != 0) fail("Blas::per_head: f16 weights of {} columns (a multiple of 8 is needed)", g.cols);
+    if (wbf_.bytes() < size_t(n) * 2) wbf_ = DeviceBuffer(size_t(n) * 2);
+    auto* dst = wbf_.as<__nv_bfloat16>();
+    widen_rows_kernel<F16Row><<<grid_for(n / 8), 256, 0, st>>>(static_cast<const uint8_t*>(g.w), int64_t(g.cols) * 2,
+                                                               n_rows, g.cols, dst);
+    SPARSEMLA_CUDA_LAUNCH_CHECK();
+    wbf = dst;
+  }
   const int64_t n = T * g.heads * g.cols;
   if (xbf_.bytes() < size_t(n) * 2) xbf_ = DeviceBuffer(size_t(n) * 2);
   pack_bf16_kernel<<<grid_for(n), 256, 0, st>>>(x, T * g.heads, g.cols, x_stride, xbf_.as<__nv_bfloat16>());
@@ -196,7 +260,7 @@ void Blas::per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, 
   // rows x cols. B = x_h is column-major cols x T (tokens H * cols apart); C = out_h is rows x T
   // (tokens H * out_stride apart). Heads are the batch: strides rows*cols, cols and out_stride.
   SPARSEMLA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      h, CUBLAS_OP_T, CUBLAS_OP_N, g.rows, int(T), g.cols, &one, g.w, CUDA_R_16BF, g.cols,
+      h, CUBLAS_OP_T, CUBLAS_OP_N, g.rows, int(T), g.cols, &one, wbf, CUDA_R_16BF, g.cols,
       int64_t(g.rows) * g.cols, xbf_.get(), CUDA_R_16BF, int64_t(g.heads) * g.cols, g.cols, &zero, out, CUDA_R_32F,
       int64_t(g.heads) * out_stride, out_stride, g.heads, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }

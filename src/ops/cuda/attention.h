@@ -251,13 +251,18 @@ namespace sparsemla::cuda {
 // The MLA absorption products, one GEMM per head batched (cuBLAS, bf16 inputs, fp32 accumulate):
 //   into the latent space:  out[t][h][0..kv_lora) = W_UK_h q_nope[t][h]     W_UK_h: [kv_lora, nope]
 //   out of it:              out[t][h][0..v_head)  = W_UV_h o_lat[t][h]      W_UV_h: [v_head, kv_lora]
-// Weights are bf16 on the device, heads back to back ([H, rows, cols] row-major: attn_k_b / attn_v_b
-// as GGUF stores them). x is fp32 [T, H, x_stride] (its first `cols` values per head are used);
-// out is fp32 [T, H, out_stride] (its first `rows` values per head are written).
+// Weights are on the device, heads back to back ([H, rows, cols] row-major: attn_k_b / attn_v_b as
+// GGUF stores them): bf16 or f16 (read in place), or fp32. x is fp32 [T, H, x_stride] (its first
+// `cols` values per head are used); out is fp32 [T, H, out_stride] (its first `rows` values per head
+// are written). Decode-sized batches (up to 16 tokens) take a head-batched GEMV that reads the
+// weights as stored (exact in fp32) times x rounded to bf16; larger ones cuBLAS on bf16 weights
+// (f16 widened into a scratch copy first, rounded to nearest even).
+enum class HeadWeights { BF16, F16 };
 struct HeadBatchedGemm {
-  const void* w = nullptr;  // bf16 [H, rows, cols] (fp32 when f32)
+  const void* w = nullptr;  // [H, rows, cols] in `form` (fp32 when f32)
   int heads = 0, rows = 0, cols = 0;
   bool f32 = false;  // fp32 weights and activations, fp32 products (the reference's arithmetic)
+  HeadWeights form = HeadWeights::BF16;
 };
 class Blas {
  public:
@@ -269,12 +274,14 @@ class Blas {
                 int64_t out_stride, Stream s);
   // Its scratch buffer (grown on demand): a captured CUDA graph holds this address.
   const void* scratch() const { return xbf_.get(); }
+  const void* weight_scratch() const { return wbf_.get(); }
 
  private:
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
   void* handle_ = nullptr;
   DeviceBuffer workspace_;  // cuBLAS's (cublasSetWorkspace)
   DeviceBuffer xbf_;  // bf16 copy of x
+  DeviceBuffer wbf_;  // bf16 copy of f16 weights for cuBLAS (more than 16 tokens)
 };
 
 // fp32 -> bf16 on the device (for weights uploaded once, and activations).
