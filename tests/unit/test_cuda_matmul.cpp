@@ -1259,7 +1259,8 @@ TEST_P(CudaMatmulQ8, OneTokenKernelMatchesProductWithDequantizedActivations) {
 // units over 64 threads) and with chunks in turn in one buffer (Q6_K 18432 columns: 288 units over
 // 256 threads, two buffers past kStagedMaxSmem); each result has the bits of the kernel without
 // staging. Rows of one chunk (Q6_K 2048 columns) take the row-group kernel, also for expert
-// products with a shared one. Narrower rows, other types and two tokens do not take it.
+// products with a shared one; rows of one chunk per warp (Q6_K 6144 columns) blocks that run
+// several row groups in turn. Narrower rows, other types and two tokens do not take it.
 TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
   SPARSEMLA_REQUIRE_GPU();
   struct Restore {

@@ -461,13 +461,36 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_staged_kernel(const Mat
   block_sum_store(acc, partial, row0, v.n_rows, 0, 1, v.y);
 }
 
+// Groups k < n of R rows in turn, from byte `off` of rows row_of(k) .. into buf ([2][R][kChunkBytes],
+// this warp's): group k + 1's copy in flight while group k is decoded, its sums (this lane's unit)
+// handed to done(k, acc).
+template <class V, int R, int L, class RowOf, class Done>
+__device__ __forceinline__ void staged_groups(uint8_t* buf, const BlockView& v, int64_t off, int n, RowOf&& row_of,
+                                              const typename V::template X<L>& xu, int lane, Done&& done) {
+  constexpr int kBuf = R * Staged<V>::kChunkBytes;
+  if (n > 0) staged_copy<V, R>(buf, v, row_of(0), off, lane);
+  for (int k = 0; k < n; ++k) {
+    const int cur = k & 1;
+    if (k + 1 < n) staged_copy<V, R>(buf + (cur ^ 1) * kBuf, v, row_of(k + 1), off, lane);
+    else cp_async_commit();  // (an empty group: the wait below counts one behind)
+    cp_async_wait_group<1>();
+    __syncwarp();
+    float acc[R][1];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
+    staged_unit<V, R, L>(buf + cur * kBuf, xu, lane, acc);
+    __syncwarp();  // every lane's reads of this buffer are done before it is filled again
+    done(k, acc);
+  }
+}
+
 // Rows of one chunk (32 units: Q6_K rows of 2048 columns, as GLM-5's expert down products), where
-// the kernel above runs one-warp blocks of R rows that copy, wait, decode and leave. Here a block
+// gemv_q8_staged_kernel runs one-warp blocks of R rows that copy, wait, decode and leave. Here a block
 // holds kGroupWarps warps and each warp takes G groups of R rows in turn, group k + 1's copy in
 // flight while group k is decoded (two buffers per warp); group k of warp w is row group
 // (blockIdx.x G + k) kGroupWarps + w, so a block's warps read neighbouring rows at once. Each row is
-// summed by the same lanes in the same order and reduced by the same shuffle tree as in the kernel
-// above with its one warp: the same bits.
+// summed by the same lanes in the same order and reduced by the same shuffle tree as in
+// gemv_q8_staged_kernel with its one warp: the same bits.
 template <class V, int R, int L>
 __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_staged_groups_kernel(const MatArgs a, int G) {
   using S = Staged<V>;
@@ -484,25 +507,44 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_staged_groups_kernel(co
   uint8_t* buf = stage + size_t(warp) * 2 * R * S::kChunkBytes;
   int n = 0;  // this warp's groups
   while (n < G && group_row(n) < v.n_rows) ++n;
-  if (n > 0) staged_copy<V, R>(buf, v, group_row(0), 0, lane);
-  for (int k = 0; k < n; ++k) {
-    const int cur = k & 1;
-    if (k + 1 < n) staged_copy<V, R>(buf + (cur ^ 1) * R * S::kChunkBytes, v, group_row(k + 1), 0, lane);
-    else cp_async_commit();  // (an empty group: the wait below counts one behind)
-    cp_async_wait_group<1>();
-    __syncwarp();
-    float acc[R][1];
-#pragma unroll
-    for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
-    staged_unit<V, R, L>(buf + cur * R * S::kChunkBytes, xu, lane, acc);
-    __syncwarp();  // every lane's reads of this buffer are done before it is filled again
+  staged_groups<V, R, L>(buf, v, 0, n, group_row, xu, lane, [&](int k, const float (&acc)[R][1]) {
     const int64_t row0 = group_row(k);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float s = warp_sum(acc[r][0]);
       if (lane == 0 && row0 + r < v.n_rows) v.y[row0 + r] = s;
     }
-  }
+  });
+}
+
+// Rows of one chunk per warp and more than one warp (Q6_K rows of 4096 to 10240 columns: the output
+// head's 6144; wider rows' two buffers per warp pass kStagedMaxSmem), where gemv_q8_staged_kernel
+// copies, waits, decodes and leaves once per block. Here a block takes G row groups in turn, each warp's
+// chunk of group k + 1 in flight while group k is decoded (two buffers per warp); each group is
+// summed and reduced as gemv_q8_staged_kernel sums and reduces its one: the same bits.
+template <class V, int R, int L>
+__global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_staged_runs_kernel(const MatArgs a, int G) {
+  using S = Staged<V>;
+  extern __shared__ __align__(16) uint8_t stage[];  // per warp: [2][R][kChunkBytes]
+  __shared__ float partial[kQ8MaxThreads / 32][R];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const BlockMat m = block_mat(a);
+  const int64_t first = int64_t(blockIdx.x) * G * R;
+  if (first >= m.n_rows) return;
+  gemv_prologue<R>(a.prefetch && !a.expert_ids, m.w, m.row_bytes, first, m.n_rows);
+  BlockView v;
+  if (!block_view(a, v)) return;
+  const TokenX<L> x = staged_token<L>(a, v);
+  const int iu = warp * 32 + lane;
+  const typename V::template X<L> xu = V::template load_x<L>(x, iu / V::kUnitsPerBlock, iu % V::kUnitsPerBlock);
+  const int64_t off = int64_t(warp * 32 / V::kUnitsPerBlock) * V::kBytes;
+  uint8_t* buf = stage + size_t(warp) * 2 * R * S::kChunkBytes;
+  int n = 0;  // the block's groups (the same for every warp: the barriers below are the block's)
+  while (n < G && first + int64_t(n) * R < v.n_rows) ++n;
+  const auto row_of = [&](int k) { return first + int64_t(k) * R; };
+  staged_groups<V, R, L>(buf, v, off, n, row_of, xu, lane, [&](int k, const float (&acc)[R][1]) {
+    block_sum_store(acc, partial, row_of(k), v.n_rows, 0, 1, v.y);
+  });
 }
 
 // Whether a product takes the staged kernel: the 2-byte aligned types, one token (or one per
@@ -511,15 +553,17 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_staged_groups_kernel(co
 bool g_q8_staged = true;
 std::atomic<int64_t> g_q8_staged_launches{0}, g_q8_group_launches{0};
 
-// The row-group kernel's shape: kGroupWarps warps per block, each taking the most row groups, up to
-// 4, that still leave every multiprocessor a block. H200, Q6_K 6144 x 2048, two levels, us per
-// call (warps x groups; docs/PERFORMANCE.md, session 27): one product 6.4 (4 x 2: 192 blocks)
-// against 8.1 (4 x 4: 96 blocks) and 8.0 for one-warp blocks of one group; 8 experts 28.8 (4 x 4)
-// against 29.9 (4 x 2), 36.1 (4 x 8: 384 blocks) and 34.6.
+// Row groups per warp for the row-group kernels: the most, up to 4, that still leave every
+// multiprocessor a block (blocks of `warps` warps, each warp its own groups; or of one team of warps
+// sharing its groups: warps 1). H200, two levels, us per call (docs/PERFORMANCE.md, session 27):
+// Q6_K 6144 x 2048 (4 warps) one product 6.4 (2 groups: 192 blocks) against 8.1 (4: 96 blocks) and
+// 8.0 for one-warp blocks of one group; 8 experts 28.8 (4) against 29.9 (2), 36.1 (8: 384 blocks)
+// and 34.6; the Q6_K output head 154880 x 6144 (3 warps sharing each group) 238.7 (4) against 241.7
+// (2), 239.4 (8) and 269.9.
 constexpr int kGroupWarps = 4, kMaxGroupsPerWarp = 4;
-int groups_per_warp(int64_t row_groups, int sm_count) {
+int groups_per_warp(int64_t row_groups, int warps, int sm_count) {
   int g = kMaxGroupsPerWarp;
-  while (g > 1 && ceil_div(row_groups, int64_t(kGroupWarps) * g) < sm_count) g /= 2;
+  while (g > 1 && ceil_div(row_groups, int64_t(warps) * g) < sm_count) g /= 2;
   return g;
 }
 
@@ -567,7 +611,7 @@ void launch_q8_levels(const MatArgs& a, cudaStream_t s) {
       const unsigned y = a.expert_ids ? unsigned(a.n_tokens) : 1u;
       if (n_units == 32) {  // rows of one chunk: warps that take several row groups
         const int64_t groups = ceil_div(a.max_rows(), int64_t(R));
-        const int g = groups_per_warp(groups * y * z, a.sm_count);
+        const int g = groups_per_warp(groups * y * z, kGroupWarps, a.sm_count);
         const unsigned gx = unsigned(ceil_div(groups, int64_t(kGroupWarps) * g));
         const size_t smem = size_t(kGroupWarps) * 2 * R * Staged<V>::kChunkBytes;
         const auto kernel = gemv_q8_staged_groups_kernel<V, R, L>;
@@ -576,6 +620,18 @@ void launch_q8_levels(const MatArgs& a, cudaStream_t s) {
         SPARSEMLA_CUDA_LAUNCH_CHECK();
         ++g_q8_staged_launches;
         ++g_q8_group_launches;
+        return;
+      }
+      if (n_units == threads && Staged<V>::smem_of(threads, 2, R) <= kStagedMaxSmem) {  // a chunk per warp
+        const int64_t groups = ceil_div(a.max_rows(), int64_t(R));
+        const int runs = groups_per_warp(groups * y * z, 1, a.sm_count);
+        const unsigned gx = unsigned(ceil_div(groups, int64_t(runs)));
+        const size_t smem = Staged<V>::smem_of(threads, 2, R);
+        const auto kernel = gemv_q8_staged_runs_kernel<V, R, L>;
+        allow_smem(kernel, smem);
+        pdl::launch(kernel, dim3(gx, y, z), threads, smem, s, a, runs);
+        SPARSEMLA_CUDA_LAUNCH_CHECK();
+        ++g_q8_staged_launches;
         return;
       }
       const size_t smem = Staged<V>::smem(n_units, threads, R);
