@@ -4,7 +4,8 @@
 //
 // Weights are uploaded once, as the GGUF file stores them (quantized matrices are read in place by
 // cuda::matmul); the per-head absorption matrices W_UK / W_UV are read in place when bf16 or f16,
-// else become bf16 copies (fp32 in precise mode); norms and biases are fp32. Activations are fp32 between the operations.
+// else become bf16 copies (fp32 in precise mode); norms and biases are fp32. Activations are fp32
+// between the operations.
 //
 // Host synchronization: one per MoE layer (the per-expert token counts are read back to size the
 // expert products) and one at the end (the logits are copied to the host).
@@ -236,8 +237,8 @@ class GpuModel {
                const cuda::Q8Activations* q = nullptr);
   // The int8 activation levels a decode product of this weight type takes (0: fp32 activations):
   // 1 for every type with an int8 kernel under int8_activations, else 2 for Q8_0 and Q5_K, and for
-  // Q4_K and Q6_K in one-token steps (q8_two_level). One-token products take the one-token int8 tensor-core
-  // kernel where the type has one (cuda::q8_one_token_supported).
+  // Q4_K and Q6_K in one-token steps (q8_two_level). One-token products take the one-token int8
+  // tensor-core kernel where the type has one (cuda::q8_one_token_supported).
   int q8_levels(gguf::GgmlType t) const;
   // Whether the product of w on T tokens takes the quantized activations q.
   bool takes_q8(const cuda::Q8Activations* q, const cuda::QuantMatrix& w, int64_t T) const;

@@ -83,13 +83,14 @@ struct F16Row {
   }
 };
 template <class WR, int NT, int RPW>
-__global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const uint8_t* __restrict__ w, int64_t row_bytes,
-                                                                   int heads, int rows, int cols,
-                                                                   const float* __restrict__ x, int64_t x_stride, int T,
-                                                                   float* __restrict__ out, int64_t out_stride) {
+__global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const uint8_t* __restrict__ w, int heads, int rows,
+                                                                   int cols, const float* __restrict__ x,
+                                                                   int64_t x_stride, int T, float* __restrict__ out,
+                                                                   int64_t out_stride) {
   extern __shared__ float xs[];  // [T][cols]
   const int h = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, chunks = cols / 8;
+  const int64_t row_bytes = int64_t(cols) * 2;  // (16-bit values)
   const int r0 = (blockIdx.x * kHgWarps + warp) * RPW;
   const uint8_t* wh = w + int64_t(h) * rows * row_bytes;
   auto load_w = [&](int r, int ch) { return WR::load(wh + int64_t(min(r0 + r, rows - 1)) * row_bytes, ch); };
@@ -147,17 +148,16 @@ __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const uint8_t*
   }
 }
 
-// f16 weights widened to bf16 (rounded to nearest even) for cuBLAS: one thread per chunk.
-template <class WR>
-__global__ void widen_rows_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_rows, int cols,
-                                  __nv_bfloat16* __restrict__ out) {
+// f16 weights widened to bf16 (rounded to nearest even) for cuBLAS: one thread per chunk of 8.
+__global__ void widen_f16_kernel(const uint8_t* __restrict__ w, int64_t n_rows, int cols,
+                                 __nv_bfloat16* __restrict__ out) {
   const int chunks = cols / 8;
   const int64_t n = n_rows * chunks;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / chunks;
     const int ch = int(i % chunks);
     float f[8];
-    WR::to_f(WR::load(w + r * row_bytes, ch), f);
+    F16Row::to_f(F16Row::load(w + r * cols * 2, ch), f);
     *reinterpret_cast<uint4*>(out + r * cols + 8 * ch) =
         make_uint4(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]), pack_bf16(f[4], f[5]), pack_bf16(f[6], f[7]));
   }
@@ -176,11 +176,10 @@ void launch_head_gemv(const HeadBatchedGemm& g, const float* x, int64_t x_stride
   const dim3 grid(unsigned((g.rows + kHgWarps * RPW - 1) / (kHgWarps * RPW)), unsigned(g.heads));
   const size_t smem = size_t(T * g.cols) * sizeof(float);
   const auto* w = static_cast<const uint8_t*>(g.w);
-  const int64_t rb = int64_t(g.cols) * 2;
   const auto kernel = T == 1   ? head_gemv_kernel<WR, 1, RPW>
                       : T == 2 ? head_gemv_kernel<WR, 2, RPW>
                                : head_gemv_kernel<WR, 4, RPW>;
-  pdl::launch(kernel, grid, kHgWarps * 32, smem, s, w, rb, g.heads, g.rows, g.cols, x, x_stride, int(T), out, out_stride);
+  pdl::launch(kernel, grid, kHgWarps * 32, smem, s, w, g.heads, g.rows, g.cols, x, x_stride, int(T), out, out_stride);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
@@ -246,8 +245,7 @@ void Blas::per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, 
     if (g.cols % 8 != 0) fail("Blas::per_head: f16 weights of {} columns (a multiple of 8 is needed)", g.cols);
     if (wbf_.bytes() < size_t(n) * 2) wbf_ = DeviceBuffer(size_t(n) * 2);
     auto* dst = wbf_.as<__nv_bfloat16>();
-    widen_rows_kernel<F16Row><<<grid_for(n / 8), 256, 0, st>>>(static_cast<const uint8_t*>(g.w), int64_t(g.cols) * 2,
-                                                               n_rows, g.cols, dst);
+    widen_f16_kernel<<<grid_for(n / 8), 256, 0, st>>>(static_cast<const uint8_t*>(g.w), n_rows, g.cols, dst);
     SPARSEMLA_CUDA_LAUNCH_CHECK();
     wbf = dst;
   }

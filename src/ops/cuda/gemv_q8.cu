@@ -609,37 +609,25 @@ void launch_q8_levels(const MatArgs& a, cudaStream_t s) {
     if (takes_staged<V>(a)) {
       const int n_units = int(a.n_cols / V::kBlock) * V::kUnitsPerBlock;
       const unsigned y = a.expert_ids ? unsigned(a.n_tokens) : 1u;
+      const int64_t groups = ceil_div(a.max_rows(), int64_t(R));  // of R rows
+      const auto go = [&](auto kernel, unsigned gx, int n_threads, size_t smem, auto... extra) {
+        allow_smem(kernel, smem);
+        pdl::launch(kernel, dim3(gx, y, z), n_threads, smem, s, a, extra...);
+        SPARSEMLA_CUDA_LAUNCH_CHECK();
+        ++g_q8_staged_launches;
+      };
       if (n_units == 32) {  // rows of one chunk: warps that take several row groups
-        const int64_t groups = ceil_div(a.max_rows(), int64_t(R));
         const int g = groups_per_warp(groups * y * z, kGroupWarps, a.sm_count);
-        const unsigned gx = unsigned(ceil_div(groups, int64_t(kGroupWarps) * g));
-        const size_t smem = size_t(kGroupWarps) * 2 * R * Staged<V>::kChunkBytes;
-        const auto kernel = gemv_q8_staged_groups_kernel<V, R, L>;
-        allow_smem(kernel, smem);
-        pdl::launch(kernel, dim3(gx, y, z), 32 * kGroupWarps, smem, s, a, g);
-        SPARSEMLA_CUDA_LAUNCH_CHECK();
-        ++g_q8_staged_launches;
+        go(gemv_q8_staged_groups_kernel<V, R, L>, unsigned(ceil_div(groups, int64_t(kGroupWarps) * g)),
+           32 * kGroupWarps, Staged<V>::smem_of(32 * kGroupWarps, 2, R), g);
         ++g_q8_group_launches;
-        return;
+      } else if (n_units == threads && Staged<V>::smem_of(threads, 2, R) <= kStagedMaxSmem) {  // a chunk per warp
+        const int g = groups_per_warp(groups * y * z, 1, a.sm_count);
+        go(gemv_q8_staged_runs_kernel<V, R, L>, unsigned(ceil_div(groups, int64_t(g))), threads,
+           Staged<V>::smem_of(threads, 2, R), g);
+      } else {
+        go(gemv_q8_staged_kernel<V, R, L>, blocks, threads, Staged<V>::smem(n_units, threads, R));
       }
-      if (n_units == threads && Staged<V>::smem_of(threads, 2, R) <= kStagedMaxSmem) {  // a chunk per warp
-        const int64_t groups = ceil_div(a.max_rows(), int64_t(R));
-        const int runs = groups_per_warp(groups * y * z, 1, a.sm_count);
-        const unsigned gx = unsigned(ceil_div(groups, int64_t(runs)));
-        const size_t smem = Staged<V>::smem_of(threads, 2, R);
-        const auto kernel = gemv_q8_staged_runs_kernel<V, R, L>;
-        allow_smem(kernel, smem);
-        pdl::launch(kernel, dim3(gx, y, z), threads, smem, s, a, runs);
-        SPARSEMLA_CUDA_LAUNCH_CHECK();
-        ++g_q8_staged_launches;
-        return;
-      }
-      const size_t smem = Staged<V>::smem(n_units, threads, R);
-      const auto kernel = gemv_q8_staged_kernel<V, R, L>;
-      allow_smem(kernel, smem);
-      pdl::launch(kernel, dim3(blocks, y, z), threads, smem, s, a);
-      SPARSEMLA_CUDA_LAUNCH_CHECK();
-      ++g_q8_staged_launches;
       return;
     }
   }
