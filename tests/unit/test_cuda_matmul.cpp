@@ -1162,15 +1162,16 @@ TEST_P(CudaMatmulQ8, ManyProductsAndSharedPairsEqualTheProductsAlone) {
 // The one-token int8 tensor-core kernel (Q4_K, Q5_K): at one token W x_hat within kQ8Tol on every
 // shape (rows not a multiple of 16; one to 90 256-blocks per row, past the bf16 one-token kernel's
 // staged width; 4300 x 2304 takes Q4_K's two-tile blocks only by the rule that their blocks fill a
-// 132-SM device once), one and two levels, and close to W x; several products in one launch, expert
+// 132-SM device once; rows of 8192 columns or more, Q4_K's three-blocks-per-SM form), one and two
+// levels, and close to W x; several products in one launch, expert
 // pairs and a shared pair each the bits of their product alone with the kernel; unused pairs
 // unwritten. Types without the kernel (Q8_0, Q6_K) give the dp4a kernel's bits with the flag set.
 TEST_P(CudaMatmulQ8, OneTokenKernelMatchesProductWithDequantizedActivations) {
   SPARSEMLA_REQUIRE_GPU();
   const bool has = q8_one_token_supported(type());
   EXPECT_EQ(has, type() == GgmlType::Q4_K || type() == GgmlType::Q5_K);
-  const std::vector<Shape> shapes = {{67, 768},   {131, 256},  {19, 8960},  {2048, 6144},
-                                     {6144, 2048}, {40, 23040}, {4300, 2304}};
+  const std::vector<Shape> shapes = {{67, 768},    {131, 256},  {19, 8960},  {2048, 6144},
+                                     {6144, 2048},  {40, 23040}, {4300, 2304}, {1000, 8192}};
   uint32_t seed = 700;
   double worst[2] = {0.0, 0.0}, worst_fp32[2] = {0.0, 0.0};
   for (const Shape& sh : shapes) {

@@ -164,13 +164,14 @@ struct Q5KOne {
   }
 };
 
-// One token's rows (one_token_rows), its int8 activations bound to the block's token.
-// Held to 128 registers (two blocks per multiprocessor; launch_levels says why).
-template <class M, int NT, int L>
-__global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8_one_kernel(const MatArgs a) {
+// One token's rows (one_token_rows), its int8 activations bound to the block's token: NT row tiles
+// per block, U 256-blocks loaded at a time, at least MINB blocks per multiprocessor (registers
+// capped to fit them; launch_levels says which).
+template <class M, int NT, int L, int U, int MINB>
+__global__ void __launch_bounds__(kMmaWarps * 32, MINB) gemv_q8_one_kernel(const MatArgs a) {
   const int lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   TokenQ8<L> t{};
-  one_token_rows<M, NT, NT == 1 ? M::kUnrollOneTile : 1>(
+  one_token_rows<M, NT, U>(
       a,
       [&](const BlockView& v) {
         const int64_t tok = v.token_row(a, 0);
@@ -183,14 +184,35 @@ __global__ void __launch_bounds__(kMmaWarps * 32, 2) gemv_q8_one_kernel(const Ma
       });
 }
 
+// Three blocks per multiprocessor: one-tile blocks with one 256-block loaded at a time (79
+// registers: 24 warps per SM instead of 16), for Q4_K rows of 8192 columns or more, and of 4096 or
+// more where the one-tile blocks fill the device 8 times over with three per SM (the output head).
+// Each warp then runs several 256-blocks in turn, and what bounds it is the latency of its load and
+// decode chain, not the bytes (session 28: q_b's 16384 x 2048 read from L2 took 7.1 us against 8.0
+// from HBM), so more warps help. H200, two levels, us: 6144 x 16384 20.4 -> 19.1; head 154880 x
+// 6144 146.8 -> 140.2 (86% -> 90% of the copy rate). Elsewhere they lost: 16384 x 2048 8.0 -> 8.7,
+// 8 experts 2048 x 6144 18.0 -> 19.4, 6144 x 2048 3.9 -> 4.1. (Four per SM, 64 registers, spills
+// and loses everywhere.)
+constexpr int64_t kThreeBlocksMinCols = 8192, kThreeBlocksWideMinCols = 4096, kThreeBlocksWaves = 8;
+inline bool takes_three_blocks(const MatArgs& a, int64_t items) {
+  return a.n_cols >= kThreeBlocksMinCols ||
+         (a.n_cols >= kThreeBlocksWideMinCols && a.blocks_of_all(kMmaRows) * items >= kThreeBlocksWaves * 3 * a.sm_count);
+}
+
 // Row tiles per block: two where the bf16 one-token kernel takes two (one_token_two_tiles) and where
 // the two-tile blocks still fill the device once (below); Q5_K one.
-// Every variant is held to 128 registers, so two blocks fit a multiprocessor: uncapped, the
+// These variants are held to 128 registers, so two blocks fit a multiprocessor: uncapped, the
 // two-tile kernel took 148 and ran its 192 blocks of a 6144-row product in two waves (5.4 us
-// against 4.5 for the bf16 one-token kernel, H200).
+// against 4.5 for the bf16 one-token kernel, H200). The tile count and the blocks loaded at a time
+// change no row's sum (the same passes in the same order).
 template <class M, int L>
 void launch_levels(const MatArgs& a, cudaStream_t s) {
   const int64_t items = a.expert_ids ? a.n_tokens : 1;  // blocks per row tile of each product
+  if (M::kTwoTiles && takes_three_blocks(a, items)) {  // (Q4_K)
+    const dim3 grid{unsigned(ceil_div(a.max_rows(), int64_t(kMmaRows))), unsigned(items), 1u + unsigned(a.n_more)};
+    pdl::launch(gemv_q8_one_kernel<M, 1, L, 1, 3>, grid, kMmaWarps * 32, 0, s, a);
+    return;
+  }
   // Two tiles also where their blocks still fill every multiprocessor once (2 per SM fit): the
   // attention output 6144 x 16384 in 192 blocks, 19.8-19.9 us against 20.4-20.7 in 384 one-tile
   // blocks (1.45 waves; H200, session 26). (The bf16 kernel measured the other way there.)
@@ -199,11 +221,11 @@ void launch_levels(const MatArgs& a, cudaStream_t s) {
   const dim3 grid{unsigned(ceil_div(a.max_rows(), int64_t(kMmaRows) * nt)), unsigned(items), 1u + unsigned(a.n_more)};
   if constexpr (M::kTwoTiles) {
     if (two) {
-      pdl::launch(gemv_q8_one_kernel<M, 2, L>, grid, kMmaWarps * 32, 0, s, a);
+      pdl::launch(gemv_q8_one_kernel<M, 2, L, 1, 2>, grid, kMmaWarps * 32, 0, s, a);
       return;
     }
   }
-  pdl::launch(gemv_q8_one_kernel<M, 1, L>, grid, kMmaWarps * 32, 0, s, a);
+  pdl::launch(gemv_q8_one_kernel<M, 1, L, M::kUnrollOneTile, 2>, grid, kMmaWarps * 32, 0, s, a);
 }
 
 template <class M>
