@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32, MINB) gemv_q8_one_kernel(const
 // and loses everywhere.)
 constexpr int64_t kThreeBlocksMinCols = 8192, kThreeBlocksWideMinCols = 4096, kThreeBlocksWaves = 8;
 inline bool takes_three_blocks(const MatArgs& a, int64_t items) {
-  return a.n_cols >= kThreeBlocksMinCols ||
-         (a.n_cols >= kThreeBlocksWideMinCols && a.blocks_of_all(kMmaRows) * items >= kThreeBlocksWaves * 3 * a.sm_count);
+  if (a.n_cols >= kThreeBlocksMinCols) return true;
+  return a.n_cols >= kThreeBlocksWideMinCols && a.blocks_of_all(kMmaRows) * items >= kThreeBlocksWaves * 3 * a.sm_count;
 }
 
 // Row tiles per block: two where the bf16 one-token kernel takes two (one_token_two_tiles) and where
@@ -208,10 +208,12 @@ inline bool takes_three_blocks(const MatArgs& a, int64_t items) {
 template <class M, int L>
 void launch_levels(const MatArgs& a, cudaStream_t s) {
   const int64_t items = a.expert_ids ? a.n_tokens : 1;  // blocks per row tile of each product
-  if (M::kTwoTiles && takes_three_blocks(a, items)) {  // (Q4_K)
-    const dim3 grid{unsigned(ceil_div(a.max_rows(), int64_t(kMmaRows))), unsigned(items), 1u + unsigned(a.n_more)};
-    pdl::launch(gemv_q8_one_kernel<M, 1, L, 1, 3>, grid, kMmaWarps * 32, 0, s, a);
-    return;
+  if constexpr (M::kTwoTiles) {  // (Q4_K; Q5_K's form would spill under the three-block cap)
+    if (takes_three_blocks(a, items)) {
+      const dim3 grid{unsigned(ceil_div(a.max_rows(), int64_t(kMmaRows))), unsigned(items), 1u + unsigned(a.n_more)};
+      pdl::launch(gemv_q8_one_kernel<M, 1, L, 1, 3>, grid, kMmaWarps * 32, 0, s, a);
+      return;
+    }
   }
   // Two tiles also where their blocks still fill every multiprocessor once (2 per SM fit): the
   // attention output 6144 x 16384 in 192 blocks, 19.8-19.9 us against 20.4-20.7 in 384 one-tile
