@@ -14,6 +14,8 @@
 // w & 0xF0F0F0F0, i.e. 16 q as an unsigned byte, the 1/16 folded into the group's fp32 scale (one
 // instruction per 4 weights); Q5_K adds its fifth bit from qh. The activations need no staging:
 // only 8 of a warp's 32 threads (g / 2 == c) give b registers, from the int8 rows themselves.
+// (Session 29, H200: weights loaded past L1, ld.global.nc.L1::no_allocate, so that they would not
+// evict the activations, cost 10-25%: the header and quarter loads of a block share its lines in L1.)
 // With two levels a second mma runs the residual level into its own sums, joined as 254 D1 + D2
 // (exact in int32: |D1| <= 32 x 240 x 127). The integer dots are exact, so against W x_hat the
 // only rounding is the fp32 scaling and summation (as the dp4a kernel; ~1e-7 relative).
@@ -88,12 +90,19 @@ __device__ __forceinline__ void kmin_block(const typename M::Raw (&r)[2 * NT], c
     }
   }
   const int4 xs = __ldg(reinterpret_cast<const int4*>(t.xb + 8 * int64_t(kb) + 2 * c));
-  int acc[L][NT][4] = {};
+  // One level (S): each half's passes sum into their own registers, and the giving thread gives
+  // its group in all 8 passes: in the other half's passes its slots meet the weights of the group
+  // beside its own, which lands only in that half's sums of its own column, never read; 32 selects
+  // fewer per block. Two levels: one set of sums, the giving thread giving zeros in the other half's
+  // passes (two sets spill at the register caps below).
+  constexpr bool S = L == 1;
+  constexpr int H = S ? 2 : 1;
+  int acc[H][L][NT][4] = {};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const bool mine = (g & 1) == h;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
+      const bool mine = S || (g & 1) == h;  // (S: the giving thread gives in every pass)
       uint32_t b[L][2];
 #pragma unroll
       for (int l = 0; l < L; ++l) {
@@ -106,11 +115,12 @@ __device__ __forceinline__ void kmin_block(const typename M::Raw (&r)[2 * NT], c
         const uint32_t a[4] = {M::a_word(r[2 * tile], 2 * q, h, c), M::a_word(r[2 * tile + 1], 2 * q, h, c),
                                M::a_word(r[2 * tile], 2 * q + 1, h, c), M::a_word(r[2 * tile + 1], 2 * q + 1, h, c)};
 #pragma unroll
-        for (int l = 0; l < L; ++l) mma_u8s8_16832(acc[l][tile], a, b[l][0], b[l][1]);
+        for (int l = 0; l < L; ++l) mma_u8s8_16832(acc[h % H][l][tile], a, b[l][0], b[l][1]);
       }
     }
   }
-  // acc[.][tile]: [row g, group 2c], [g, 2c + 1], [g + 8, 2c], [g + 8, 2c + 1].
+  // acc[h][.][tile]: [row g, group 2c], [g, 2c + 1], [g + 8, 2c], [g + 8, 2c + 1] (with S, half n's
+  // sums for group 2c + n).
   const float dx[2] = {__int_as_float(xs.x), __int_as_float(xs.z)};
   const float ds[2] = {__fmul_rn(dx[0], __int2float_rn(xs.y)), __fmul_rn(dx[1], __int2float_rn(xs.w))};
 #pragma unroll
@@ -119,9 +129,11 @@ __device__ __forceinline__ void kmin_block(const typename M::Raw (&r)[2 * NT], c
     kmin_group_scales(M::header(r[i]), c, scale, min);
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
-      int d = acc[0][i / 2][2 * (i % 2) + n];
-      if constexpr (L == 2) d = d * kQ8LevelRatio + acc[1][i / 2][2 * (i % 2) + n];
-      const float coef = __fmul_rn(__fmul_rn(scale[n], n ? M::kHighScale : 1.0f), dx[n]);
+      const int k = 2 * (i % 2) + n;
+      int d = acc[n % H][0][i / 2][k];
+      if constexpr (L == 2) d = d * kQ8LevelRatio + acc[n % H][1][i / 2][k];
+      const float s = n && M::kHighScale != 1.0f ? __fmul_rn(scale[n], M::kHighScale) : scale[n];
+      const float coef = __fmul_rn(s, dx[n]);
       tot[i] = __fmaf_rn(coef, __int2float_rn(d), __fmaf_rn(-min[n], ds[n], tot[i]));
     }
   }
