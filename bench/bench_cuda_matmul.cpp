@@ -1,6 +1,6 @@
 // Matrix products on quantized weights on the GPU: time per call, the weight bandwidth reached and
-// its fraction of the measured device-to-device copy bandwidth, for Q8_0, Q4_K, Q6_K and BF16
-// weights of a 4096-square and the GLM-5 widths (6144 -> 2048 and 2048 -> 6144) at 1 to 512 tokens;
+// its fraction of the measured device-to-device copy bandwidth, for Q8_0, Q4_K, Q5_K, Q6_K, Q2_K,
+// Q3_K and BF16 weights of a 4096-square and the GLM-5 widths (6144 -> 2048 and 2048 -> 6144) at 1 to 512 tokens;
 // for the quantized types also 16384 -> 6144, 2048 -> 16384 and the output head (6144 -> 154880)
 // at 1 to 64 tokens (32: a decode batch on the prefill kernel's 32-token tiles); and the routed
 // experts of one MoE layer (matmul_experts, 8 pairs). Beside each decode line (T <= 8) of a type
@@ -58,6 +58,11 @@ std::vector<uint8_t> random_weight(GgmlType t, int64_t n_rows, int64_t n_cols) {
       std::memcpy(&w[at + 2], &small, 2);
     }
     if (t == GgmlType::Q6_K) std::memcpy(&w[at + 208], &small, 2);
+    if (t == GgmlType::Q2_K) {
+      std::memcpy(&w[at + 80], &small, 2);
+      std::memcpy(&w[at + 82], &small, 2);
+    }
+    if (t == GgmlType::Q3_K) std::memcpy(&w[at + 108], &small, 2);
     if (t == GgmlType::BF16) w[at + 1] = uint8_t(0x3C + (w[at + 1] & 1));  // |x| in [2^-7, 2^-5)
   }
   return w;
@@ -151,7 +156,8 @@ int main(int argc, char** argv) {
   std::printf("%s: device-to-device copy %.0f GB/s (read + written)\n\n", devices[0].name.c_str(), copy);
   std::printf("%-5s %-13s %5s %10s %9s %7s %8s\n", "type", "rows x cols", "T", "us/call", "GB/s", "% copy", "TFLOP/s");
   const int calls = quick ? 8 : 20, runs = quick ? 3 : 5;
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::BF16}) {
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q2_K, GgmlType::Q3_K,
+                     GgmlType::BF16}) {
     if (only_type && t != *only_type) continue;
     std::vector<Shape> shapes = {{4096, 4096}, {2048, 6144}, {6144, 2048}};
     if (t != GgmlType::BF16) shapes.insert(shapes.end(), {{6144, 16384}, {16384, 2048}, {154880, 6144}});
@@ -203,14 +209,17 @@ int main(int argc, char** argv) {
   // random experts of a 64-expert stack (GLM-5 widths: gate/up 2048 x 6144, down 6144 x 2048).
   for (auto [t, rows, cols] : {std::tuple{GgmlType::Q4_K, int64_t(2048), int64_t(6144)},
                                std::tuple{GgmlType::Q5_K, int64_t(2048), int64_t(6144)},
-                               std::tuple{GgmlType::Q6_K, int64_t(6144), int64_t(2048)}}) {
+                               std::tuple{GgmlType::Q6_K, int64_t(6144), int64_t(2048)},
+                               std::tuple{GgmlType::Q2_K, int64_t(2048), int64_t(6144)},
+                               std::tuple{GgmlType::Q3_K, int64_t(2048), int64_t(6144)}}) {
     if (only_type && t != *only_type) continue;
     const std::vector<uint8_t> bytes = random_weight(t, 64 * rows, cols);
     const cuda::DeviceBuffer buf = cuda::to_device(bytes);
     const cuda::QuantMatrix w{t, cols, 64 * rows, gguf::row_bytes(t, uint64_t(cols)), buf.get()};
     print_line(t, {rows, cols}, "8exp", cuda::bench_matmul_experts(w, rows, 8, calls, runs), copy);
-    print_line(t, {rows, cols}, "tc:8e",
-               cuda::bench_matmul_experts(w, rows, 8, calls, runs, cuda::ExpertKernel::kTensorCores), copy);
+    if (cuda::mma_decode_supported(t))
+      print_line(t, {rows, cols}, "tc:8e",
+                 cuda::bench_matmul_experts(w, rows, 8, calls, runs, cuda::ExpertKernel::kTensorCores), copy);
     if (cuda::mma_one_token_supported(t))
       print_line(t, {rows, cols}, "one:8e",
                  cuda::bench_matmul_experts(w, rows, 8, calls, runs, cuda::ExpertKernel::kOneToken), copy);

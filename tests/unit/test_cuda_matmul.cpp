@@ -1165,7 +1165,8 @@ TEST_P(CudaMatmulQ8, ManyProductsAndSharedPairsEqualTheProductsAlone) {
 // 132-SM device once; rows of 8192 columns or more, Q4_K's three-blocks-per-SM form), one and two
 // levels, and close to W x; several products in one launch, expert
 // pairs and a shared pair each the bits of their product alone with the kernel; unused pairs
-// unwritten. Types without the kernel (Q8_0, Q6_K) give the dp4a kernel's bits with the flag set.
+// unwritten. Types without the kernel (Q8_0, Q6_K, Q2_K, Q3_K) give the dp4a kernel's bits with
+// the flag set.
 TEST_P(CudaMatmulQ8, OneTokenKernelMatchesProductWithDequantizedActivations) {
   SPARSEMLA_REQUIRE_GPU();
   const bool has = q8_one_token_supported(type());
@@ -1253,8 +1254,8 @@ TEST_P(CudaMatmulQ8, OneTokenKernelMatchesProductWithDequantizedActivations) {
   }
 }
 
-// Staged loads (Q6_K and Q8_0, whose blocks are only 2-byte aligned): rows of whole chunks (8 Q6_K
-// blocks; 32 Q8_0 blocks, from 4096 columns) take the staged kernel (counted by
+// Staged loads (Q2_K, Q3_K, Q6_K and Q8_0, whose blocks are only 2- or 4-byte aligned): rows of
+// whole chunks (8 blocks of the bit-plane K-quants; 32 Q8_0 blocks, from 4096 columns) take the staged kernel (counted by
 // q8_staged_launches) at one token, as several products in one launch and as expert pairs with a
 // shared pair, with one level and two, with two chunk buffers per warp (Q8_0 6144 columns: 192
 // units over 64 threads) and with chunks in turn in one buffer (Q6_K 18432 columns: 288 units over
@@ -1267,13 +1268,15 @@ TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
   struct Restore {
     ~Restore() { set_q8_staged_loads(true); }
   } restore;
-  const bool staged_type = type() == GgmlType::Q6_K || type() == GgmlType::Q8_0;
+  // The bit-plane K-quants (Q2_K, Q3_K, Q6_K: 8 blocks per chunk) and Q8_0.
+  const bool planes = type() == GgmlType::Q6_K || type() == GgmlType::Q2_K || type() == GgmlType::Q3_K;
+  const bool staged_type = planes || type() == GgmlType::Q8_0;
   const auto whole_chunks = [&](int64_t n_cols) {
-    return type() == GgmlType::Q6_K ? n_cols % (8 * 256) == 0 : n_cols % (32 * 32) == 0 && n_cols >= 4096;
+    return planes ? n_cols % (8 * 256) == 0 : n_cols % (32 * 32) == 0 && n_cols >= 4096;
   };
   // f() with staging on and off: both results and the staged launches each made.
   // Rows of exactly one chunk (Q6_K 2048 columns) take the row-group form (counted apart too).
-  const auto one_chunk = [&](int64_t n_cols) { return type() == GgmlType::Q6_K && n_cols == 8 * 256; };
+  const auto one_chunk = [&](int64_t n_cols) { return planes && n_cols == 8 * 256; };
   int64_t group_launches = 0;
   const auto both = [&](auto&& f) {
     set_q8_staged_loads(true);
@@ -1365,7 +1368,7 @@ TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
       return to_host<float>(y, size_t((k + 1) * F));
     });
     EXPECT_EQ(on, off) << name << ": expert products with a shared one";
-    EXPECT_EQ(n, type() == GgmlType::Q6_K ? 1 : 0) << name << ": staged launches";
+    EXPECT_EQ(n, planes ? 1 : 0) << name << ": staged launches";
     EXPECT_EQ(group_launches, one_chunk(Hd) ? 1 : 0) << name << ": row-group launches";
     EXPECT_EQ(on[size_t(F)], kUnwritten) << name << ": the unused pair was written";
     for (int64_t p = 0; p < k; ++p) {
@@ -1378,7 +1381,7 @@ TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulQ8, ::testing::Values("q8_0", "q4_K", "q5_K", "q6_K"),
+INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulQ8, ::testing::Values("q8_0", "q4_K", "q5_K", "q6_K", "q2_K", "q3_K"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 TEST(CudaMatmulQ8Api, SupportedTypesAndRefusals) {
@@ -1387,7 +1390,8 @@ TEST(CudaMatmulQ8Api, SupportedTypesAndRefusals) {
   const gguf::TypeTraits* all = gguf::all_types(&n);
   for (size_t i = 0; i < n; ++i) {
     const GgmlType t = all[i].type;
-    EXPECT_EQ(q8_supported(t), t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K)
+    EXPECT_EQ(q8_supported(t), t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K ||
+                                   t == GgmlType::Q2_K || t == GgmlType::Q3_K)
         << all[i].name;
   }
   DeviceBuffer buf(1 << 16);

@@ -177,33 +177,75 @@ struct Q5KUnit : KMinUnit {
   }
 };
 
-// Q6_K, 210 bytes: ql[128] | qh[64] | int8 scales[16] | fp16 d. Unit u = 2h + s covers, for
-// j = 0..3, elements 128h + 32j + 16s + [0, 16): low (j < 2) or high nibbles of
-// ql[64h + 32 (j % 2) + 16s + l], bits 2j of qh[32h + 16s + l], scale sc[8h + s + 2j].
-// Element = d sc (q - 32). The weights enter the dot products as q (0..63, a signed byte as it
-// is), and each part's integer dot starts from -32 times the sum of its 16 activations (per level,
-// computed once per unit and token for all the rows: X::neg): sum (q - 32) x exactly, without a
-// byte-wise subtraction (four instructions per word) in every row's decode. H200, one token, two
-// levels, us (session 29): output head 154880 x 6144 241.0 -> 218.7 (77% -> 84% of the copy rate;
-// one level 231.4 -> 214.4, 86%), 8 experts 6144 x 2048 29.1 -> 27.4, 6144 x 2048 6.5 -> 5.9.
-struct Q6KUnit {
-  static constexpr int kBlock = 256, kBytes = 210, kUnitsPerBlock = 4, kUnroll = 1;
+// The K-quants stored in bit planes (Q2_K, Q3_K, Q6_K): unit u = 2h + s of a 256-block covers, for
+// p = 0..3, elements 128h + 32p + 16s + [0, 16): half s of activation block 4h + p, under one
+// weight scale each. The activation side is shared: per part p and level, 16 bytes and the sum of
+// those 16 values (computed once per unit and token for all the rows, by dot16 against ones), which
+// the types use for the offsets in their values (Q6_K q - 32, Q3_K q - 4) and their mins (Q2_K).
+struct PlanesUnit {
+  static constexpr int kBlock = 256, kUnitsPerBlock = 4;
   static constexpr int64_t kStagedMinCols = 0;  // staged loads at every width (the rows allow)
-  struct W {
-    uint32_t q[4][4];  // [j][word]
-    float sc[4];       // d * sc of part j
-  };
   template <int L>
   struct X {
-    int4 q[4][L];  // per level, 16 bytes of activation block 4h + j
-    int neg[4][L];  // per level, -32 times the sum of those 16 activations
+    int4 q[4][L];   // per level, 16 bytes of activation block 4h + p
+    int sum[4][L];  // per level, the sum of those 16 values
     float d[4];
+  };
+  template <int L>
+  __device__ static X<L> load_x(const TokenX<L>& t, int64_t blk, int u) {
+    const int h = u / 2, s = u % 2;
+    const int64_t ab = blk * 8 + 4 * h;  // first activation block of the unit
+    const uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
+    X<L> x;
+#pragma unroll
+    for (int p = 0; p < 4; ++p)
+#pragma unroll
+      for (int l = 0; l < L; ++l) {
+        x.q[p][l] = __ldg(reinterpret_cast<const int4*>(t.q[l] + 32 * (ab + p) + 16 * s));
+        x.sum[p][l] = dot16(ones, x.q[p][l], 0);
+      }
+    const int4* q = reinterpret_cast<const int4*>(t.xb + ab);
+    const int4 s01 = __ldg(q), s23 = __ldg(q + 1);
+    x.d[0] = __int_as_float(s01.x), x.d[1] = __int_as_float(s01.z);
+    x.d[2] = __int_as_float(s23.x), x.d[3] = __int_as_float(s23.z);
+    return x;
+  }
+  // Part p's integer dot of weights w (as signed bytes) with its activations, each level's chain
+  // started from -bias times its sum (sum (w - bias) x, exact), as a float.
+  template <int L>
+  __device__ static float part_dot(const uint32_t (&w)[4], const X<L>& x, int p, int bias) {
+    int start[L];
+#pragma unroll
+    for (int l = 0; l < L; ++l) start[l] = -bias * x.sum[p][l];
+    return level_dot<L>(w, x.q[p], start);
+  }
+  // Part p's activation sum, both levels joined (254 q + r), as a float.
+  template <int L>
+  __device__ static float part_sum(const X<L>& x, int p) {
+    if constexpr (L == 2) return __int2float_rn(x.sum[p][0] * kQ8LevelRatio + x.sum[p][1]);
+    else return int_to_f(x.sum[p][0]);
+  }
+};
+
+// Q6_K, 210 bytes: ql[128] | qh[64] | int8 scales[16] | fp16 d. Part p of unit (h, s): low (p < 2)
+// or high nibbles of ql[64h + 32 (p % 2) + 16s + l], bits 2p of qh[32h + 16s + l], scale
+// sc[8h + s + 2p]. Element = d sc (q - 32). The weights enter the dot products as q (0..63, a signed
+// byte as it is) and each part's dot starts from -32 times its activations' sum: sum (q - 32) x
+// exactly, without a byte-wise subtraction (four instructions per word) in every row's decode.
+// H200, one token, two levels, us (session 29): output head 154880 x 6144 241.0 -> 218.7 (77% ->
+// 84% of the copy rate; one level 231.4 -> 214.4, 86%), 8 experts 6144 x 2048 29.1 -> 27.4, 6144 x
+// 2048 6.5 -> 5.9.
+struct Q6KUnit : PlanesUnit {
+  static constexpr int kBytes = 210, kUnroll = 1;
+  struct W {
+    uint32_t q[4][4];  // [p][word]
+    float sc[4];       // d * sc of part p
   };
   __device__ static W load(const uint8_t* b, int u) {
     const int h = u / 2, s = u % 2;
     W w;
     const float d = half_to_f(ld16(b + 208));
-    const uint2 sw = dq::ld64_a2(b + 192 + 8 * h);  // scales 8h .. 8h + 8: part j's is byte s + 2j
+    const uint2 sw = dq::ld64_a2(b + 192 + 8 * h);  // scales 8h .. 8h + 8: part p's is byte s + 2p
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint32_t word = j < 2 ? sw.x : sw.y;
@@ -222,29 +264,90 @@ struct Q6KUnit {
     return w;
   }
   template <int L>
-  __device__ static X<L> load_x(const TokenX<L>& t, int64_t blk, int u) {
+  __device__ static float fma(const W& w, const X<L>& x, float acc) {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) acc = __fmaf_rn(__fmul_rn(w.sc[p], x.d[p]), part_dot<L>(w.q[p], x, p, 32), acc);
+    return acc;
+  }
+};
+
+// Q2_K, 84 bytes (4-byte aligned): scales[16] | qs[64] | fp16 d | fp16 dmin. Part p of unit (h, s):
+// bits 2p of qs[32h + 16s + l] (q = 0..3), scale byte 8h + 2p + s (low nibble sc, high nibble m).
+// Element = d sc q - dmin m: the dot of q (as bytes) with the activations, and the min times their
+// sum.
+struct Q2KUnit : PlanesUnit {
+  static constexpr int kBytes = 84, kUnroll = 2;
+  struct W {
+    uint32_t qs[4];    // the unit's 16 bytes of qs: part p in bits 2p of each byte
+    float sc[4], mn[4];  // d * sc, dmin * m of part p
+  };
+  __device__ static W load(const uint8_t* b, int u) {
     const int h = u / 2, s = u % 2;
-    const int64_t ab = blk * 8 + 4 * h;  // first activation block of the unit
-    const uint32_t k32[4] = {0x20202020u, 0x20202020u, 0x20202020u, 0x20202020u};  // 32 x sum, by dot16
-    X<L> x;
+    W w;
+    const uint32_t dd = ld32(b + 80), s0 = ld32(b + 8 * h), s1 = ld32(b + 8 * h + 4);
+    const float d = half_to_f(dd & 0xFFFF), dmin = half_to_f(dd >> 16);
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t sb = ((p < 2 ? s0 : s1) >> (8 * (2 * (p % 2) + s))) & 0xFF;
+      w.sc[p] = __fmul_rn(d, int_to_f(int(sb & 0x0F)));
+      w.mn[p] = __fmul_rn(dmin, int_to_f(int(sb >> 4)));
+    }
 #pragma unroll
-      for (int l = 0; l < L; ++l) {
-        x.q[j][l] = __ldg(reinterpret_cast<const int4*>(t.q[l] + 32 * (ab + j) + 16 * s));
-        x.neg[j][l] = -dot16(k32, x.q[j][l], 0);
-      }
-    const int4* p = reinterpret_cast<const int4*>(t.xb + ab);
-    const int4 s01 = __ldg(p), s23 = __ldg(p + 1);
-    x.d[0] = __int_as_float(s01.x), x.d[1] = __int_as_float(s01.z);
-    x.d[2] = __int_as_float(s23.x), x.d[3] = __int_as_float(s23.z);
-    return x;
+    for (int i = 0; i < 4; ++i) w.qs[i] = ld32(b + 16 + 32 * h + 16 * s + 4 * i);
+    return w;
   }
   template <int L>
   __device__ static float fma(const W& w, const X<L>& x, float acc) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      acc = __fmaf_rn(__fmul_rn(w.sc[j], x.d[j]), level_dot<L>(w.q[j], x.q[j], x.neg[j]), acc);
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t q[4] = {(w.qs[0] >> (2 * p)) & 0x03030303u, (w.qs[1] >> (2 * p)) & 0x03030303u,
+                             (w.qs[2] >> (2 * p)) & 0x03030303u, (w.qs[3] >> (2 * p)) & 0x03030303u};
+      acc = __fmaf_rn(__fmul_rn(w.sc[p], x.d[p]), part_dot<L>(q, x, p, 0), acc);
+      acc = __fmaf_rn(-w.mn[p], __fmul_rn(x.d[p], part_sum<L>(x, p)), acc);
+    }
+    return acc;
+  }
+};
+
+// Q3_K, 110 bytes (2-byte aligned): hmask[32] | qs[64] | scales[12] | fp16 d. Part p of unit (h,
+// s): low bits 2p of qs[32h + 16s + l], high bit 4h + p of hmask[16s + l]; scale i = 8h + 2p + s,
+// 6 bits (low 4 in byte i % 8 of scales at nibble h, high 2 in byte 8 + i % 4 at bits 2 (i / 4))
+// with a +32 bias. Element = d (sc - 32) (low + 4 high - 4): the weights enter as low + 4 high
+// (0..7) and each part's dot starts from -4 times its activations' sum.
+struct Q3KUnit : PlanesUnit {
+  static constexpr int kBytes = 110, kUnroll = 1;
+  struct W {
+    uint32_t q[4][4];  // [p][word]: low + 4 high
+    float sc[4];       // d * (sc - 32) of part p
+  };
+  __device__ static W load(const uint8_t* b, int u) {
+    const int h = u / 2, s = u % 2;
+    W w;
+    const float d = half_to_f(ld16(b + 108));
+    const uint2 lo = dq::ld64_a2(b + 96);  // scales[0..8): part p's low 4 bits in byte 2p + s, nibble h
+    const uint32_t hi = dq::ld32_a2(b + 104);  // scales[8..12): part p's high 2 bits in byte 2 (p % 2) + s
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t l4 = ((p < 2 ? lo.x : lo.y) >> (8 * (2 * (p % 2) + s) + 4 * h)) & 0x0F;
+      const uint32_t h2 = (hi >> (8 * (2 * (p % 2) + s) + 2 * (2 * h + p / 2))) & 3;
+      w.sc[p] = __fmul_rn(d, int_to_f(int(l4 | (h2 << 4)) - 32));
+    }
+    const uint4 qv = ld128_a2(b + 32 + 32 * h + 16 * s), hm = ld128_a2(b + 16 * s);
+    const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w}, hw[4] = {hm.x, hm.y, hm.z, hm.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t hh = hw[i] >> (4 * h);  // the high bits of parts 0..3 at bits 0..3 of each byte
+      w.q[0][i] = (qw[i] & 0x03030303u) | ((hh << 2) & 0x04040404u);
+      w.q[1][i] = ((qw[i] >> 2) & 0x03030303u) | ((hh << 1) & 0x04040404u);
+      w.q[2][i] = ((qw[i] >> 4) & 0x03030303u) | (hh & 0x04040404u);
+      w.q[3][i] = ((qw[i] >> 6) & 0x03030303u) | ((hh >> 1) & 0x04040404u);
+    }
+    return w;
+  }
+  template <int L>
+  __device__ static float fma(const W& w, const X<L>& x, float acc) {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) acc = __fmaf_rn(__fmul_rn(w.sc[p], x.d[p]), part_dot<L>(w.q[p], x, p, 4), acc);
     return acc;
   }
 };
@@ -675,6 +778,8 @@ constexpr Q8Kernels kQ8Kernels[] = {
     {GgmlType::Q4_K, &launch_levels<Q4KUnit>},
     {GgmlType::Q5_K, &launch_levels<Q5KUnit>},
     {GgmlType::Q6_K, &launch_levels<Q6KUnit>},
+    {GgmlType::Q2_K, &launch_levels<Q2KUnit>},
+    {GgmlType::Q3_K, &launch_levels<Q3KUnit>},
 };
 
 const Q8Kernels& q8_kernels_for(GgmlType t, const char* what) {
