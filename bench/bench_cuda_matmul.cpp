@@ -1,6 +1,6 @@
 // Matrix products on quantized weights on the GPU: time per call, the weight bandwidth reached and
 // its fraction of the measured device-to-device copy bandwidth, for Q8_0, Q4_K, Q5_K, Q6_K, Q2_K,
-// Q3_K and BF16 weights of a 4096-square and the GLM-5 widths (6144 -> 2048 and 2048 -> 6144) at 1 to 512 tokens;
+// Q3_K, IQ4_XS and BF16 weights of a 4096-square and the GLM-5 widths (6144 -> 2048 and 2048 -> 6144) at 1 to 512 tokens;
 // for the quantized types also 16384 -> 6144, 2048 -> 16384 and the output head (6144 -> 154880)
 // at 1 to 64 tokens (32: a decode batch on the prefill kernel's 32-token tiles); and the routed
 // experts of one MoE layer (matmul_experts, 8 pairs). Beside each decode line (T <= 8) of a type
@@ -9,7 +9,8 @@
 // end), a "q8x2:T" line the same on two-level activations, a "tc:T" line the tensor-core decode
 // kernel (Q4_K, Q6_K; what matmul takes for them at T <= 8), "q8o:1" / "q8x2o:1" lines the
 // one-token int8 tensor-core kernel (Q4_K, Q5_K; the fast mode's at one token; "q8x2o:8e" its
-// expert pairs), "q8u:1" / "q8x2u:1" lines the dp4a kernel without its staged loads (Q6_K, Q8_0:
+// expert pairs), "q8u:1" / "q8x2u:1" lines the dp4a kernel without its staged loads (the types of
+// blocks not a multiple of 16 bytes:
 // the "q8" lines take them where the rows allow) and a "pf:T" line the tensor-core prefill kernel
 // at that T. The plain "T" lines at
 // T <= 8 are the fp32 decode kernel (matmul_decode).
@@ -63,6 +64,7 @@ std::vector<uint8_t> random_weight(GgmlType t, int64_t n_rows, int64_t n_cols) {
       std::memcpy(&w[at + 82], &small, 2);
     }
     if (t == GgmlType::Q3_K) std::memcpy(&w[at + 108], &small, 2);
+    if (t == GgmlType::IQ4_XS) std::memcpy(&w[at], &small, 2);
     if (t == GgmlType::BF16) w[at + 1] = uint8_t(0x3C + (w[at + 1] & 1));  // |x| in [2^-7, 2^-5)
   }
   return w;
@@ -157,7 +159,7 @@ int main(int argc, char** argv) {
   std::printf("%-5s %-13s %5s %10s %9s %7s %8s\n", "type", "rows x cols", "T", "us/call", "GB/s", "% copy", "TFLOP/s");
   const int calls = quick ? 8 : 20, runs = quick ? 3 : 5;
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q2_K, GgmlType::Q3_K,
-                     GgmlType::BF16}) {
+                     GgmlType::IQ4_XS, GgmlType::BF16}) {
     if (only_type && t != *only_type) continue;
     std::vector<Shape> shapes = {{4096, 4096}, {2048, 6144}, {6144, 2048}};
     if (t != GgmlType::BF16) shapes.insert(shapes.end(), {{6144, 16384}, {16384, 2048}, {154880, 6144}});
@@ -191,7 +193,7 @@ int main(int argc, char** argv) {
             const cuda::MatmulTiming q =
                 cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), T, n_calls, runs, levels);
             print_line(t, sh, (std::string(levels == 2 ? "q8x2:" : "q8:") + std::to_string(T)).c_str(), q, copy);
-            if (T == 1 && (t == GgmlType::Q6_K || t == GgmlType::Q8_0)) {  // without staged loads
+            if (T == 1 && gguf::traits(t).type_size % 16 != 0) {  // without staged loads
               cuda::set_q8_staged_loads(false);
               print_line(t, sh, levels == 2 ? "q8x2u:1" : "q8u:1",
                          cuda::bench_matmul_q8(c.mats.data(), int(c.mats.size()), 1, n_calls, runs, levels), copy);
@@ -211,7 +213,8 @@ int main(int argc, char** argv) {
                                std::tuple{GgmlType::Q5_K, int64_t(2048), int64_t(6144)},
                                std::tuple{GgmlType::Q6_K, int64_t(6144), int64_t(2048)},
                                std::tuple{GgmlType::Q2_K, int64_t(2048), int64_t(6144)},
-                               std::tuple{GgmlType::Q3_K, int64_t(2048), int64_t(6144)}}) {
+                               std::tuple{GgmlType::Q3_K, int64_t(2048), int64_t(6144)},
+                               std::tuple{GgmlType::IQ4_XS, int64_t(2048), int64_t(6144)}}) {
     if (only_type && t != *only_type) continue;
     const std::vector<uint8_t> bytes = random_weight(t, 64 * rows, cols);
     const cuda::DeviceBuffer buf = cuda::to_device(bytes);
