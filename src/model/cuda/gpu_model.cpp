@@ -1209,8 +1209,11 @@ int GpuModel::q8_levels(gguf::GgmlType t) const {
   // Q8_0 and Q5_K: the types without a multi-token tensor-core decode kernel, whose fp32 kernel the
   // int8 one beats at every token count (docs/PERFORMANCE.md, session 24).
   if (t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q5_K) return 2;
-  // Q2_K, Q3_K and IQ4_XS (no tensor-core decode kernel either): the dp4a kernel, staged at one token.
-  if (t == gguf::GgmlType::Q2_K || t == gguf::GgmlType::Q3_K || t == gguf::GgmlType::IQ4_XS) return 2;
+  // Q2_K, Q3_K, IQ4_XS and IQ2_XXS (no tensor-core decode kernel either): the dp4a kernel, staged at
+  // one token.
+  if (t == gguf::GgmlType::Q2_K || t == gguf::GgmlType::Q3_K || t == gguf::GgmlType::IQ4_XS ||
+      t == gguf::GgmlType::IQ2_XXS)
+    return 2;
   // Q4_K in a one-token step: the one-token int8 tensor-core kernel (session 25); at 2-8 tokens
   // its bf16 tensor-core kernel stays faster than the dp4a one.
   if (t == gguf::GgmlType::Q4_K && st_->T == 1) return 2;

@@ -16,9 +16,10 @@
 //               at one token: 91% against 75% of copy bandwidth, and 56% against 41%; 1.6-2.4x at
 //               8 tokens) and for Q6_K at one token with staged loads (below; head 265 against
 //               307 us); at 2-8 tokens no faster than the tensor-core kernels for Q4_K and Q6_K.
-//               The model's fast mode takes it for Q8_0, Q5_K, Q2_K, Q3_K and IQ4_XS
-//               (model::GpuModelOptions::q8_two_level; Q2_K / Q3_K / IQ4_XS output head at one
-//               token 181 / 187 / 280 us against 278 / 415 / 440 for the fp32 kernel, session 29;
+//               The model's fast mode takes it for Q8_0, Q5_K, Q2_K, Q3_K, IQ4_XS and IQ2_XXS
+//               (model::GpuModelOptions::q8_two_level; Q2_K / Q3_K / IQ4_XS / IQ2_XXS output head
+//               at one token 181 / 187 / 280 / 187 us against 278 / 415 / 440 / 422 for the fp32
+//               kernel, session 29;
 //               faster at 2-8 tokens too but for Q3_K at a few shapes, within 5%), and for Q4_K and Q6_K
 //               in one-token steps (Q4_K on the one-token tensor-core kernel below: session 25).
 // Batch invariant as matmul_decode is: token t's result is the same bits whatever the number of
@@ -88,7 +89,7 @@ void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Ac
                           int levels = 1);
 
 // Whether matmul_decode_q8 / matmul_experts_q8 take this weight type: Q8_0, Q4_K, Q5_K, Q6_K, Q2_K,
-// Q3_K, IQ4_XS.
+// Q3_K, IQ4_XS, IQ2_XXS.
 // Other types stay on the fp32 path (matmul_decode); the caller checks.
 bool q8_supported(gguf::GgmlType t);
 bool q8_one_token_supported(gguf::GgmlType t);
