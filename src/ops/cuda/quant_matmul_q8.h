@@ -19,9 +19,9 @@
 //               The model's fast mode takes it for Q8_0, Q5_K, Q2_K, Q3_K, IQ4_XS and IQ2_XXS
 //               (model::GpuModelOptions::q8_two_level; Q2_K / Q3_K / IQ4_XS / IQ2_XXS output head
 //               at one token 181 / 187 / 280 / 187 us against 278 / 415 / 440 / 422 for the fp32
-//               kernel, session 29;
-//               faster at 2-8 tokens too but for Q3_K at a few shapes, within 5%), and for Q4_K and Q6_K
-//               in one-token steps (Q4_K on the one-token tensor-core kernel below: session 25).
+//               kernel, session 29; faster at 2-8 tokens too but for Q3_K and IQ2_XXS at a few
+//               shapes, within 5%), and for Q4_K and Q6_K in one-token steps (Q4_K on the
+//               one-token tensor-core kernel below: session 25).
 // Batch invariant as matmul_decode is: token t's result is the same bits whatever the number of
 // tokens and the other tokens' values, and an expert pair equals the one-token product on the
 // expert's rows.
