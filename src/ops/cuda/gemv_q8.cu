@@ -177,6 +177,29 @@ struct Q5KUnit : KMinUnit {
   }
 };
 
+// Units of two groups of 32 under one scale each (IQ4_XS, IQ2_XXS): quarter k (unit u = k) holds
+// groups 2k and 2k + 1, activation blocks of their own (Q4_K's unit and activation side), their
+// weights decoded to signed bytes by the type's load.
+struct GroupPairUnit {
+  static constexpr int kBlock = 256, kUnitsPerBlock = 4;
+  static constexpr int64_t kStagedMinCols = 0;  // staged loads at every width (the rows allow)
+  struct W {
+    uint32_t v[2][2][4];  // [group 2k + r][elements 0..15 / 16..31][word]: signed bytes
+    float sc[2];          // the scale of group 2k + r
+  };
+  template <int L>
+  using X = KMinUnit::X<L>;
+  template <int L>
+  __device__ static X<L> load_x(const TokenX<L>& t, int64_t blk, int k) {
+    return KMinUnit::load_x<L>(t, blk, k);
+  }
+  template <int L>
+  __device__ static float fma(const W& w, const X<L>& x, float acc) {
+    acc = __fmaf_rn(__fmul_rn(w.sc[0], x.d[0]), level_dot<L, 2>(w.v[0], x.lo), acc);
+    return __fmaf_rn(__fmul_rn(w.sc[1], x.d[1]), level_dot<L, 2>(w.v[1], x.hi), acc);
+  }
+};
+
 // IQ4_XS, 136 bytes (8-byte aligned): fp16 d | scales_h (u16) | scales_l[4] | qs[128]. Quarter k
 // (unit u = k) holds groups 2k and 2k + 1 of 32 (activation blocks of their own); group g's 16
 // bytes at 8 + 16g hold its elements 0..15 in their low nibbles and 16..31 in their high ones, each
@@ -185,15 +208,8 @@ struct Q5KUnit : KMinUnit {
 // products as signed bytes, looked up 8 at a time by byte permutes (table16). H200, one token, two
 // levels, us (session 29): output head 280.2 against 439.9 for the fp32 kernel, 8 experts 2048 x
 // 6144 32.7 against 54.4; 1.6-1.9x at 2-8 tokens.
-struct IQ4XSUnit {
-  static constexpr int kBlock = 256, kBytes = 136, kUnitsPerBlock = 4, kUnroll = 2;
-  static constexpr int64_t kStagedMinCols = 0;  // staged loads at every width (the rows allow)
-  struct W {
-    uint32_t v[2][2][4];  // [group 2k + r][elements 0..15 / 16..31][word]: int8 levels
-    float sc[2];          // d * (s - 32) of group 2k + r
-  };
-  template <int L>
-  using X = KMinUnit::X<L>;
+struct IQ4XSUnit : GroupPairUnit {
+  static constexpr int kBytes = 136, kUnroll = 2;
   // IQ4_NL's levels (gguf/quant_tables.h, kIq4nlValues) as 4 words of 4 int8, for byte permutes.
   static constexpr uint32_t kLevels[4] = {0xBFAD9881u, 0xF6EADDCFu, 0x26190D01u, 0x71594535u};
   // The levels of the 8 indices in the nibbles of q: {low nibbles' levels, high nibbles'}, byte j
@@ -228,15 +244,6 @@ struct IQ4XSUnit {
     }
     return w;
   }
-  template <int L>
-  __device__ static X<L> load_x(const TokenX<L>& t, int64_t blk, int k) {
-    return KMinUnit::load_x<L>(t, blk, k);
-  }
-  template <int L>
-  __device__ static float fma(const W& w, const X<L>& x, float acc) {
-    acc = __fmaf_rn(__fmul_rn(w.sc[0], x.d[0]), level_dot<L, 2>(w.v[0], x.lo), acc);
-    return __fmaf_rn(__fmul_rn(w.sc[1], x.d[1]), level_dot<L, 2>(w.v[1], x.hi), acc);
-  }
 };
 
 // IQ2_XXS, 66 bytes (2-byte aligned): fp16 d | 8 groups of 32 as 8 bytes each: 4 grid indices (8
@@ -248,15 +255,8 @@ struct IQ4XSUnit {
 // (g ^ 0xFF f) + f per word, no carry between bytes. H200, one token, two levels, us (session 29):
 // output head 186.9 against 422.4 for the fp32 kernel, 8 experts 2048 x 6144 25.6 against 58.5;
 // at 2-8 tokens 1.0-1.6x.
-struct IQ2XXSUnit {
-  static constexpr int kBlock = 256, kBytes = 66, kUnitsPerBlock = 4, kUnroll = 1;
-  static constexpr int64_t kStagedMinCols = 0;  // staged loads at every width (the rows allow)
-  struct W {
-    uint32_t v[2][2][4];  // [group 2k + r][elements 0..15 / 16..31][word]: signed magnitudes
-    float sc[2];          // d (0.5 + s) / 4 of group 2k + r
-  };
-  template <int L>
-  using X = KMinUnit::X<L>;
+struct IQ2XXSUnit : GroupPairUnit {
+  static constexpr int kBytes = 66, kUnroll = 1;
   // 4 magnitudes of a grid entry with the low 4 bits of `signs` applied (bit j negates byte j).
   __device__ static uint32_t signed4(uint32_t g, uint32_t signs) {
     const uint32_t f = ((signs & 0x0F) * 0x00204081u) & 0x01010101u;  // bit j -> byte j's low bit
@@ -281,15 +281,6 @@ struct IQ2XXSUnit {
       }
     }
     return w;
-  }
-  template <int L>
-  __device__ static X<L> load_x(const TokenX<L>& t, int64_t blk, int k) {
-    return KMinUnit::load_x<L>(t, blk, k);
-  }
-  template <int L>
-  __device__ static float fma(const W& w, const X<L>& x, float acc) {
-    acc = __fmaf_rn(__fmul_rn(w.sc[0], x.d[0]), level_dot<L, 2>(w.v[0], x.lo), acc);
-    return __fmaf_rn(__fmul_rn(w.sc[1], x.d[1]), level_dot<L, 2>(w.v[1], x.hi), acc);
   }
 };
 
