@@ -16,6 +16,7 @@
 #include "device_options.h"
 #include "engine/backend.h"
 #include "gguf/ggml_types.h"
+#include "gguf/quants.h"
 #include "model/cost.h"
 #include "model/model.h"
 #include "model/synthetic.h"
@@ -264,6 +265,10 @@ int run_make_model(const MakeModelArgs& a) {
   const bool mix = a.type == "q4_k_m";
   const auto t = mix ? std::optional<gguf::GgmlType>(gguf::GgmlType::Q4_K) : gguf::type_from_name(a.type);
   if (!t) fail("--type: unknown ggml type '{}'", a.type);
+  if (!a.zeros && !gguf::can_quantize(*t))
+    fail("--type {}: the writer has no quantizer for it (f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m); "
+         "with --zeros any ggml type is written (zero matrices, for timing)",
+         gguf::type_name(*t));
   s.matrix_type = *t;
   s.q4_k_m = mix;
   s.zero_matrices = a.zeros;
@@ -320,7 +325,8 @@ Runner add_make_model(CLI::App& app) {
   cmd->add_option("--layers", a->layers, "main layers (the first is dense)");
   cmd->add_option("--type", a->type,
                   "matrix type: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, or q4_k_m (Q4_K with Q6_K for "
-                  "ffn_down/attn_v_b/output and Q8_0 where rows are not whole 256-blocks)");
+                  "ffn_down/attn_v_b/output and Q8_0 where rows are not whole 256-blocks); with --zeros any ggml "
+                  "type (q2_k, q3_k, iq4_xs, iq2_xxs, ...)");
   cmd->add_flag("--zeros", a->zeros,
                 "write the matrices as zero bytes (sparse, instant): for timing GLM-5-width layers, not for outputs");
   cmd->add_option("--arch", a->arch, "glm-dsa or deepseek32");

@@ -1053,6 +1053,12 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
   c->fn(static_cast<const uint8_t*>(src), dst, n_blocks);
 }
 
+bool can_quantize(GgmlType t) {
+  for (const Codec<QuantizeFn>& c : kQuantizers)
+    if (c.type == t) return true;
+  return false;
+}
+
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
   int64_t n_blocks = 0;
   const Codec<QuantizeFn>* c = find_codec(kQuantizers, "quantize_row", t, n, &n_blocks);

@@ -19,4 +19,7 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n);
 // a block scale overflows fp16 (ggml would store inf).
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n);
 
+// Whether quantize_row writes type t.
+bool can_quantize(GgmlType t);
+
 }  // namespace sparsemla::gguf

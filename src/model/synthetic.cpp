@@ -127,11 +127,13 @@ void write_synthetic_model(const SyntheticSpec& s, const std::string& path) {
   auto mat = [&](const std::string& name, int64_t in, std::vector<int64_t> ne) {
     const gguf::GgmlType t = type_of(name, ne[0]);
     const bool quick_random = t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q6_K || t == gguf::GgmlType::Q8_0;
-    if (s.zero_matrices && name == "token_embd.weight" && quick_random)
+    if (s.zero_matrices && name == "token_embd.weight") {
       // Zero embeddings would make every hidden state zero, so every token would go to the experts
-      // the router's bias prefers: random rows give each token its own routing, as a real model does.
-      w.add_tensor_bytes(name, t, ne, random_blocks(t, ne[0] * ne[1], rng));
-    else if (s.zero_matrices)
+      // the router's bias prefers: random rows give each token its own routing, as a real model does
+      // (as Q8_0 where the type has no random blocks here: the lookup's cost is not what is timed).
+      const gguf::GgmlType et = quick_random ? t : gguf::GgmlType::Q8_0;
+      w.add_tensor_bytes(name, et, ne, random_blocks(et, ne[0] * ne[1], rng));
+    } else if (s.zero_matrices)
       w.add_tensor_zeros(name, t, ne);
     else
       tensor(name, std::move(ne), t, 1.0f / std::sqrt(float(in)));

@@ -8,6 +8,7 @@
 #include <set>
 #include <sys/stat.h>
 
+#include "gguf/quants.h"
 #include "gguf/reader.h"
 #include "model/decisions.h"
 #include "model/model.h"
@@ -84,6 +85,52 @@ TEST(SyntheticModel, SingleKQuantFallsBackToQ80WhereRowsAreNotWholeBlocks) {
   m->forward({SeqInput{{1, 2, 3}, 0, &table, true}}, cache, logits);
   ASSERT_EQ(logits.size(), size_t(3) * m->hparams().n_vocab);
   for (float x : logits) ASSERT_TRUE(std::isfinite(x));
+}
+
+// Zero matrices take any ggml type, also those the writer cannot quantize (make-model --type q2_k
+// --zeros, for timing the int8 kernels of such files): the matrices keep the type (Q8_0 where rows
+// are not whole blocks of it), the embedding is random Q8_0 rows so tokens still route apart, and
+// the model loads and runs on the CPU. Without --zeros such a type is refused by name.
+TEST(SyntheticModel, ZeroMatricesTakeAnyType) {
+  test::TempDir dir("synth");
+  for (gguf::GgmlType t : {gguf::GgmlType::Q2_K, gguf::GgmlType::Q3_K, gguf::GgmlType::IQ4_XS, gguf::GgmlType::IQ2_XXS}) {
+    const std::string what(gguf::type_name(t));
+    EXPECT_FALSE(gguf::can_quantize(t)) << what;
+    SyntheticSpec s = SyntheticSpec::glm5_small();
+    s.n_layer = 2;
+    s.matrix_type = t;
+    s.zero_matrices = true;
+    const std::string path = dir.file(what + ".gguf");
+    write_synthetic_model(s, path);
+    auto f = gguf::File::open(path);
+    const auto type = [&](const std::string& name) { return f->tensor(name)->type; };
+    EXPECT_EQ(type("blk.1.ffn_gate_exps.weight"), t) << what;
+    EXPECT_EQ(type("blk.1.ffn_down_exps.weight"), t) << what;
+    EXPECT_EQ(type("output.weight"), t) << what;
+    EXPECT_EQ(type("blk.0.attn_k_b.weight"), gguf::GgmlType::Q8_0) << what;  // rows of 64 values
+    EXPECT_EQ(type("token_embd.weight"), gguf::GgmlType::Q8_0) << what;
+    auto m = Model::load(path, {AttentionMode::Sparse, 2});
+    kv::PagedCache cache(m->cache_shape(4, 16));
+    std::vector<int32_t> table;
+    ASSERT_TRUE(cache.reserve(table, 8));
+    std::vector<float> logits;
+    Decisions d;
+    m->forward({SeqInput{{1, 2, 3, 4, 5}, 0, &table, true}}, cache, logits, nullptr, &d);
+    ASSERT_EQ(logits.size(), size_t(5) * m->hparams().n_vocab) << what;
+    for (float x : logits) ASSERT_EQ(x, 0.0f) << what;  // zero output head
+    std::set<std::vector<int32_t>> distinct;
+    for (std::vector<int32_t> e : d.layers[1].experts) {
+      std::sort(e.begin(), e.end());
+      distinct.insert(e);
+    }
+    EXPECT_GE(distinct.size(), size_t(3)) << what << ": routed expert sets of 5 tokens";
+  }
+  EXPECT_TRUE(gguf::can_quantize(gguf::GgmlType::Q4_K));
+  SyntheticSpec s = SyntheticSpec::glm5_small();
+  s.n_layer = 2;
+  s.matrix_type = gguf::GgmlType::Q2_K;
+  const std::string refused = test::error_of([&] { write_synthetic_model(s, dir.file("r.gguf")); });
+  EXPECT_NE(refused.find("q2_K"), std::string::npos) << refused;
 }
 
 TEST(SyntheticModel, Glm5WidthIsGlm5sShape) {
