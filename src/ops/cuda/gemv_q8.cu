@@ -9,9 +9,13 @@
 //                (high), two 16-byte quant loads (+ Q5_K's 32 bytes of high bits);
 //   Q6_K         half h, l0 in {0, 16} of a 256-block: 16 elements of each of the 4 activation
 //                blocks 4h + j, from 3 x 16 bytes (ql twice, qh) read as aligned words;
+//   Q2_K / Q3_K  the same 4 x 16 elements as Q6_K (PlanesUnit), from 16 bytes of bit planes
+//                (+ Q3_K's 16 bytes of high bits);
+//   IQ4_XS /     as Q4_K, two groups of 32 under one scale each (GroupPairUnit), the values looked
+//   IQ2_XXS      up in IQ4_NL's levels or IQ2_XXS's grid (the quant tables) with their signs;
 //   Q8_0         one 32-block, 32 bytes read as aligned words.
 // Per row and token: one __dp4a per 4 elements into an int32 dot, then per sub-block
-//   acc += (d_w sc) * d_x * dot  [- (dmin m) * (d_x sum_x) for Q4_K/Q5_K]
+//   acc += (d_w sc) * d_x * dot  [- (dmin m) * (d_x sum_x) for Q4_K/Q5_K/Q2_K]
 // in fp32. The integer dots are exact; an activation load (16 bytes, through L1) feeds all R rows.
 // With two activation levels (quant_matmul_q8.h) each dot runs a second __dp4a chain over the
 // residual level r, started from 254 times the first one: sum w (254 q + r), still exact in int32
@@ -72,7 +76,7 @@ __device__ __forceinline__ float level_dot(const uint32_t (&w)[N][4], const int4
   }
   return dot_to_f<L>(d);
 }
-// The same for one 16-byte part, each level's dot started from start[l] (Q6_K: -32 sum x).
+// The same for one 16-byte part, each level's dot started from start[l] (PlanesUnit: -bias sum x).
 template <int L>
 __device__ __forceinline__ float level_dot(const uint32_t (&w)[4], const int4 (&x)[L], const int (&start)[L]) {
   int d = dot16(w, x[0], start[0]);
