@@ -18,6 +18,31 @@
 namespace sparsemla::model {
 namespace {
 
+// Runs five tokens through a two-layer zero-matrix model on the CPU: every logit is exactly 0 (a
+// zero output head); returns how many distinct routed expert sets the tokens got in layer 1 (layer 0
+// is dense).
+size_t zero_model_expert_sets(const std::string& path, const std::string& what) {
+  auto m = Model::load(path, {AttentionMode::Sparse, 2});
+  kv::PagedCache cache(m->cache_shape(4, 16));
+  std::vector<int32_t> table;
+  EXPECT_TRUE(cache.reserve(table, 8)) << what;
+  std::vector<float> logits;
+  Decisions d;
+  m->forward({SeqInput{{1, 2, 3, 4, 5}, 0, &table, true}}, cache, logits, nullptr, &d);
+  EXPECT_EQ(logits.size(), size_t(5) * m->hparams().n_vocab) << what;
+  EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [](float x) { return x == 0.0f; })) << what;
+  if (d.layers.size() != 2 || d.layers[1].experts.size() != 5) {
+    ADD_FAILURE() << what << ": " << d.layers.size() << " layers of routing decisions";
+    return 0;
+  }
+  std::set<std::vector<int32_t>> distinct;
+  for (std::vector<int32_t> e : d.layers[1].experts) {
+    std::sort(e.begin(), e.end());
+    distinct.insert(e);
+  }
+  return distinct.size();
+}
+
 TEST(SyntheticModel, Q4KMMixAndZeroMatricesLoadAndRun) {
   test::TempDir dir("synth");
   SyntheticSpec s = SyntheticSpec::glm5_small();
@@ -41,26 +66,9 @@ TEST(SyntheticModel, Q4KMMixAndZeroMatricesLoadAndRun) {
   ASSERT_EQ(stat(path.c_str(), &st), 0);
   EXPECT_LT(uint64_t(st.st_blocks) * 512, uint64_t(st.st_size) / 2);
 
-  auto m = Model::load(path, {AttentionMode::Sparse, 2});
-  kv::PagedCache cache(m->cache_shape(4, 16));
-  std::vector<int32_t> table;
-  ASSERT_TRUE(cache.reserve(table, 8));
-  std::vector<float> logits;
-  Decisions d;
-  m->forward({SeqInput{{1, 2, 3, 4, 5}, 0, &table, true}}, cache, logits, nullptr, &d);
-  ASSERT_EQ(logits.size(), size_t(5) * m->hparams().n_vocab);
-  for (float x : logits) ASSERT_EQ(x, 0.0f);  // zero output head: every logit is exactly 0
   // The embedding rows are random, so the five tokens do not all go to the same experts (with a
   // zero embedding every hidden state was 0 and the router's bias alone chose).
-  ASSERT_EQ(d.layers.size(), size_t(2));
-  const auto& experts = d.layers[1].experts;  // layer 0 is dense
-  ASSERT_EQ(experts.size(), size_t(5));
-  std::set<std::vector<int32_t>> distinct;
-  for (std::vector<int32_t> e : experts) {
-    std::sort(e.begin(), e.end());
-    distinct.insert(e);
-  }
-  EXPECT_GE(distinct.size(), size_t(3)) << "routed expert sets of 5 tokens";
+  EXPECT_GE(zero_model_expert_sets(path, "q4_k_m"), size_t(3)) << "routed expert sets of 5 tokens";
 }
 
 // One K-quant for every matrix (make-model --type q5_k): rows that are not whole 256-blocks fall
@@ -109,21 +117,7 @@ TEST(SyntheticModel, ZeroMatricesTakeAnyType) {
     EXPECT_EQ(type("output.weight"), t) << what;
     EXPECT_EQ(type("blk.0.attn_k_b.weight"), gguf::GgmlType::Q8_0) << what;  // rows of 64 values
     EXPECT_EQ(type("token_embd.weight"), gguf::GgmlType::Q8_0) << what;
-    auto m = Model::load(path, {AttentionMode::Sparse, 2});
-    kv::PagedCache cache(m->cache_shape(4, 16));
-    std::vector<int32_t> table;
-    ASSERT_TRUE(cache.reserve(table, 8));
-    std::vector<float> logits;
-    Decisions d;
-    m->forward({SeqInput{{1, 2, 3, 4, 5}, 0, &table, true}}, cache, logits, nullptr, &d);
-    ASSERT_EQ(logits.size(), size_t(5) * m->hparams().n_vocab) << what;
-    for (float x : logits) ASSERT_EQ(x, 0.0f) << what;  // zero output head
-    std::set<std::vector<int32_t>> distinct;
-    for (std::vector<int32_t> e : d.layers[1].experts) {
-      std::sort(e.begin(), e.end());
-      distinct.insert(e);
-    }
-    EXPECT_GE(distinct.size(), size_t(3)) << what << ": routed expert sets of 5 tokens";
+    EXPECT_GE(zero_model_expert_sets(path, what), size_t(3)) << what << ": routed expert sets of 5 tokens";
   }
   EXPECT_TRUE(gguf::can_quantize(gguf::GgmlType::Q4_K));
   SyntheticSpec s = SyntheticSpec::glm5_small();

@@ -89,23 +89,23 @@ struct GpuModelOptions {
   // indexer kernels, instead of bf16 tensor-core products for prefill: slower, and the closest the
   // GPU comes to the CPU's arithmetic (what the tests compare strictly). The caches stay as chosen.
   bool precise = false;
-  // Decode batches (up to cuda::kDecodeMaxTokens = 8 tokens) multiply Q8_0/Q2_K-Q6_K/IQ4_XS/IQ2_XXS weights
-  // with activations quantized to int8 blocks of 32 (dp4a, ops/cuda/quant_matmul_q8.h; llama.cpp's
-  // scheme): about 3x fewer instructions per weight than the fp32 kernels, more loads in flight than
+  // Decode batches (up to cuda::kDecodeMaxTokens = 8 tokens) multiply Q8_0, Q2_K-Q6_K, IQ4_XS and
+  // IQ2_XXS weights with activations quantized to int8 blocks of 32 (dp4a,
+  // ops/cuda/quant_matmul_q8.h; llama.cpp's scheme): about 3x fewer instructions per weight than the fp32 kernels, more loads in flight than
   // the one-token tensor-core kernel; decode steps 7-10% shorter on the GLM-5-width test model (H200,
   // session 18), at ~1e-2 relative error per product from the activations' rounding (the bundled
   // model's perplexity +0.2%). Off by default: the fp32-activation products are what the accuracy targets
   // are stated for. `--int8-activations`; never in precise mode.
   bool int8_activations = false;
   // In the fast mode, decode products (up to 8 tokens, and the experts of batches up to 64) of Q8_0,
-  // Q5_K, Q2_K, Q3_K, IQ4_XS and IQ2_XXS weights take their activations as two-level int8 blocks (x ~ (d / 254)(254 q + r),
-  // ops/cuda/quant_matmul_q8.h): ~3e-5 relative per value, closer to the fp32 activations than the
-  // bf16 ones of the tensor-core kernels (~2e-3). These types have no tensor-core decode kernel, and
-  // the dp4a kernel beats their fp32 one at every token count (H200, output head at one token: Q8_0
-  // 91% of copy bandwidth against 75%, Q5_K 56% against 41%; 1.6-2.4x at 8 tokens;
-  // docs/PERFORMANCE.md session 24; Q2_K / Q3_K / IQ4_XS / IQ2_XXS head 181 / 187 / 280 / 187 us
-  // against 278 / 415 / 440 / 422, session 29).
-  // In one-token steps Q4_K and Q6_K take them too; Q4_K and Q5_K
+  // Q5_K, Q2_K, Q3_K, IQ4_XS and IQ2_XXS weights take their activations as two-level int8 blocks
+  // (x ~ (d / 254)(254 q + r), ops/cuda/quant_matmul_q8.h): ~3e-5 relative per value, closer to the
+  // fp32 activations than the bf16 ones of the tensor-core kernels (~2e-3). These types have no
+  // tensor-core decode kernel, and the dp4a kernel beats their fp32 one (H200, output head at one
+  // token: Q8_0 91% of copy bandwidth against 75%, Q5_K 56% against 41%, 1.6-2.4x at 8 tokens,
+  // session 24; Q2_K / Q3_K / IQ4_XS / IQ2_XXS 181 / 187 / 280 / 187 us against 278 / 415 / 440 /
+  // 422, faster at 2-8 tokens but for Q3_K and IQ2_XXS at a few shapes, within 5%, session 29;
+  // docs/PERFORMANCE.md). In one-token steps Q4_K and Q6_K take them too; Q4_K and Q5_K
   // go through the one-token int8 tensor-core kernel (session 25), Q6_K through the dp4a kernel
   // with staged loads (session 26). An input is quantized only where such a product reads it, by the
   // kernel that writes it where that can (the norms, SiLU x up). Off: the fp32 kernels and Q4_K's
