@@ -57,12 +57,14 @@ TEST(Fp8E4m3, EveryCodeRoundTripsAndRoundingIsNearestEven) {
 #include "model/blocks/indexer.h"
 #include "ops/cpu/attention.h"
 #include "ops/cpu/basic.h"
+#include "ops/cpu/matmul.h"
 #include "ops/cpu/rope.h"
 #include "model/hparams.h"
 #include "util/error.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_smem.h"
 #include "ops/cuda/buffer.h"
+#include "quant_test_util.h"
 
 namespace sparsemla {
 namespace {
@@ -1329,10 +1331,11 @@ TEST(CudaAttention, SparseMlaFitsDevicesOf99KbPerBlock) {
 }
 
 // The largest error of the absorption output `got` (fp32 [T, heads, out_stride]) against double
-// sums of weight(h, r, c) times x rounded to bf16, each relative to its (token, head)'s largest
-// |sum|; infinite where a pad value past `rows` was written.
+// sums of weight(h, r, c) times x rounded to bf16 (or act(t, h, c) where given), each relative to
+// its (token, head)'s largest |sum|; infinite where a pad value past `rows` was written.
 double absorption_error(const std::vector<float>& got, const std::function<double(int, int, int)>& weight,
-                        const std::vector<float>& x, int heads, int rows, int cols, int T, int x_stride, int out_stride) {
+                        const std::vector<float>& x, int heads, int rows, int cols, int T, int x_stride, int out_stride,
+                        const std::function<double(int, int, int)>& act = nullptr) {
   double worst = 0;
   for (int t = 0; t < T; ++t)
     for (int h = 0; h < heads; ++h) {
@@ -1340,7 +1343,8 @@ double absorption_error(const std::vector<float>& got, const std::function<doubl
       double mx = 0;
       for (int r = 0; r < rows; ++r) {
         double acc = 0;
-        for (int c = 0; c < cols; ++c) acc += weight(h, r, c) * round_bf16(x[(size_t(t) * heads + h) * x_stride + c]);
+        for (int c = 0; c < cols; ++c)
+          acc += weight(h, r, c) * (act ? act(t, h, c) : double(round_bf16(x[(size_t(t) * heads + h) * x_stride + c])));
         ref[size_t(r)] = acc;
         mx = std::max(mx, std::fabs(acc));
       }
@@ -1443,6 +1447,77 @@ TEST(CudaAttention, AbsorptionWeightsReadAsStored) {
     std::printf("  absorption f16 %d heads %dx%d, %d tokens (%s): max error %.2e\n", heads, rows, cols, T,
                 gemv ? "GEMV" : "cuBLAS", worst);
   }
+}
+
+// Quantized absorption weights read in place (HeadWeights::Quant, absorb_q8.cu), every type of the
+// int8 head product: up to 16 tokens the int8 product, against double sums of the weights as the CPU
+// dequantizes them (exact) times x_hat, each head's activations quantized on two levels as
+// quantize_activations does (the reference of test_cuda_matmul.cpp): only fp32 rounding differs
+// (1e-5); larger batches the dequantized bf16 copy for cuBLAS, against those values rounded to
+// bf16 times x rounded to bf16 (1e-4, as the bf16 path). Shapes: GLM-5's W_UK (Q8_0 192 columns)
+// and W_UV (512), DeepSeek-V3.2's, one 32-block per row, heads of several blocks of rows whose last
+// block is partly filled (3 x 520 x 32, 2 x 104 x 768).
+TEST(CudaAttention, QuantizedAbsorptionWeightsReadInPlace) {
+  SPARSEMLA_REQUIRE_GPU();
+  using gguf::GgmlType;
+  struct Case {
+    int heads, rows, cols, T;
+  };
+  // (Every head's rows a whole number of 16-byte pieces: head_q8_supported.)
+  const std::vector<Case> q8_cases = {{64, 512, 192, 1}, {64, 256, 512, 1}, {64, 512, 192, 5}, {64, 256, 512, 16},
+                                      {128, 512, 128, 2}, {5, 40, 32, 1},   {3, 520, 32, 2},   {3, 40, 96, 3},
+                                      {2, 12, 64, 9},     {64, 512, 192, 17}, {3, 40, 96, 20}};
+  const std::vector<Case> k_cases = {{64, 256, 512, 1}, {16, 256, 512, 16}, {5, 40, 256, 1},
+                                     {2, 104, 768, 3},  {8, 64, 512, 20}};
+  cuda::Blas blas;
+  uint32_t seed = 40;
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q2_K,
+                        GgmlType::Q3_K, GgmlType::IQ4_XS, GgmlType::IQ2_XXS}) {
+    for (const Case& c : type == GgmlType::Q8_0 ? q8_cases : k_cases) {
+      const std::string what = fmt::format("{} {} heads {}x{}, {} tokens", gguf::type_name(type), c.heads, c.rows,
+                                           c.cols, c.T);
+      SCOPED_TRACE(what);
+      const int64_t n_rows = int64_t(c.heads) * c.rows;
+      const std::vector<uint8_t> bytes = cuda::test_q8::make_weight(type, n_rows, c.cols, seed++);
+      const uint64_t rb = gguf::row_bytes(type, uint64_t(c.cols));
+      std::vector<float> w(size_t(n_rows) * c.cols);
+      const ops::Weight host{type, c.cols, n_rows, rb, bytes.data()};
+      for (int64_t r = 0; r < n_rows; ++r) ops::dequantize_row(host, r, w.data() + r * c.cols);
+      DeviceBuffer d_w = cuda::to_device(bytes);
+      ASSERT_TRUE(cuda::head_q8_supported(type, c.rows, c.cols, d_w.get()));
+      const int x_stride = c.cols + 32, out_stride = c.rows + 5;
+      std::mt19937 rng(seed++);
+      const std::vector<float> x = random_vec(size_t(c.T) * c.heads * x_stride, rng);
+      DeviceBuffer d_x = cuda::to_device(x), d_out(size_t(c.T) * c.heads * out_stride * 4);
+      d_out.zero();
+      const cuda::HeadBatchedGemm g{d_w.get(), c.heads, c.rows, c.cols, false, cuda::HeadWeights::Quant, type};
+      blas.per_head(g, d_x.as<float>(), x_stride, c.T, d_out.as<float>(), out_stride, nullptr);
+      const std::vector<float> got = cuda::to_host<float>(d_out, size_t(c.T) * c.heads * out_stride);
+      const bool gemv = c.T <= 16;
+      // x_hat per (token, head): the head's first cols values quantized on two levels.
+      std::vector<double> xhat(size_t(c.T) * c.heads * c.cols);
+      for (int64_t th = 0; th < int64_t(c.T) * c.heads; ++th) {
+        const std::vector<float> row(x.begin() + th * x_stride, x.begin() + th * x_stride + c.cols);
+        const std::vector<double> v = cuda::test_q8::dequantized(cuda::test_q8::quantize_on_host(row, 2));
+        std::copy(v.begin(), v.end(), xhat.begin() + th * c.cols);
+      }
+      const auto weight = [&](int h, int r, int col) {
+        const float wv = w[(size_t(h) * c.rows + r) * c.cols + col];
+        return double(gemv ? wv : round_bf16(wv));
+      };
+      const double worst =
+          gemv ? absorption_error(got, weight, x, c.heads, c.rows, c.cols, c.T, x_stride, out_stride,
+                                  [&](int t, int h, int col) { return xhat[(size_t(t) * c.heads + h) * c.cols + col]; })
+               : absorption_error(got, weight, x, c.heads, c.rows, c.cols, c.T, x_stride, out_stride);
+      EXPECT_LE(worst, gemv ? 1e-5 : 1e-4);
+      std::printf("  absorption %s (%s): max error %.2e\n", what.c_str(), gemv ? "int8" : "cuBLAS", worst);
+    }
+  }
+  // Not taken: a type without int8 units, rows that are not whole blocks, a misaligned head.
+  EXPECT_FALSE(cuda::head_q8_supported(GgmlType::Q4_0, 8, 64, nullptr));
+  EXPECT_FALSE(cuda::head_q8_supported(GgmlType::Q4_K, 8, 192, nullptr));
+  EXPECT_FALSE(cuda::head_q8_supported(GgmlType::Q8_0, 3, 32, nullptr));  // 102-byte heads
+  EXPECT_FALSE(cuda::head_q8_supported(GgmlType::Q8_0, 8, 32, reinterpret_cast<const void*>(uintptr_t(8))));
 }
 
 }  // namespace

@@ -106,12 +106,17 @@ GpuModelOptions options(KvDtype d, bool precise = false) {
   return o;
 }
 
+GpuModelOptions with_quantized_absorption(GpuModelOptions o, bool on) {
+  o.absorb_quantized_in_place = on;
+  return o;
+}
+
 // One fixture's engines for one cache format: the GPU model, the CPU over a cache rounded as the
 // GPU's (to follow the GPU's choices), and the CPU over its exact fp32 cache (free-running).
 struct Engines {
-  Engines(const Model& m, KvDtype d, bool precise)
-      : gpu(GpuModel::load(m, options(d, precise))), gpu_cache(gpu->make_cache(64, 4)), emu_cache(m.cache_shape(64, 4)),
-        ref_cache(m.cache_shape(64, 4)) {
+  Engines(const Model& m, KvDtype d, bool precise, bool quantized_absorption = false)
+      : gpu(GpuModel::load(m, with_quantized_absorption(options(d, precise), quantized_absorption))),
+        gpu_cache(gpu->make_cache(64, 4)), emu_cache(m.cache_shape(64, 4)), ref_cache(m.cache_shape(64, 4)) {
     emu_cache.set_rounding(rounding_of(d), int32_t(m.hparams().kv_lora_rank));
   }
   std::unique_ptr<GpuModel> gpu;
@@ -336,6 +341,46 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuModelFixture,
                          ::testing::Values("glm_pub", "dsv32_pub", "glm_share", "glm_share_q8_0", "dsv32_groups",
                                            "glm_q4_k"));
 
+// Quantized W_UK / W_UV read in place (GpuModelOptions::absorb_quantized_in_place, opt-in until it
+// has run on a GPU) on the fixtures that store them quantized: glm_q4_k (attn_k_b Q8_0, attn_v_b
+// Q4_K) and glm_share_q8_0 (attn_v_b Q8_0). Prompts of 1, 5 and 16 tokens take the int8 head
+// product, the two fixture prompts (more tokens) the dequantized bf16 copy; against the CPU
+// following the GPU's choices and against transformers, in the fast mode with both cache formats.
+TEST(GpuModel, QuantizedAbsorptionInPlaceMatchesTheFixtures) {
+  SPARSEMLA_REQUIRE_GPU();
+  for (const std::string fx : {"glm_q4_k", "glm_share_q8_0"}) {
+    auto cpu = Model::load(fixture_model(fx), {AttentionMode::Sparse, 4});
+    const int64_t V = cpu->hparams().n_vocab;
+    const HParams& hp = cpu->hparams();
+    // glm_share_q8_0's attn_k_b is f32: it alone keeps its bf16 copy.
+    const uint64_t copies = fx == "glm_q4_k" ? 0 : uint64_t(hp.n_layer * hp.n_head * hp.kv_lora_rank * hp.qk_nope * 2);
+    EXPECT_EQ(GpuModel::load(*cpu, with_quantized_absorption(options(KvDtype::BF16), true))->memory().absorption,
+              copies) << fx;
+    const auto read = [&](const std::string& seq) {
+      return test::read_values<int32_t>(fixture_dir(fx) + "/" + seq + ".tokens");
+    };
+    for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+      Engines e(*cpu, d, false, true);
+      const std::string tag = fmt::format("{} {} quantized W_UK / W_UV in place", fx, dtype_name(d));
+      const auto seq0 = read("seq0");
+      for (int64_t n : {int64_t(1), int64_t(5), int64_t(16)}) {
+        const PromptRun r = run_prompt(e, *cpu, std::vector<int32_t>(seq0.begin(), seq0.begin() + n));
+        expect_same_choices(r.gpu, r.cpu_following, V, n, d, false, fmt::format("{} {} tokens, same choices", tag, n));
+      }
+      for (const char* seq : {"seq0", "seq1"}) {
+        const auto ids = read(seq);
+        const int64_t n = int64_t(ids.size());
+        const PromptRun r = run_prompt(e, *cpu, ids);
+        expect_same_choices(r.gpu, r.cpu_following, V, n, d, false, fmt::format("{} {}, same choices", tag, seq));
+        expect_free(r.gpu, r.cpu_free, V, n, fmt::format("{} {} vs CPU, free", tag, seq));
+        const std::string ref_path = fixture_dir(fx) + "/" + seq + ".logits.f32";
+        if (std::filesystem::exists(ref_path))
+          expect_free(r.gpu, test::read_values<float>(ref_path), V, n, fmt::format("{} {} vs transformers", tag, seq));
+      }
+    }
+  }
+}
+
 // The legacy fused attn_kv_b is split per head into the same bf16 W_UK / W_UV: the GPU gives the
 // CPU's logits on a file rewritten that way.
 TEST(GpuModel, LegacyKvBGivesTheCpuLogits) {
@@ -495,22 +540,24 @@ TEST(GpuModel, Q4KOneTokenStepsTakeTheInt8KernelCloserToFp32) {
   EXPECT_LT(a.median, b.median) << "the int8 kernel is not closer to the fp32 products than the bf16 one";
 }
 
-// attn_k_b / attn_v_b stored as bf16 or f16 are read in place in the fast mode: no W_UK / W_UV
+// attn_k_b / attn_v_b stored as bf16, f16 or Q8_0 are read in place in the fast mode: no W_UK / W_UV
 // copies on the device. bf16: the same logits, bit for bit, as with bf16 copies (GpuModelOptions::
 // absorb_in_place off), from a 100-token prefill (cuBLAS on the stored rows) and one-token steps
-// (the head-batched GEMV). f16 (its rows read exactly, where the copies round them to bf16): against
-// the precise mode (fp32 copies) in one-token steps, within the fixtures' bound and closer than the
-// copies, on dense layers (with experts, this random model's near-tie expert scores flipped between
-// the modes, and the logits of the steps after a flip parted by up to 0.3). The f16 prefill path,
-// widened into a scratch copy, is tested against double in CudaAttention.AbsorptionWeightsReadAsStored.
-TEST(GpuModel, Bf16AndF16AbsorptionWeightsAreReadInPlace) {
+// (the head-batched GEMV). f16 (its rows read exactly, where the copies round them to bf16) and Q8_0
+// (exact rows times int8 activations on two levels, where the copies round rows and activations to
+// bf16): against the precise mode (fp32 copies) in one-token steps, within the fixtures' bound and
+// closer than the copies, on dense layers (with experts, this random model's near-tie expert scores
+// flipped between the modes, and the logits of the steps after a flip parted by up to 0.3). The
+// prefill paths (f16 widened, Q8_0 dequantized into a scratch copy) are tested against double in
+// CudaAttention.AbsorptionWeightsReadAsStored and CudaAttention.QuantizedAbsorptionWeightsReadInPlace.
+TEST(GpuModel, AbsorptionWeightsAreReadInPlace) {
   SPARSEMLA_REQUIRE_GPU();
-  for (gguf::GgmlType t : {gguf::GgmlType::BF16, gguf::GgmlType::F16}) {
+  for (gguf::GgmlType t : {gguf::GgmlType::BF16, gguf::GgmlType::F16, gguf::GgmlType::Q8_0}) {
     SCOPED_TRACE(gguf::type_name(t));
     test::TempDir dir("gpu-absorb");
     SyntheticSpec spec = SyntheticSpec::glm5_small();
     spec.matrix_type = t;
-    if (t == gguf::GgmlType::F16) spec.n_leading_dense = spec.n_layer;
+    if (t != gguf::GgmlType::BF16) spec.n_leading_dense = spec.n_layer;
     const std::string path = dir.file("m.gguf");
     write_synthetic_model(spec, path);
     ASSERT_EQ(gguf::File::open(path)->tensor("blk.0.attn_k_b.weight")->type, t);
@@ -518,6 +565,10 @@ TEST(GpuModel, Bf16AndF16AbsorptionWeightsAreReadInPlace) {
     auto cpu = Model::load(path, {AttentionMode::Sparse, 2});
     const int64_t V = cpu->hparams().n_vocab;
     GpuModelOptions in_place = options(KvDtype::BF16), copies = in_place;
+    if (t == gguf::GgmlType::Q8_0) {  // (quantized rows in place are opt-in for now)
+      EXPECT_GT(GpuModel::load(*cpu, in_place)->memory().absorption, 0u) << "bf16 copies by default";
+      in_place.absorb_quantized_in_place = true;
+    }
     copies.absorb_in_place = false;
     EXPECT_EQ(GpuModel::load(*cpu, in_place)->memory().absorption, 0u) << "read in place";
     EXPECT_GT(GpuModel::load(*cpu, copies)->memory().absorption, 0u) << "bf16 copies";
@@ -531,13 +582,14 @@ TEST(GpuModel, Bf16AndF16AbsorptionWeightsAreReadInPlace) {
     const std::vector<float> ref = bundled_decode_logits(*cpu, precise, tokens, 1);
     const Agreement a = compare(bundled_decode_logits(*cpu, in_place, tokens, 1), ref, V, 48, 2e-2),
                     b = compare(bundled_decode_logits(*cpu, copies, tokens, 1), ref, V, 48, 2e-2);
-    print(a, "f16 W_UK / W_UV read in place vs fp32 copies");
-    print(b, "f16 W_UK / W_UV as bf16 copies vs fp32 copies");
+    const std::string name(gguf::type_name(t));
+    print(a, name + " W_UK / W_UV read in place vs fp32 copies");
+    print(b, name + " W_UK / W_UV as bf16 copies vs fp32 copies");
     EXPECT_TRUE(a.finite);
     EXPECT_LE(a.rel, 2e-2);
     EXPECT_GE(a.argmax_tie, kMinArgmax);
-    // (H200: median row 2.2e-3 read in place, 2.9e-3 through the bf16 copies.)
-    EXPECT_LT(a.median, b.median) << "the f16 rows read in place are not closer to fp32 than their bf16 copies";
+    // (H200, f16: median row 2.2e-3 read in place, 2.9e-3 through the bf16 copies.)
+    EXPECT_LT(a.median, b.median) << "the rows read in place are not closer to fp32 than their bf16 copies";
   }
 }
 

@@ -130,7 +130,8 @@ class Arena {
     return at(off);
   }
   bool f32_absorption = false;
-  bool absorb_in_place = true;  // bf16 / f16 W_UK / W_UV read as stored (GpuModelOptions::absorb_in_place)
+  bool absorb_in_place = true;     // bf16 / f16 W_UK / W_UV read as stored (GpuModelOptions::absorb_in_place)
+  bool absorb_quantized = false;   // ... and quantized ones (GpuModelOptions::absorb_quantized_in_place)
   std::string progress_label;  // uploads print their progress under this label ("" : silent)
 
   uint64_t quantized = 0, absorption = 0, vectors = 0;
@@ -479,16 +480,21 @@ void bind(Arena& a, const ModelWeights& w, const HParams& hp, bool sparse, GpuMo
     d.kv_a_norm = a.vec(m.kv_a_norm);
     d.output = a.matrix(m.output, n("attn_output.weight"));
     // W_UK_h [kv_lora][nope] and W_UV_h [v_head][kv_lora] per head, as the CPU's mla_attend uses them:
-    // attn_k_b / attn_v_b read in place where they are bf16 or f16 (fast mode), else a bf16 copy
-    // (fp32 in precise mode; also for the older attn_kv_b, whose rows interleave the two). Q8_0 read
-    // in place measured slower than its bf16 copy (H200, GLM-5 W_UK: 10.2 against 7.1 us;
-    // docs/PERFORMANCE.md, session 27), so it keeps the copy.
+    // attn_k_b / attn_v_b read in place where they are bf16 or f16, or (absorb_quantized) a type of
+    // the int8 head product (Q8_0, the K-quants, IQ4_XS, IQ2_XXS: cuda::head_q8_supported), in fast
+    // mode, else a bf16 copy (fp32 in precise mode; also for the older attn_kv_b, whose rows
+    // interleave the two). Q8_0 read in place with fp32 activations measured slower than its bf16
+    // copy (H200, GLM-5 W_UK: 10.2 against 7.1 us; session 27); the int8 head product is not yet
+    // measured.
     const auto in_place = [&](const ops::Weight& wt, int64_t rows, int64_t cols, const std::string& name,
                               cuda::HeadBatchedGemm& g) {
-      const std::optional<cuda::HeadWeights> form = head_weights_form(wt.type);
+      std::optional<cuda::HeadWeights> form = head_weights_form(wt.type);
+      // (The arena places every matrix 16-byte aligned.)
+      if (!form && a.absorb_quantized && cuda::head_q8_supported(wt.type, int(rows), int(cols), nullptr))
+        form = cuda::HeadWeights::Quant;
       if (!a.absorb_in_place || a.f32_absorption || m.legacy_kv_b || !form) return false;
       if (wt.n_rows != nh * rows || wt.n_cols != cols || cols % 8 != 0) return false;
-      g = {a.matrix(wt, name).data, int(nh), int(rows), int(cols), false, *form};
+      g = {a.matrix(wt, name).data, int(nh), int(rows), int(cols), false, *form, wt.type};
       return true;
     };
     if (!in_place(m.k_b, kvl, nope, n("attn_k_b.weight"), d.uk))
@@ -613,6 +619,8 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   if (env_off("SPARSEMLA_CUDA_GRAPHS")) g->opts_.cuda_graphs = false;
   if (env_off("SPARSEMLA_SIDE_STREAM")) g->opts_.side_stream = false;
   if (env_off("SPARSEMLA_Q8_ACTIVATIONS")) g->opts_.q8_two_level = false;
+  if (env_off("SPARSEMLA_ABSORB_IN_PLACE")) g->opts_.absorb_in_place = false;
+  if (const int q = env_switch("SPARSEMLA_ABSORB_QUANT"); q >= 0) g->opts_.absorb_quantized_in_place = q == 1;
 
   // SPARSEMLA_STEP_PROFILE=1: events between the operations of every decode step (graphs off), and the
   // device time by operation printed to stderr when the model goes away. Each step waits behind a
@@ -666,7 +674,8 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   // Measure, check against free memory, then upload.
   Arena measure;
   measure.f32_absorption = opts.precise;
-  measure.absorb_in_place = opts.absorb_in_place;
+  measure.absorb_in_place = g->opts_.absorb_in_place;
+  measure.absorb_quantized = g->opts_.absorb_quantized_in_place;
   auto st = std::make_unique<State>();
   bind(measure, weights, ahp, sparse, *st);
   uint64_t free_b = 0, total_b = 0;
@@ -703,7 +712,8 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   st->weights = cuda::DeviceBuffer(measure.bytes());
   Arena up;
   up.f32_absorption = opts.precise;
-  up.absorb_in_place = opts.absorb_in_place;
+  up.absorb_in_place = g->opts_.absorb_in_place;
+  up.absorb_quantized = g->opts_.absorb_quantized_in_place;
   up.begin_upload(st->weights);
   up.progress_label = fmt::format("uploading weights to {}", g->mem_.device);
   bind(up, weights, ahp, sparse, *st);

@@ -123,8 +123,14 @@ struct GpuModelOptions {
   bool side_stream = true;
   // attn_k_b / attn_v_b stored as bf16 or f16 are read in place by the absorption products (fast
   // mode; no W_UK / W_UV copies on the device). Off: bf16 copies, as for the other types (tests,
-  // A/B; the same bits for bf16 files).
+  // A/B; the same bits for bf16 files). SPARSEMLA_ABSORB_IN_PLACE=0 turns it off without a rebuild.
   bool absorb_in_place = true;
+  // With absorb_in_place, also those stored as a type of the int8 head product (Q8_0, the K-quants,
+  // IQ4_XS, IQ2_XXS: cuda::head_q8_supported): int8 dot products at up to 16 tokens, a bf16 copy
+  // per call for larger batches; GLM-5 saves 29 MB of copies per layer. Off by default until it
+  // has run on a GPU (written in session 30, which had none; docs/PERFORMANCE.md):
+  // SPARSEMLA_ABSORB_QUANT=1 / 0 turns it on / off without a rebuild.
+  bool absorb_quantized_in_place = false;
 };
 
 // One rank's part of the model under tensor parallelism (dist/cuda/sharded_gpu_model.h makes it, by

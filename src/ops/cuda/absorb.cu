@@ -1,10 +1,12 @@
 // The per-head absorption products of MLA: decode-sized batches of the bf16 / f16 path on a
-// head-batched GEMV of this file's own that reads the weights as stored, everything else on cuBLAS
+// head-batched GEMV of this file's own that reads the weights as stored (quantized weights:
+// absorb_q8.cu), everything else on cuBLAS
 // (strided batched GEMM, bf16 x bf16 -> fp32 with f16 weights widened first, or fp32 pedantic for
 // the reference's arithmetic).
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 
+#include "ops/cuda/absorb_q8.cuh"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/mma.cuh"
@@ -195,7 +197,9 @@ void head_gemv(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64
   switch (g.form) {
     case HeadWeights::BF16: return launch_head_gemv<Bf16Row>(g, x, x_stride, T, out, out_stride, s);
     case HeadWeights::F16: return launch_head_gemv<F16Row>(g, x, x_stride, T, out, out_stride, s);
+    case HeadWeights::Quant: break;  // (absorb_q8.cu)
   }
+  fail("cuda::head_gemv: internal error: quantized weights");
 }
 
 }  // namespace
@@ -235,12 +239,21 @@ void Blas::per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, 
     SPARSEMLA_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
     return;
   }
-  if (head_gemv_fits(g, T)) {
+  if (head_q8_fits(g, T)) {
+    head_gemv_q8(g, x, x_stride, T, out, out_stride, st);
+    return;
+  }
+  if (g.form != HeadWeights::Quant && head_gemv_fits(g, T)) {
     head_gemv(g, x, x_stride, T, out, out_stride, st);
     return;
   }
   const void* wbf = g.w;
-  if (g.form == HeadWeights::F16) {  // widened into the scratch copy
+  if (g.form == HeadWeights::Quant) {  // dequantized into the scratch copy
+    const size_t n = size_t(g.heads) * g.rows * g.cols;
+    if (wbf_.bytes() < n * 2) wbf_ = DeviceBuffer(n * 2);
+    dequantize_heads_bf16(g, wbf_.get(), st);
+    wbf = wbf_.get();
+  } else if (g.form == HeadWeights::F16) {  // widened into the scratch copy
     const int64_t n_rows = int64_t(g.heads) * g.rows, n = n_rows * g.cols;
     if (g.cols % 8 != 0) fail("Blas::per_head: f16 weights of {} columns (a multiple of 8 is needed)", g.cols);
     if (wbf_.bytes() < size_t(n) * 2) wbf_ = DeviceBuffer(size_t(n) * 2);

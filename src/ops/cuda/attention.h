@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "gguf/ggml_types.h"
 #include "ops/cuda/buffer.h"
 #include "ops/cuda/small_ops.h"
 
@@ -252,18 +253,25 @@ namespace sparsemla::cuda {
 //   into the latent space:  out[t][h][0..kv_lora) = W_UK_h q_nope[t][h]     W_UK_h: [kv_lora, nope]
 //   out of it:              out[t][h][0..v_head)  = W_UV_h o_lat[t][h]      W_UV_h: [v_head, kv_lora]
 // Weights are on the device, heads back to back ([H, rows, cols] row-major: attn_k_b / attn_v_b as
-// GGUF stores them): bf16 or f16 (read in place), or fp32. x is fp32 [T, H, x_stride] (its first
-// `cols` values per head are used); out is fp32 [T, H, out_stride] (its first `rows` values per head
-// are written). Decode-sized batches (up to 16 tokens) take a head-batched GEMV that reads the
-// weights as stored (exact in fp32) times x rounded to bf16; larger ones cuBLAS on bf16 weights
-// (f16 widened into a scratch copy first, rounded to nearest even).
-enum class HeadWeights { BF16, F16 };
+// GGUF stores them): bf16, f16 or a quantized type (read in place), or fp32. x is fp32 [T, H,
+// x_stride] (its first `cols` values per head are used); out is fp32 [T, H, out_stride] (its first
+// `rows` values per head are written). Decode-sized batches (up to 16 tokens) take a head-batched
+// GEMV that reads the weights as stored: bf16 / f16 exact in fp32 times x rounded to bf16;
+// quantized (Quant: head_q8_supported) by int8 dot products with x quantized per head on two
+// levels (absorb_q8.cu). Larger ones cuBLAS on bf16 weights (f16 widened, quantized rows
+// dequantized, into a scratch copy first, rounded to nearest even).
+enum class HeadWeights { BF16, F16, Quant };
 struct HeadBatchedGemm {
   const void* w = nullptr;  // [H, rows, cols] in `form` (fp32 when f32)
   int heads = 0, rows = 0, cols = 0;
   bool f32 = false;  // fp32 weights and activations, fp32 products (the reference's arithmetic)
   HeadWeights form = HeadWeights::BF16;
+  gguf::GgmlType type = gguf::GgmlType::BF16;  // Quant: the rows' ggml type
 };
+// Whether rows x cols per head of type t at w can be read in place as HeadWeights::Quant: the types
+// of the int8 decode units (Q8_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS, IQ2_XXS), whole blocks per
+// row, and every head's rows 16-byte aligned.
+bool head_q8_supported(gguf::GgmlType t, int rows, int cols, const void* w);
 class Blas {
  public:
   Blas();
@@ -281,7 +289,7 @@ class Blas {
   void* handle_ = nullptr;
   DeviceBuffer workspace_;  // cuBLAS's (cublasSetWorkspace)
   DeviceBuffer xbf_;  // bf16 copy of x
-  DeviceBuffer wbf_;  // bf16 copy of f16 weights for cuBLAS (more than 16 tokens)
+  DeviceBuffer wbf_;  // bf16 copy of f16 or quantized weights for cuBLAS (more than 16 tokens)
 };
 
 // fp32 -> bf16 on the device (for weights uploaded once, and activations).

@@ -198,6 +198,8 @@ __global__ void sum_splits_kernel(const float* parts, int splits, int64_t n, flo
 
 }  // namespace
 
+const QuantTables& device_quant_tables() { return device_state().tables; }
+
 void sum_splits(const float* parts, int splits, int64_t n, float* y, cudaStream_t s) {
   sum_splits_kernel<<<unsigned(std::min<int64_t>((n + 255) / 256, 65535)), 256, 0, s>>>(parts, splits, n, y);
   SPARSEMLA_CUDA_LAUNCH_CHECK();

@@ -223,6 +223,9 @@ void launch_q8(gguf::GgmlType t, const MatArgs& a, cudaStream_t s);
 // token, or one per expert pair, with several products.
 void launch_q8_one(gguf::GgmlType t, const MatArgs& a, cudaStream_t s);
 
+// The codebooks on the current device (uploaded on first use; MatArgs::tables of every product).
+const QuantTables& device_quant_tables();
+
 // Defined in gemv.cuh and gemm.cuh, which the family files include.
 template <class D>
 void launch_gemv(const MatArgs& a, cudaStream_t s);
