@@ -145,6 +145,34 @@ PromptRun run_prompt(Engines& e, Model& cpu, const std::vector<int32_t>& ids) {
   return r;
 }
 
+// Prompts of 1, 5 and 16 tokens of fixture fx's seq0 (the decode-sized kernels) and its two prompts
+// (the prefill kernels, the indexer selecting): the GPU's choices made by the CPU following them;
+// in the fast mode also against the CPU's own run and transformers' logits.
+void check_fixture_prompts(Engines& e, Model& cpu, const std::string& fx, AttentionMode mode, KvDtype d, bool precise,
+                           const std::string& tag) {
+  const int64_t V = cpu.hparams().n_vocab;
+  const auto tokens = [&](const char* seq) {
+    return test::read_values<int32_t>(fixture_dir(fx) + "/" + seq + ".tokens");
+  };
+  const auto seq0 = tokens("seq0");
+  for (int64_t n : {int64_t(1), int64_t(5), int64_t(16)}) {
+    const PromptRun r = run_prompt(e, cpu, std::vector<int32_t>(seq0.begin(), seq0.begin() + n));
+    expect_same_choices(r.gpu, r.cpu_following, V, n, d, precise, fmt::format("{} {} tokens, same choices", tag, n));
+  }
+  for (const char* seq : {"seq0", "seq1"}) {
+    const auto ids = tokens(seq);
+    const int64_t n = int64_t(ids.size());
+    const PromptRun r = run_prompt(e, cpu, ids);
+    expect_same_choices(r.gpu, r.cpu_following, V, n, d, precise, fmt::format("{} {}, same choices", tag, seq));
+    if (precise) continue;
+    expect_free(r.gpu, r.cpu_free, V, n, fmt::format("{} {} vs CPU, free", tag, seq));
+    const std::string ref = fixture_dir(fx) + "/" + seq +
+                            (mode == AttentionMode::Sparse ? ".logits.f32" : ".dense.logits.f32");
+    if (std::filesystem::exists(ref))
+      expect_free(r.gpu, test::read_values<float>(ref), V, n, fmt::format("{} {} vs transformers", tag, seq));
+  }
+}
+
 class GpuModelFixture : public ::testing::TestWithParam<std::string> {
  protected:
   std::vector<int32_t> tokens(const char* seq) const {
@@ -163,26 +191,10 @@ TEST_P(GpuModelFixture, LogitsMatchTheCpuAndTransformers) {
   SPARSEMLA_REQUIRE_GPU();
   for (AttentionMode mode : {AttentionMode::Sparse, AttentionMode::Dense}) {
     auto cpu = Model::load(fixture_model(GetParam()), {mode, 4});
-    const int64_t V = cpu->hparams().n_vocab;
     for (const auto& [d, precise] : kFormats) {
       Engines e(*cpu, d, precise);
-      const auto seq0 = tokens("seq0");
-      const std::string tag = fmt::format("{} {} {} {}", GetParam(), mode_name(mode), dtype_name(d), precision_name(precise));
-      for (int64_t n : {int64_t(1), int64_t(5), int64_t(16)}) {
-        const PromptRun r = run_prompt(e, *cpu, std::vector<int32_t>(seq0.begin(), seq0.begin() + n));
-        expect_same_choices(r.gpu, r.cpu_following, V, n, d, precise, fmt::format("{} {} tokens, same choices", tag, n));
-      }
-      for (const char* seq : {"seq0", "seq1"}) {
-        const auto ids = tokens(seq);
-        const int64_t n = int64_t(ids.size());
-        const PromptRun r = run_prompt(e, *cpu, ids);
-        expect_same_choices(r.gpu, r.cpu_following, V, n, d, precise, fmt::format("{} {}, same choices", tag, seq));
-        if (precise) continue;
-        expect_free(r.gpu, r.cpu_free, V, n, fmt::format("{} {} vs CPU, free", tag, seq));
-        const std::vector<float> ref =
-            reference(std::string(seq) + (mode == AttentionMode::Sparse ? ".logits.f32" : ".dense.logits.f32"));
-        if (!ref.empty()) expect_free(r.gpu, ref, V, n, fmt::format("{} {} vs transformers", tag, seq));
-      }
+      check_fixture_prompts(e, *cpu, GetParam(), mode, d, precise,
+                            fmt::format("{} {} {} {}", GetParam(), mode_name(mode), dtype_name(d), precision_name(precise)));
     }
   }
 }
@@ -350,33 +362,15 @@ TEST(GpuModel, QuantizedAbsorptionInPlaceMatchesTheFixtures) {
   SPARSEMLA_REQUIRE_GPU();
   for (const std::string fx : {"glm_q4_k", "glm_share_q8_0"}) {
     auto cpu = Model::load(fixture_model(fx), {AttentionMode::Sparse, 4});
-    const int64_t V = cpu->hparams().n_vocab;
     const HParams& hp = cpu->hparams();
     // glm_share_q8_0's attn_k_b is f32: it alone keeps its bf16 copy.
     const uint64_t copies = fx == "glm_q4_k" ? 0 : uint64_t(hp.n_layer * hp.n_head * hp.kv_lora_rank * hp.qk_nope * 2);
     EXPECT_EQ(GpuModel::load(*cpu, with_quantized_absorption(options(KvDtype::BF16), true))->memory().absorption,
               copies) << fx;
-    const auto read = [&](const std::string& seq) {
-      return test::read_values<int32_t>(fixture_dir(fx) + "/" + seq + ".tokens");
-    };
     for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
       Engines e(*cpu, d, false, true);
-      const std::string tag = fmt::format("{} {} quantized W_UK / W_UV in place", fx, dtype_name(d));
-      const auto seq0 = read("seq0");
-      for (int64_t n : {int64_t(1), int64_t(5), int64_t(16)}) {
-        const PromptRun r = run_prompt(e, *cpu, std::vector<int32_t>(seq0.begin(), seq0.begin() + n));
-        expect_same_choices(r.gpu, r.cpu_following, V, n, d, false, fmt::format("{} {} tokens, same choices", tag, n));
-      }
-      for (const char* seq : {"seq0", "seq1"}) {
-        const auto ids = read(seq);
-        const int64_t n = int64_t(ids.size());
-        const PromptRun r = run_prompt(e, *cpu, ids);
-        expect_same_choices(r.gpu, r.cpu_following, V, n, d, false, fmt::format("{} {}, same choices", tag, seq));
-        expect_free(r.gpu, r.cpu_free, V, n, fmt::format("{} {} vs CPU, free", tag, seq));
-        const std::string ref_path = fixture_dir(fx) + "/" + seq + ".logits.f32";
-        if (std::filesystem::exists(ref_path))
-          expect_free(r.gpu, test::read_values<float>(ref_path), V, n, fmt::format("{} {} vs transformers", tag, seq));
-      }
+      check_fixture_prompts(e, *cpu, fx, AttentionMode::Sparse, d, false,
+                            fmt::format("{} {} quantized W_UK / W_UV in place", fx, dtype_name(d)));
     }
   }
 }
