@@ -39,7 +39,7 @@ using namespace q8units;
 
 constexpr int kHqThreads = 256;
 constexpr int kHqUnitsPerThread = 2;  // units per thread that a block's rows come to (at most)
-constexpr int kHqPass = 4;            // tokens per pass (a pass re-reads its units from shared memory)
+constexpr int kHqPass = 4;            // tokens per pass at most (a pass re-reads its units from shared memory)
 constexpr int kHqLevels = 2;
 constexpr size_t kHqMaxSmem = 96 * 1024;  // within the 99 KB of SM86/89/12x
 
@@ -57,11 +57,13 @@ struct HeadQ8Args {
 };
 
 // Dynamic shared memory: [RB rows' bytes, 16-aligned] [T][cols] q | [T][cols] r | [T][cols / 32]
-// {scale, sum} | [kHqPass][RB * U] unit dots.
+// {scale, sum} | [NT][RB][U + 1] unit dots (a row's U + 1 apart: the row sums' lanes, one row
+// each, read no shared bank twice).
 struct HqLayout {
   size_t w = 0, q = 0, r = 0, blocks = 0, dots = 0, total = 0;
 };
 __host__ __device__ inline size_t hq_align16(size_t n) { return (n + 15) / 16 * 16; }
+__host__ __device__ inline int hq_tokens_per_pass(int T) { return T == 1 ? 1 : T == 2 ? 2 : kHqPass; }
 __host__ __device__ inline HqLayout hq_layout(uint64_t row_bytes, int rb, int cols, int T, int units_per_row) {
   HqLayout l;
   l.w = 0;
@@ -69,11 +71,12 @@ __host__ __device__ inline HqLayout hq_layout(uint64_t row_bytes, int rb, int co
   l.r = l.q + hq_align16(size_t(T) * cols);
   l.blocks = l.r + hq_align16(size_t(T) * cols);
   l.dots = l.blocks + size_t(T) * (cols / 32) * 8;
-  l.total = l.dots + size_t(kHqPass) * rb * units_per_row * 4;
+  l.total = l.dots + size_t(hq_tokens_per_pass(T)) * rb * (units_per_row + 1) * 4;
   return l;
 }
 
-// Grid (ceil(rows / RB), heads); NT tokens per pass (1, or kHqPass with the last token repeated).
+// Grid (ceil(rows / RB), heads); NT = hq_tokens_per_pass(T) tokens per pass (the last token
+// repeated in a pass past T).
 template <class V, int NT>
 __global__ void __launch_bounds__(kHqThreads) head_q8_kernel(const HeadQ8Args a) {
   extern __shared__ __align__(16) uint8_t sm[];
@@ -100,7 +103,7 @@ __global__ void __launch_bounds__(kHqThreads) head_q8_kernel(const HeadQ8Args a)
   }
   cp_async_wait_all();
   __syncthreads();
-  float* dots = reinterpret_cast<float*>(sm + lay.dots);  // [NT][nr * U]
+  float* dots = reinterpret_cast<float*>(sm + lay.dots);  // [NT][nr][U + 1]
   const int n_units = nr * U;
   for (int t0 = 0; t0 < a.T; t0 += NT) {
     TokenX<L, true> x[NT];
@@ -117,14 +120,14 @@ __global__ void __launch_bounds__(kHqThreads) head_q8_kernel(const HeadQ8Args a)
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
         const typename V::template X<L> xu = V::template load_x<L>(x[t], b, u);
-        dots[t * n_units + i] = V::fma(wu, xu, 0.0f);
+        dots[(t * nr + row) * (U + 1) + iu] = V::fma(wu, xu, 0.0f);
       }
     }
     __syncthreads();
     for (int j = tid; j < NT * nr; j += kHqThreads) {
       const int t = j / nr, row = j % nr;
       if (t0 + t >= a.T) continue;
-      const float* d = dots + t * n_units + row * U;
+      const float* d = dots + (t * nr + row) * (U + 1);
       float s = 0.0f;
       for (int k = 0; k < U; ++k) s = __fadd_rn(s, d[k]);
       a.out[(int64_t(t0 + t) * a.heads + h) * a.out_stride + r0 + row] = s;
@@ -174,7 +177,8 @@ void launch_head(const HeadQ8Args& a, cudaStream_t s) {
   const int U = a.cols / V::kBlock * V::kUnitsPerBlock;
   const size_t smem = hq_layout(a.row_bytes, a.rows_per_block, a.cols, a.T, U).total;
   const dim3 grid(unsigned((a.rows + a.rows_per_block - 1) / a.rows_per_block), unsigned(a.heads));
-  const auto kernel = a.T == 1 ? head_q8_kernel<V, 1> : head_q8_kernel<V, kHqPass>;
+  const int nt = hq_tokens_per_pass(a.T);
+  const auto kernel = nt == 1 ? head_q8_kernel<V, 1> : nt == 2 ? head_q8_kernel<V, 2> : head_q8_kernel<V, kHqPass>;
   allow_smem(kernel, smem);
   pdl::launch(kernel, grid, kHqThreads, smem, s, a);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
@@ -275,6 +279,9 @@ void dequantize_heads_bf16(const HeadBatchedGemm& g, void* out, cudaStream_t s) 
   const HeadTypeKernels* k = head_kernels_for(g.type);
   if (g.form != HeadWeights::Quant || !k || g.cols % k->block != 0)
     fail("cuda::dequantize_heads_bf16: {} weights of {} columns are not taken", gguf::type_name(g.type), g.cols);
+  // (The decoders read a block's fields as aligned as a 16-byte aligned base makes them.)
+  if ((reinterpret_cast<uintptr_t>(g.w) | reinterpret_cast<uintptr_t>(out)) & 15)
+    fail("cuda::dequantize_heads_bf16: weights {} and output {} must be 16-byte aligned", g.w, out);
   k->dequant(static_cast<const uint8_t*>(g.w), head_row_bytes(g), int64_t(g.heads) * g.rows, g.cols,
              device_quant_tables(), static_cast<__nv_bfloat16*>(out), s);
 }
