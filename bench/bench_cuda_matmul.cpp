@@ -20,6 +20,9 @@
 //                                        [--type NAME]      only that type (e.g. q6_K)
 //   bench_cuda_matmul --only TYPE:ROWSxCOLS:T     one product (fp32 decode path, then q8), e.g. for
 //                                                  Nsight Compute: --only q4_K:2048x6144:1
+//   bench_cuda_matmul --absorb     the MLA absorption products (Blas::per_head) of GLM-5 and
+//                                  DeepSeek-V3.2 at 1 to 32 tokens: bf16 rows, and Q8_0 / Q4_K /
+//                                  Q6_K rows read in place where they are whole blocks
 // Weights are random bytes with small block scales (values do not change the work); each shape
 // and type gets enough copies to exceed 256 MB, so that every call reads its weight from memory.
 #include <cstdio>
@@ -31,6 +34,7 @@
 #include <vector>
 
 #include "gguf/ggml_types.h"
+#include "ops/cuda/attention.h"
 #include "ops/cuda/buffer.h"
 #include "ops/cuda/quant_matmul.h"
 #include "ops/cuda/quant_matmul_q8.h"
@@ -131,10 +135,42 @@ int run_only(const char* spec) {
   return 0;
 }
 
+// --absorb: W_UK and W_UV of GLM-5 (64 heads: 512 x 192, 256 x 512) and DeepSeek-V3.2 (128
+// heads: 512 x 128, 128 x 512) through Blas::per_head, as the model runs them.
+int run_absorb(double copy, int calls, int runs) {
+  cuda::Blas blas;
+  struct HeadShape {
+    const char* name;
+    int heads, rows, cols;
+  };
+  std::printf("%-11s %-5s %3s %9s %9s %7s\n", "product", "type", "T", "us/call", "GB/s", "% copy");
+  for (const HeadShape& sh : {HeadShape{"glm5 W_UK", 64, 512, 192}, HeadShape{"glm5 W_UV", 64, 256, 512},
+                              HeadShape{"dsv32 W_UK", 128, 512, 128}, HeadShape{"dsv32 W_UV", 128, 128, 512}})
+    for (GgmlType t : {GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+      const bool quant = t != GgmlType::BF16;
+      if (quant && !cuda::head_q8_supported(t, sh.rows, sh.cols, nullptr)) continue;
+      const std::vector<uint8_t> bytes = random_weight(t, int64_t(sh.heads) * sh.rows, sh.cols);
+      const int n = int((size_t(256) << 20) / bytes.size() + 1);
+      std::vector<cuda::DeviceBuffer> bufs;
+      std::vector<cuda::HeadBatchedGemm> gemms;
+      for (int i = 0; i < n; ++i) {
+        bufs.push_back(cuda::to_device(bytes));
+        gemms.push_back({bufs.back().get(), sh.heads, sh.rows, sh.cols, false,
+                         quant ? cuda::HeadWeights::Quant : cuda::HeadWeights::BF16, t});
+      }
+      for (int64_t T : {1, 2, 4, 8, 16, 32}) {
+        const cuda::MatmulTiming m = cuda::bench_per_head(blas, gemms.data(), n, T, calls, runs);
+        std::printf("%-11s %-5s %3lld %9.2f %9.0f %6.0f%%\n", sh.name, std::string(gguf::type_name(t)).c_str(),
+                    (long long)T, m.us_per_call, m.weight_gbs, 100.0 * m.weight_gbs / copy);
+      }
+    }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, decode_only = false;
+  bool quick = false, decode_only = false, absorb = false;
   const char* only = nullptr;
   int64_t only_t = 0;
   std::optional<GgmlType> only_type;
@@ -146,6 +182,7 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--tokens") == 0 && i + 1 < argc) only_t = std::atoll(argv[++i]);
     quick |= std::strcmp(argv[i], "--quick") == 0;
     decode_only |= std::strcmp(argv[i], "--decode") == 0;
+    absorb |= std::strcmp(argv[i], "--absorb") == 0;
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
   }
   const auto devices = ops::list_devices();
@@ -156,6 +193,7 @@ int main(int argc, char** argv) {
   if (only) return run_only(only);
   const double copy = cuda::bench_copy_gbs(size_t(1) << 30, quick ? 3 : 10);
   std::printf("%s: device-to-device copy %.0f GB/s (read + written)\n\n", devices[0].name.c_str(), copy);
+  if (absorb) return run_absorb(copy, quick ? 8 : 20, quick ? 3 : 5);
   std::printf("%-5s %-13s %5s %10s %9s %7s %8s\n", "type", "rows x cols", "T", "us/call", "GB/s", "% copy", "TFLOP/s");
   const int calls = quick ? 8 : 20, runs = quick ? 3 : 5;
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q2_K, GgmlType::Q3_K,

@@ -157,6 +157,25 @@ MatmulTiming bench_matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expe
   return timing(ms, calls, double(gguf::row_bytes(w.type, uint64_t(w.n_cols))) * rows, 2.0 * rows * double(w.n_cols));
 }
 
+MatmulTiming bench_per_head(Blas& blas, const HeadBatchedGemm* copies, int n_copies, int64_t n_tokens, int calls,
+                            int runs) {
+  const HeadBatchedGemm& g = copies[0];
+  const int64_t n = n_tokens * g.heads;  // (token, head) rows of cols inputs and rows outputs
+  const DeviceBuffer x = to_device(bench_activations(size_t(n * g.cols)));
+  DeviceBuffer y(size_t(n * g.rows) * sizeof(float));
+  cudaStream_t s;
+  SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const double ms = graph_ms(calls, runs, s, [&](int c) {
+    blas.per_head(copies[c % n_copies], x.as<float>(), g.cols, n_tokens, y.as<float>(), g.rows, s);
+  });
+  SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
+  const double values = double(g.heads) * g.rows * g.cols;
+  const double bytes = g.f32                              ? 4 * values
+                       : g.form == HeadWeights::Quant ? double(gguf::row_bytes(g.type, uint64_t(g.cols))) * g.heads * g.rows
+                                                        : 2 * values;
+  return timing(ms, calls, bytes, 2.0 * values * double(n_tokens));
+}
+
 double bench_quantize_us(int64_t n_tokens, int64_t n_cols, int calls, int runs, int levels) {
   const DeviceBuffer x = to_device(bench_activations(size_t(n_tokens * n_cols)));
   BenchQ8 xq(x, n_tokens, n_cols, levels);

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ops/cuda/attention.h"
 #include "ops/cuda/quant_matmul.h"
 #include "ops/cuda/quant_matmul_q8.h"
 
@@ -40,6 +41,12 @@ MatmulTiming bench_matmul_q8(const QuantMatrix* copies, int n_copies, int64_t n_
                              int levels = 1, bool one_token = false);
 MatmulTiming bench_matmul_experts_q8(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs,
                                      int levels = 1, bool one_token = false);
+
+// The MLA absorption products (attention.h: Blas::per_head) on T tokens, timed as bench_matmul
+// times matmul: call i multiplies copies[i % n_copies] (one shape and form); weight_gbs counts the
+// weights' bytes as stored (bf16 / f16: 2 per value; Quant: its type's rows).
+MatmulTiming bench_per_head(Blas& blas, const HeadBatchedGemm* copies, int n_copies, int64_t n_tokens, int calls,
+                            int runs);
 
 // Microseconds per quantize_activations call of n_tokens x n_cols (graph replay, best of runs).
 double bench_quantize_us(int64_t n_tokens, int64_t n_cols, int calls, int runs, int levels = 1);
