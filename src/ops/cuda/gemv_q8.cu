@@ -12,7 +12,8 @@
 //   Q2_K / Q3_K  the same 4 x 16 elements as Q6_K (PlanesUnit), from 16 bytes of bit planes
 //                (+ Q3_K's 16 bytes of high bits);
 //   IQ4_XS /     as Q4_K, two groups of 32 under one scale each (GroupPairUnit), the values looked
-//   IQ2_XXS      up in IQ4_NL's levels or IQ2_XXS's grid (the quant tables) with their signs;
+//   IQ2_XXS /    up in IQ4_NL's levels or IQ2_XXS's / IQ3_XXS's grid (the quant tables) with their
+//   IQ3_XXS      signs;
 //   Q8_0         one 32-block, 32 bytes read as aligned words.
 // Per row and token: one __dp4a per 4 elements into an int32 dot, then per sub-block
 //   acc += (d_w sc) * d_x * dot  [- (dmin m) * (d_x sum_x) for Q4_K/Q5_K/Q2_K]
@@ -430,6 +431,7 @@ constexpr Q8Kernels kQ8Kernels[] = {
     {GgmlType::Q3_K, &launch_levels<Q3KUnit>},
     {GgmlType::IQ4_XS, &launch_levels<IQ4XSUnit>},
     {GgmlType::IQ2_XXS, &launch_levels<IQ2XXSUnit>},
+    {GgmlType::IQ3_XXS, &launch_levels<IQ3XXSUnit>},
 };
 
 const Q8Kernels& q8_kernels_for(GgmlType t, const char* what) {

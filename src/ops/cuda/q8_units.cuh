@@ -264,6 +264,39 @@ struct IQ2XXSUnit : GroupPairUnit {
   }
 };
 
+// IQ3_XXS, 98 bytes (2-byte aligned): fp16 d | qs[64]: 8 grid indices per group of 32 (4
+// consecutive elements each, magnitudes from the 256-entry grid) | 8 u32, one per group: four 7-bit
+// sign indices (bits 7l, each for the 8 elements of indices 2l and 2l + 1) and the 4-bit scale s
+// (bits 28..31). Element = d (0.5 + s) / 2 * magnitude * sign (gguf/quants.cpp). Quarter k (unit
+// u = k) holds groups 2k and 2k + 1, as IQ2_XXS's; the magnitudes (4..62) enter the dot products
+// as signed bytes, negated as IQ2XXSUnit::signed4 negates them. (Written in session 30 without a
+// GPU: taken only with --int8-activations until it has run; GpuModel::q8_levels.)
+struct IQ3XXSUnit : GroupPairUnit {
+  static constexpr int kBytes = 98, kUnroll = 1;
+  __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
+    W w;
+    const float d = half_to_f(ld16(b));
+    // Groups 2k, 2k + 1: their 8 grid indices each, and their two aux words (ld64_a2 reads bytes
+    // [p - 2, p + 8): inside the block).
+    const uint2 q0 = dq::ld64_a2(b + 2 + 16 * k), q1 = dq::ld64_a2(b + 10 + 16 * k);
+    const uint2 aux = dq::ld64_a2(b + 66 + 8 * k);
+    const uint32_t idx[2][2] = {{q0.x, q0.y}, {q1.x, q1.y}}, au[2] = {aux.x, aux.y};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      w.sc[r] = __fmul_rn(__fmul_rn(d, __fadd_rn(0.5f, int_to_f(int(au[r] >> 28)))), 0.5f);
+#pragma unroll
+      for (int l = 0; l < 4; ++l) {
+        const uint32_t i2 = idx[r][l / 2] >> (16 * (l % 2));  // indices 2l, 2l + 1 in its low 16 bits
+        const uint32_t g1 = __ldg(tb.iq3xxs + (i2 & 0xFF)), g2 = __ldg(tb.iq3xxs + ((i2 >> 8) & 0xFF));
+        const uint32_t signs = dq::iq_signs((au[r] >> (7 * l)) & 127);
+        w.v[r][l / 2][2 * (l % 2)] = IQ2XXSUnit::signed4(g1, signs);
+        w.v[r][l / 2][2 * (l % 2) + 1] = IQ2XXSUnit::signed4(g2, signs >> 4);
+      }
+    }
+    return w;
+  }
+};
+
 // The K-quants stored in bit planes (Q2_K, Q3_K, Q6_K): unit u = 2h + s of a 256-block covers, for
 // p = 0..3, elements 128h + 32p + 16s + [0, 16): half s of activation block 4h + p, under one
 // weight scale each. The activation side is shared: per part p and level, 16 bytes and the sum of
