@@ -1075,7 +1075,7 @@ TEST_P(CudaMatmulQ8, ManyProductsAndSharedPairsEqualTheProductsAlone) {
 // 132-SM device once; rows of 8192 columns or more, Q4_K's three-blocks-per-SM form), one and two
 // levels, and close to W x; several products in one launch, expert
 // pairs and a shared pair each the bits of their product alone with the kernel; unused pairs
-// unwritten. Types without the kernel (Q8_0, Q6_K, Q2_K, Q3_K, IQ4_XS, IQ2_XXS, IQ3_XXS) give the dp4a
+// unwritten. Types without the kernel (Q8_0, Q6_K, Q2_K, Q3_K, IQ4_XS and the other IQ types) give the dp4a
 // kernel's bits with the flag set.
 TEST_P(CudaMatmulQ8, OneTokenKernelMatchesProductWithDequantizedActivations) {
   SPARSEMLA_REQUIRE_GPU();
@@ -1164,8 +1164,8 @@ TEST_P(CudaMatmulQ8, OneTokenKernelMatchesProductWithDequantizedActivations) {
   }
 }
 
-// Staged loads (Q2_K, Q3_K, Q6_K, IQ4_XS, IQ2_XXS, IQ3_XXS and Q8_0, whose blocks are only 2-, 4- or
-// 8-byte aligned): rows of whole chunks (8 blocks of the first six; 32 Q8_0 blocks, from 4096 columns) take the staged kernel (counted by
+// Staged loads (Q2_K, Q3_K, Q6_K, the IQ types and Q8_0, whose blocks are only 2-, 4- or 8-byte
+// aligned): rows of whole chunks (8 blocks but Q8_0's; 32 Q8_0 blocks, from 4096 columns) take the staged kernel (counted by
 // q8_staged_launches) at one token, as several products in one launch and as expert pairs with a
 // shared pair, with one level and two, with two chunk buffers per warp (Q8_0 6144 columns: 192
 // units over 64 threads) and with chunks in turn in one buffer (Q6_K 18432 columns: 288 units over
@@ -1178,9 +1178,10 @@ TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
   struct Restore {
     ~Restore() { set_q8_staged_loads(true); }
   } restore;
-  // The types of 8 blocks per chunk (Q2_K, Q3_K, Q6_K, IQ4_XS, IQ2_XXS, IQ3_XXS) and Q8_0.
+  // The types of 8 blocks per chunk (Q2_K, Q3_K, Q6_K and the IQ types) and Q8_0.
   const bool eight_blocks = type() == GgmlType::Q6_K || type() == GgmlType::Q2_K || type() == GgmlType::Q3_K ||
-                            type() == GgmlType::IQ4_XS || type() == GgmlType::IQ2_XXS || type() == GgmlType::IQ3_XXS;
+                            type() == GgmlType::IQ4_XS || type() == GgmlType::IQ2_XXS || type() == GgmlType::IQ3_XXS ||
+                            type() == GgmlType::IQ3_S || type() == GgmlType::IQ2_XS || type() == GgmlType::IQ2_S;
   const bool staged_type = eight_blocks || type() == GgmlType::Q8_0;
   const auto whole_chunks = [&](int64_t n_cols) {
     return eight_blocks ? n_cols % (8 * 256) == 0 : n_cols % (32 * 32) == 0 && n_cols >= 4096;
@@ -1293,7 +1294,7 @@ TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulQ8, ::testing::Values("q8_0", "q4_K", "q5_K", "q6_K", "q2_K", "q3_K", "iq4_xs",
-                                                                  "iq2_xxs", "iq3_xxs"),
+                                                                  "iq2_xxs", "iq3_xxs", "iq3_s", "iq2_xs", "iq2_s"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 TEST(CudaMatmulQ8Api, SupportedTypesAndRefusals) {
@@ -1304,7 +1305,8 @@ TEST(CudaMatmulQ8Api, SupportedTypesAndRefusals) {
     const GgmlType t = all[i].type;
     EXPECT_EQ(q8_supported(t), t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K ||
                                    t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::IQ4_XS ||
-                                   t == GgmlType::IQ2_XXS || t == GgmlType::IQ3_XXS)
+                                   t == GgmlType::IQ2_XXS || t == GgmlType::IQ3_XXS || t == GgmlType::IQ3_S ||
+                                   t == GgmlType::IQ2_XS || t == GgmlType::IQ2_S)
         << all[i].name;
   }
   DeviceBuffer buf(1 << 16);

@@ -11,9 +11,10 @@
 //                blocks 4h + j, from 3 x 16 bytes (ql twice, qh) read as aligned words;
 //   Q2_K / Q3_K  the same 4 x 16 elements as Q6_K (PlanesUnit), from 16 bytes of bit planes
 //                (+ Q3_K's 16 bytes of high bits);
-//   IQ4_XS /     as Q4_K, two groups of 32 under one scale each (GroupPairUnit), the values looked
-//   IQ2_XXS /    up in IQ4_NL's levels or IQ2_XXS's / IQ3_XXS's grid (the quant tables) with their
-//   IQ3_XXS      signs;
+//   IQ types     as Q4_K, two groups of 32 under one scale each (GroupPairUnit: IQ4_XS, IQ2_XXS,
+//                IQ3_XXS, IQ3_S; GroupPair16Unit, a scale per 16 elements: IQ2_XS, IQ2_S), the
+//                values looked up in IQ4_NL's levels or the type's grid (the quant tables), with
+//                their signs;
 //   Q8_0         one 32-block, 32 bytes read as aligned words.
 // Per row and token: one __dp4a per 4 elements into an int32 dot, then per sub-block
 //   acc += (d_w sc) * d_x * dot  [- (dmin m) * (d_x sum_x) for Q4_K/Q5_K/Q2_K]
@@ -432,6 +433,9 @@ constexpr Q8Kernels kQ8Kernels[] = {
     {GgmlType::IQ4_XS, &launch_levels<IQ4XSUnit>},
     {GgmlType::IQ2_XXS, &launch_levels<IQ2XXSUnit>},
     {GgmlType::IQ3_XXS, &launch_levels<IQ3XXSUnit>},
+    {GgmlType::IQ3_S, &launch_levels<IQ3SUnit>},
+    {GgmlType::IQ2_XS, &launch_levels<IQ2XSUnit>},
+    {GgmlType::IQ2_S, &launch_levels<IQ2SUnit>},
 };
 
 const Q8Kernels& q8_kernels_for(GgmlType t, const char* what) {

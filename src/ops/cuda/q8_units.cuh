@@ -297,6 +297,132 @@ struct IQ3XXSUnit : GroupPairUnit {
   }
 };
 
+// IQ3_S, 110 bytes (2-byte aligned): fp16 d | qs[64]: low 8 bits of 8 grid indices per group of
+// 32 (4 consecutive elements each) | qh[8]: their ninth bits, a byte per group | signs[32]: a sign
+// byte per 8 elements (entries 2m, 2m + 1 of a group: byte m, bits 0..3 and 4..7) | scales[4]: a
+// nibble s per group. Element = d (1 + 2s) * magnitude * sign (gguf/quants.cpp). Quarter k holds
+// groups 2k and 2k + 1, as IQ3_XXS's; magnitudes (1..15) as signed bytes. (Session 30, without a
+// GPU: taken only with --int8-activations until it has run.)
+struct IQ3SUnit : GroupPairUnit {
+  static constexpr int kBytes = 110, kUnroll = 1;
+  __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
+    W w;
+    const float d = half_to_f(ld16(b));
+    const uint2 q0 = dq::ld64_a2(b + 2 + 16 * k), q1 = dq::ld64_a2(b + 10 + 16 * k);
+    const uint32_t qh = ld16(b + 66 + 2 * k);             // byte r: group 2k + r's ninth bits
+    const uint2 sg = dq::ld64_a2(b + 74 + 8 * k);         // .x: group 2k's sign bytes, .y: 2k + 1's
+    const uint32_t scales = dq::ld8(b + 106 + k);         // nibble r: group 2k + r's scale
+    const uint32_t idx[2][2] = {{q0.x, q0.y}, {q1.x, q1.y}}, signs[2] = {sg.x, sg.y};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      w.sc[r] = __fmul_rn(d, int_to_f(1 + 2 * int((scales >> (4 * r)) & 0x0F)));
+      const uint32_t h9 = (qh >> (8 * r)) & 0xFF;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {  // entry e: elements 4e .. 4e + 4 of the group
+        const uint32_t i = ((idx[r][e / 4] >> (8 * (e % 4))) & 0xFF) | (((h9 >> e) & 1) << 8);
+        const uint32_t sb = (signs[r] >> (8 * (e / 2) + 4 * (e % 2))) & 0x0F;
+        w.v[r][e / 4][e % 4] = IQ2XXSUnit::signed4(__ldg(tb.iq3s + i), sb);
+      }
+    }
+    return w;
+  }
+};
+
+// Units of two groups of 32 with a scale per 16 elements (IQ2_XS, IQ2_S): GroupPairUnit's layout,
+// each half of a group dotted on its own and scaled by its scale; the activation block's scale
+// applies to the group.
+struct GroupPair16Unit : GroupPairUnit {
+  struct W {
+    uint32_t v[2][2][4];  // [group 2k + r][elements 0..15 / 16..31][word]: signed bytes
+    float sc[2][2];       // [group][half]
+  };
+  template <int L>
+  __device__ static float fma(const W& w, const X<L>& x, float acc) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float part = 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int4 xh[L];
+        int zero[L];
+#pragma unroll
+        for (int l = 0; l < L; ++l) {
+          xh[l] = r ? x.hi[l][h] : x.lo[l][h];
+          zero[l] = 0;
+        }
+        part = __fmaf_rn(w.sc[r][h], level_dot<L>(w.v[r][h], xh, zero), part);
+      }
+      acc = __fmaf_rn(x.d[r], part, acc);
+    }
+    return acc;
+  }
+};
+
+// The two 8-element signed grid entries of IQ2_XS / IQ2_S (8 magnitudes each) into words
+// v[2j], v[2j + 1] of a half.
+__device__ __forceinline__ void signed_entry8(uint2 g, uint32_t signs, uint32_t* v) {
+  v[0] = IQ2XXSUnit::signed4(g.x, signs);
+  v[1] = IQ2XXSUnit::signed4(g.y, signs >> 4);
+}
+
+// IQ2_XS, 74 bytes (2-byte aligned): fp16 d | u16 qs[32]: per 8 elements a 9-bit grid index (8
+// magnitudes) and a 7-bit sign index (bits 9..15) | scales[8]: a nibble s per 16 elements (group
+// g's byte, low nibble first). Element = d (0.5 + s) / 4 * magnitude * sign. (Session 30, without a
+// GPU: taken only with --int8-activations until it has run.)
+struct IQ2XSUnit : GroupPair16Unit {
+  static constexpr int kBytes = 74, kUnroll = 1;
+  __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
+    W w;
+    const float d = half_to_f(ld16(b));
+    const uint2 q[2] = {dq::ld64_a2(b + 2 + 16 * k), dq::ld64_a2(b + 10 + 16 * k)};  // groups 2k, 2k + 1
+    const uint32_t scales = ld16(b + 66 + 2 * k);  // byte r: group 2k + r's two nibbles
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int s = int((scales >> (8 * r + 4 * h)) & 0x0F);
+        w.sc[r][h] = __fmul_rn(__fmul_rn(d, __fadd_rn(0.5f, int_to_f(s))), 0.25f);
+        const uint32_t two = h ? q[r].y : q[r].x;  // entries 2h, 2h + 1
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const uint32_t e = (two >> (16 * j)) & 0xFFFF;
+          signed_entry8(__ldg(tb.iq2xs + (e & 511)), dq::iq_signs(e >> 9), &w.v[r][h][2 * j]);
+        }
+      }
+    return w;
+  }
+};
+
+// IQ2_S, 82 bytes (2-byte aligned): fp16 d | qs[32]: low 8 bits of a grid index per 8 elements |
+// signs[32]: a sign byte per 8 elements | qh[8]: the indices' top 2 bits (group g's byte, bits 2l) |
+// scales[8]: a nibble s per 16 elements. Element = d (0.5 + s) / 4 * magnitude * sign. (Session 30,
+// without a GPU: taken only with --int8-activations until it has run.)
+struct IQ2SUnit : GroupPair16Unit {
+  static constexpr int kBytes = 82, kUnroll = 1;
+  __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
+    W w;
+    const float d = half_to_f(ld16(b));
+    const uint2 qs = dq::ld64_a2(b + 2 + 8 * k), sg = dq::ld64_a2(b + 34 + 8 * k);  // .x group 2k, .y 2k + 1
+    const uint32_t qh = ld16(b + 66 + 2 * k), scales = ld16(b + 74 + 2 * k);     // byte r: group 2k + r
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t lo = r ? qs.y : qs.x, sgn = r ? sg.y : sg.x, hi = (qh >> (8 * r)) & 0xFF;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int s = int((scales >> (8 * r + 4 * h)) & 0x0F);
+        w.sc[r][h] = __fmul_rn(__fmul_rn(d, __fadd_rn(0.5f, int_to_f(s))), 0.25f);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int l = 2 * h + j;  // entry l: elements 8l .. 8l + 8 of the group
+          const uint32_t i = ((lo >> (8 * l)) & 0xFF) | (((hi >> (2 * l)) & 3) << 8);
+          signed_entry8(__ldg(tb.iq2s + i), (sgn >> (8 * l)) & 0xFF, &w.v[r][h][2 * j]);
+        }
+      }
+    }
+    return w;
+  }
+};
+
 // The K-quants stored in bit planes (Q2_K, Q3_K, Q6_K): unit u = 2h + s of a 256-block covers, for
 // p = 0..3, elements 128h + 32p + 16s + [0, 16): half s of activation block 4h + p, under one
 // weight scale each. The activation side is shared: per part p and level, 16 bytes and the sum of
