@@ -12,7 +12,8 @@
 //   Q2_K / Q3_K  the same 4 x 16 elements as Q6_K (PlanesUnit), from 16 bytes of bit planes
 //                (+ Q3_K's 16 bytes of high bits);
 //   IQ types     as Q4_K, two groups of 32 under one scale each (GroupPairUnit: IQ4_XS, IQ2_XXS,
-//                IQ3_XXS, IQ3_S; GroupPair16Unit, a scale per 16 elements: IQ2_XS, IQ2_S), the
+//                IQ3_XXS, IQ3_S, IQ1_S with its delta through the activation sums;
+//                GroupPair16Unit, a scale per 16 elements: IQ2_XS, IQ2_S), the
 //                values looked up in IQ4_NL's levels or the type's grid (the quant tables), with
 //                their signs;
 //   Q8_0         one 32-block, 32 bytes read as aligned words.
@@ -436,6 +437,7 @@ constexpr Q8Kernels kQ8Kernels[] = {
     {GgmlType::IQ3_S, &launch_levels<IQ3SUnit>},
     {GgmlType::IQ2_XS, &launch_levels<IQ2XSUnit>},
     {GgmlType::IQ2_S, &launch_levels<IQ2SUnit>},
+    {GgmlType::IQ1_S, &launch_levels<IQ1SUnit>},
 };
 
 const Q8Kernels& q8_kernels_for(GgmlType t, const char* what) {

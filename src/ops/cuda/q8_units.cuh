@@ -423,6 +423,47 @@ struct IQ2SUnit : GroupPair16Unit {
   }
 };
 
+// IQ1_S, 50 bytes (2-byte aligned): fp16 d | qs[32]: low 8 bits of a grid index per 8 elements |
+// u16 qh[8], one per group of 32: the indices' top 3 bits (bits 3l..3l + 2), scale s (bits
+// 12..14), delta sign (bit 15). Element = d (2s + 1) (grid ± delta), the grid values -1, 0, 1 as
+// signed bytes (gguf/quants.cpp). The dp4a dots take the grid bytes as they are and the delta
+// through the activation block's sum: sum (g + delta) x = sum g x + delta sum x. Quarter k holds
+// groups 2k and 2k + 1, as IQ2_XXS's. (Session 30, without a GPU: taken only with
+// --int8-activations until it has run.)
+struct IQ1SUnit : GroupPairUnit {
+  static constexpr int kBytes = 50, kUnroll = 1;
+  struct W {
+    uint32_t v[2][2][4];  // [group 2k + r][elements 0..15 / 16..31][word]: signed bytes
+    float sc[2], delta[2];
+  };
+  __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
+    W w;
+    const float d = half_to_f(ld16(b));
+    const uint2 qs = dq::ld64_a2(b + 2 + 8 * k);        // .x: group 2k's 4 index bytes, .y: 2k + 1's
+    const uint32_t qh2 = dq::ld32_a2(b + 34 + 4 * k);  // u16 r: group 2k + r's
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t qh = (qh2 >> (16 * r)) & 0xFFFF, lo = r ? qs.y : qs.x;
+      w.sc[r] = __fmul_rn(d, int_to_f(int(2 * ((qh >> 12) & 7) + 1)));
+      w.delta[r] = qh & 0x8000 ? -tb.iq1_delta : tb.iq1_delta;
+#pragma unroll
+      for (int l = 0; l < 4; ++l) {  // entry l: elements 8l .. 8l + 8 of the group
+        const uint2 g = __ldg(tb.iq1s + (((lo >> (8 * l)) & 0xFF) | (((qh >> (3 * l)) & 7) << 8)));
+        w.v[r][l / 2][2 * (l % 2)] = g.x;
+        w.v[r][l / 2][2 * (l % 2) + 1] = g.y;
+      }
+    }
+    return w;
+  }
+  template <int L>
+  __device__ static float fma(const W& w, const X<L>& x, float acc) {
+    acc = __fmaf_rn(__fmul_rn(w.sc[0], x.d[0]), level_dot<L, 2>(w.v[0], x.lo), acc);
+    acc = __fmaf_rn(__fmul_rn(w.sc[0], w.delta[0]), x.ds[0], acc);
+    acc = __fmaf_rn(__fmul_rn(w.sc[1], x.d[1]), level_dot<L, 2>(w.v[1], x.hi), acc);
+    return __fmaf_rn(__fmul_rn(w.sc[1], w.delta[1]), x.ds[1], acc);
+  }
+};
+
 // The K-quants stored in bit planes (Q2_K, Q3_K, Q6_K): unit u = 2h + s of a 256-block covers, for
 // p = 0..3, elements 128h + 32p + 16s + [0, 16): half s of activation block 4h + p, under one
 // weight scale each. The activation side is shared: per part p and level, 16 bytes and the sum of
