@@ -1,6 +1,6 @@
 // Matrix products on quantized weights on the GPU: time per call, the weight bandwidth reached and
 // its fraction of the measured device-to-device copy bandwidth, for Q8_0, Q4_K, Q5_K, Q6_K, Q2_K,
-// Q3_K, IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S and BF16 weights of a 4096-square and the GLM-5 widths (6144 -> 2048 and 2048 -> 6144) at 1 to 512 tokens;
+// Q3_K and the IQ types with int8 kernels, and BF16 weights of a 4096-square and the GLM-5 widths (6144 -> 2048 and 2048 -> 6144) at 1 to 512 tokens;
 // for the quantized types also 16384 -> 6144, 2048 -> 16384 and the output head (6144 -> 154880)
 // at 1 to 64 tokens (32: a decode batch on the prefill kernel's 32-token tiles); and the routed
 // experts of one MoE layer (matmul_experts, 8 pairs). Beside each decode line (T <= 8) of a type
@@ -71,6 +71,9 @@ std::vector<uint8_t> random_weight(GgmlType t, int64_t n_rows, int64_t n_cols) {
     if (t == GgmlType::IQ4_XS || t == GgmlType::IQ2_XXS || t == GgmlType::IQ3_XXS || t == GgmlType::IQ3_S ||
         t == GgmlType::IQ2_XS || t == GgmlType::IQ2_S || t == GgmlType::IQ1_S)
       std::memcpy(&w[at], &small, 2);
+    if (t == GgmlType::IQ1_M)  // fp16 d in the top nibbles of the four u16 scales at 48
+      for (int k = 0; k < 4; ++k)
+        w[at + 49 + 2 * k] = uint8_t((w[at + 49 + 2 * k] & 0x0F) | (((small >> (4 * k)) & 0xF) << 4));
     if (t == GgmlType::BF16) w[at + 1] = uint8_t(0x3C + (w[at + 1] & 1));  // |x| in [2^-7, 2^-5)
   }
   return w;
@@ -200,7 +203,7 @@ int main(int argc, char** argv) {
   const int calls = quick ? 8 : 20, runs = quick ? 3 : 5;
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q2_K, GgmlType::Q3_K,
                      GgmlType::IQ4_XS, GgmlType::IQ2_XXS, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_XS,
-                     GgmlType::IQ2_S, GgmlType::IQ1_S, GgmlType::BF16}) {
+                     GgmlType::IQ2_S, GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::BF16}) {
     if (only_type && t != *only_type) continue;
     std::vector<Shape> shapes = {{4096, 4096}, {2048, 6144}, {6144, 2048}};
     if (t != GgmlType::BF16) shapes.insert(shapes.end(), {{6144, 16384}, {16384, 2048}, {154880, 6144}});
@@ -261,7 +264,8 @@ int main(int argc, char** argv) {
                                std::tuple{GgmlType::IQ3_S, int64_t(2048), int64_t(6144)},
                                std::tuple{GgmlType::IQ2_XS, int64_t(2048), int64_t(6144)},
                                std::tuple{GgmlType::IQ2_S, int64_t(2048), int64_t(6144)},
-                               std::tuple{GgmlType::IQ1_S, int64_t(2048), int64_t(6144)}}) {
+                               std::tuple{GgmlType::IQ1_S, int64_t(2048), int64_t(6144)},
+                               std::tuple{GgmlType::IQ1_M, int64_t(2048), int64_t(6144)}}) {
     if (only_type && t != *only_type) continue;
     const std::vector<uint8_t> bytes = random_weight(t, 64 * rows, cols);
     const cuda::DeviceBuffer buf = cuda::to_device(bytes);

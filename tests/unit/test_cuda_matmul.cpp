@@ -1182,7 +1182,7 @@ TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
   const bool eight_blocks = type() == GgmlType::Q6_K || type() == GgmlType::Q2_K || type() == GgmlType::Q3_K ||
                             type() == GgmlType::IQ4_XS || type() == GgmlType::IQ2_XXS || type() == GgmlType::IQ3_XXS ||
                             type() == GgmlType::IQ3_S || type() == GgmlType::IQ2_XS || type() == GgmlType::IQ2_S ||
-                            type() == GgmlType::IQ1_S;
+                            type() == GgmlType::IQ1_S || type() == GgmlType::IQ1_M;
   const bool staged_type = eight_blocks || type() == GgmlType::Q8_0;
   const auto whole_chunks = [&](int64_t n_cols) {
     return eight_blocks ? n_cols % (8 * 256) == 0 : n_cols % (32 * 32) == 0 && n_cols >= 4096;
@@ -1296,7 +1296,7 @@ TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulQ8, ::testing::Values("q8_0", "q4_K", "q5_K", "q6_K", "q2_K", "q3_K", "iq4_xs",
                                                                   "iq2_xxs", "iq3_xxs", "iq3_s", "iq2_xs", "iq2_s",
-                                                                  "iq1_s"),
+                                                                  "iq1_s", "iq1_m"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 TEST(CudaMatmulQ8Api, SupportedTypesAndRefusals) {
@@ -1308,7 +1308,8 @@ TEST(CudaMatmulQ8Api, SupportedTypesAndRefusals) {
     EXPECT_EQ(q8_supported(t), t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K ||
                                    t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::IQ4_XS ||
                                    t == GgmlType::IQ2_XXS || t == GgmlType::IQ3_XXS || t == GgmlType::IQ3_S ||
-                                   t == GgmlType::IQ2_XS || t == GgmlType::IQ2_S || t == GgmlType::IQ1_S)
+                                   t == GgmlType::IQ2_XS || t == GgmlType::IQ2_S || t == GgmlType::IQ1_S ||
+                                   t == GgmlType::IQ1_M)
         << all[i].name;
   }
   DeviceBuffer buf(1 << 16);

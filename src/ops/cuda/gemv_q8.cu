@@ -12,7 +12,8 @@
 //   Q2_K / Q3_K  the same 4 x 16 elements as Q6_K (PlanesUnit), from 16 bytes of bit planes
 //                (+ Q3_K's 16 bytes of high bits);
 //   IQ types     as Q4_K, two groups of 32 under one scale each (GroupPairUnit: IQ4_XS, IQ2_XXS,
-//                IQ3_XXS, IQ3_S, IQ1_S with its delta through the activation sums;
+//                IQ3_XXS, IQ3_S, IQ1_S with its delta through the activation sums; IQ1_M with
+//                a scale per 16 elements and a delta per 8 through the entries' sums);
 //                GroupPair16Unit, a scale per 16 elements: IQ2_XS, IQ2_S), the
 //                values looked up in IQ4_NL's levels or the type's grid (the quant tables), with
 //                their signs;
@@ -438,6 +439,7 @@ constexpr Q8Kernels kQ8Kernels[] = {
     {GgmlType::IQ2_XS, &launch_levels<IQ2XSUnit>},
     {GgmlType::IQ2_S, &launch_levels<IQ2SUnit>},
     {GgmlType::IQ1_S, &launch_levels<IQ1SUnit>},
+    {GgmlType::IQ1_M, &launch_levels<IQ1MUnit>},
 };
 
 const Q8Kernels& q8_kernels_for(GgmlType t, const char* what) {

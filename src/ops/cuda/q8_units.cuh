@@ -464,6 +464,84 @@ struct IQ1SUnit : GroupPairUnit {
   }
 };
 
+// IQ1_M, 56 bytes (8-byte aligned): qs[32]: low 8 bits of a grid index per 8 elements | qh[16]: a
+// nibble per entry (top 3 index bits, delta sign in bit 3) | u16 scales[4]: 3-bit scales per 16
+// elements (group g: bits 6 (g % 2) and 6 (g % 2) + 3 of scales[g / 2]), fp16 d in the top nibbles.
+// Element = d (2s + 1) (grid ± delta) with a delta sign per entry of 8 (gguf/quants.cpp). Each
+// half's dot takes the grid bytes as they are plus, per entry, its delta times the entry's
+// activation sum (dp4a against ones): sum g x + delta_a S_a + delta_b S_b, exact in fp32 (integers
+// and eighths under 2^21). (Session 30, without a GPU: taken only with --int8-activations until it
+// has run.)
+struct IQ1MUnit : GroupPairUnit {
+  static constexpr int kBytes = 56, kUnroll = 1;
+  struct W {
+    uint32_t v[2][2][4];  // [group 2k + r][elements 0..15 / 16..31][word]: signed bytes
+    float sc[2][2];       // [group][half]: d (2s + 1)
+    float delta[2][4];    // [group][entry]: ± delta
+  };
+  __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
+    W w;
+    const uint2 s4 = dq::ld64(b + 48);  // scales[0..1] in x, [2..3] in y
+    const uint32_t d_bits =
+        (s4.x >> 12 & 0x000F) | (s4.x >> 24 & 0x00F0) | (s4.y >> 4 & 0x0F00) | (s4.y >> 16 & 0xF000);
+    const float d = half_to_f(d_bits);
+    const uint32_t word = (k < 2 ? s4.x : s4.y) >> (16 * (k % 2));  // scales[k]: groups 2k, 2k + 1
+    const uint2 qs = dq::ld64(b + 8 * k);                          // .x: group 2k's 4 bytes, .y: 2k + 1's
+    const uint32_t qh = ld32(b + 32 + 4 * k);                      // bytes 2r, 2r + 1: group 2k + r's
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t lo = r ? qs.y : qs.x;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        w.sc[r][h] = __fmul_rn(d, int_to_f(int(2 * ((word >> (6 * r + 3 * h)) & 7) + 1)));
+#pragma unroll
+      for (int l = 0; l < 4; ++l) {  // entry l: elements 8l .. 8l + 8 of the group
+        const uint32_t nib = (qh >> (16 * r + 4 * l)) & 0x0F;
+        const uint2 g = __ldg(tb.iq1s + (((lo >> (8 * l)) & 0xFF) | ((nib & 7) << 8)));
+        w.v[r][l / 2][2 * (l % 2)] = g.x;
+        w.v[r][l / 2][2 * (l % 2) + 1] = g.y;
+        w.delta[r][l] = nib & 8 ? -tb.iq1_delta : tb.iq1_delta;
+      }
+    }
+    return w;
+  }
+  // The activation sum of words a, b of each level, joined (254 q + r), as a float (exact).
+  template <int L>
+  __device__ static float entry_sum(const int4 (&x)[L], bool second) {
+    int s = 0;
+#pragma unroll
+    for (int l = 0; l < L; ++l) {
+      const int a = second ? x[l].z : x[l].x, c = second ? x[l].w : x[l].y;
+      const int t = __dp4a(a, 0x01010101, __dp4a(c, 0x01010101, 0));
+      s = l == 0 ? t : s * kQ8LevelRatio + t;
+    }
+    return __int2float_rn(s);
+  }
+  template <int L>
+  __device__ static float fma(const W& w, const X<L>& x, float acc) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float part = 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int4 xh[L];
+        int zero[L];
+#pragma unroll
+        for (int l = 0; l < L; ++l) {
+          xh[l] = r ? x.hi[l][h] : x.lo[l][h];
+          zero[l] = 0;
+        }
+        float f = level_dot<L>(w.v[r][h], xh, zero);
+        f = __fmaf_rn(w.delta[r][2 * h], entry_sum<L>(xh, false), f);
+        f = __fmaf_rn(w.delta[r][2 * h + 1], entry_sum<L>(xh, true), f);
+        part = __fmaf_rn(w.sc[r][h], f, part);
+      }
+      acc = __fmaf_rn(x.d[r], part, acc);
+    }
+    return acc;
+  }
+};
+
 // The K-quants stored in bit planes (Q2_K, Q3_K, Q6_K): unit u = 2h + s of a 256-block covers, for
 // p = 0..3, elements 128h + 32p + 16s + [0, 16): half s of activation block 4h + p, under one
 // weight scale each. The activation side is shared: per part p and level, 16 bytes and the sum of
