@@ -1316,14 +1316,14 @@ TEST(CudaMatmulQ8Api, SupportedTypesAndRefusals) {
   DeviceQ8 x(randn(256, 9), 1, 256);
   float* y = buf.as<float>();
   QuantMatrix m;
-  m.type = GgmlType::IQ2_XS;
+  m.type = GgmlType::IQ4_NL;
   m.n_rows = 4;
   m.n_cols = 256;
   m.row_bytes = gguf::row_bytes(m.type, 256);
   m.data = buf.get();
   const std::string refused = test::error_of([&] { matmul_decode_q8(m, x.act, y, nullptr); });
-  EXPECT_NE(refused.find("iq2_xs"), std::string::npos) << refused;
-  EXPECT_NE(test::error_of([&] { matmul_experts_q8(m, 2, nullptr, 1, x.act, 1, y, nullptr); }).find("iq2_xs"),
+  EXPECT_NE(refused.find("iq4_nl"), std::string::npos) << refused;
+  EXPECT_NE(test::error_of([&] { matmul_experts_q8(m, 2, nullptr, 1, x.act, 1, y, nullptr); }).find("iq4_nl"),
             std::string::npos);
   m.type = GgmlType::Q4_K;
   m.n_cols = 512;

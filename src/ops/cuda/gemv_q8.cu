@@ -520,4 +520,10 @@ bool q8_supported(gguf::GgmlType t) {
 
 void launch_q8(GgmlType t, const MatArgs& a, cudaStream_t s) { q8_kernels_for(t, "launch_q8").launch(a, s); }
 
+std::string q8_type_names() {
+  std::string names;
+  for (const Q8Kernels& k : kQ8Kernels) names += (names.empty() ? "" : ", ") + std::string(gguf::type_name(k.type));
+  return names;
+}
+
 }  // namespace sparsemla::cuda

@@ -151,9 +151,9 @@ MatArgs checked_product(const QuantMatrix& w, const float* x, int64_t n_tokens, 
 MatArgs checked_q8_product(const QuantMatrix& w, const Q8Activations& x, int64_t n_tokens, float* y,
                            const char* what) {
   if (!q8_supported(w.type))
-    fail("cuda::{}: no int8-activation kernel for ggml type {} (id {}); supported: q8_0, q4_K, q5_K, q6_K "
-         "(use the fp32 path, matmul_decode)",
-         what, gguf::type_name(w.type), uint32_t(w.type));
+    fail("cuda::{}: no int8-activation kernel for ggml type {} (id {}); the types with one: {} (use the fp32 "
+         "path, matmul_decode)",
+         what, gguf::type_name(w.type), uint32_t(w.type), q8_type_names());
   if (n_tokens < 0) fail("cuda::{}: negative token count {}", what, n_tokens);
   MatArgs a = checked_args(w, what);
   if (x.n_cols != w.n_cols)

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "gguf/ggml_types.h"
 #include "ops/cuda/check.cuh"
@@ -219,6 +220,8 @@ inline bool mma_takes_three_blocks(int64_t n_rows, int64_t n_items, int sm_count
 // The int8-activation decode kernel (gemv_q8.cu) for the types q8_supported() names: a.xq, a.xr and
 // a.xb instead of a.x; one token, or one per expert pair, with several products.
 void launch_q8(gguf::GgmlType t, const MatArgs& a, cudaStream_t s);
+// The names of the types it takes, comma separated (for errors).
+std::string q8_type_names();
 // Its one-token tensor-core form (gemv_q8_mma.cu; the types q8_one_token_supported() names): one
 // token, or one per expert pair, with several products.
 void launch_q8_one(gguf::GgmlType t, const MatArgs& a, cudaStream_t s);
