@@ -226,6 +226,12 @@ struct IQ4XSUnit : GroupPairUnit {
   }
 };
 
+// Groups 2k and 2k + 1 of an array of 8 bytes per group at p (2-byte aligned): [group][word].
+__device__ __forceinline__ void group_pair_bytes8(const uint8_t* p, int k, uint32_t (&v)[2][2]) {
+  const uint2 a = dq::ld64_a2(p + 16 * k), c = dq::ld64_a2(p + 16 * k + 8);
+  v[0][0] = a.x, v[0][1] = a.y, v[1][0] = c.x, v[1][1] = c.y;
+}
+
 // IQ2_XXS, 66 bytes (2-byte aligned): fp16 d | 8 groups of 32 as 8 bytes each: 4 grid indices (8
 // consecutive elements each, magnitudes from the 256-entry grid) | u32 with four 7-bit sign indices
 // (bits 7l) and the 4-bit scale s (bits 28..31). Element = d (0.5 + s) / 4 * magnitude * sign.
@@ -247,8 +253,9 @@ struct IQ2XXSUnit : GroupPairUnit {
     const float d = half_to_f(ld16(b));
     // Groups 2k, 2k + 1: {indices, aux} each (ld64_a2 reads no byte past them; ld128_a2's fifth
     // word would pass the block's end for k = 3).
-    const uint2 q0 = dq::ld64_a2(b + 2 + 16 * k), q1 = dq::ld64_a2(b + 10 + 16 * k);
-    const uint32_t idx[2] = {q0.x, q1.x}, aux[2] = {q0.y, q1.y};
+    uint32_t qa[2][2];
+    group_pair_bytes8(b + 2, k, qa);
+    const uint32_t idx[2] = {qa[0][0], qa[1][0]}, aux[2] = {qa[0][1], qa[1][1]};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       w.sc[r] = __fmul_rn(__fmul_rn(d, __fadd_rn(0.5f, int_to_f(int(aux[r] >> 28)))), 0.25f);
@@ -264,13 +271,16 @@ struct IQ2XXSUnit : GroupPairUnit {
   }
 };
 
+// The units below up to IQ1MUnit (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) were written in
+// session 30 without a GPU: their decoding is checked on the host (tests/host_emulation) and the
+// model takes them only with --int8-activations until they have run on one (GpuModel::q8_levels).
+
 // IQ3_XXS, 98 bytes (2-byte aligned): fp16 d | qs[64]: 8 grid indices per group of 32 (4
 // consecutive elements each, magnitudes from the 256-entry grid) | 8 u32, one per group: four 7-bit
 // sign indices (bits 7l, each for the 8 elements of indices 2l and 2l + 1) and the 4-bit scale s
 // (bits 28..31). Element = d (0.5 + s) / 2 * magnitude * sign (gguf/quants.cpp). Quarter k (unit
 // u = k) holds groups 2k and 2k + 1, as IQ2_XXS's; the magnitudes (4..62) enter the dot products
-// as signed bytes, negated as IQ2XXSUnit::signed4 negates them. (Written in session 30 without a
-// GPU: taken only with --int8-activations until it has run; GpuModel::q8_levels.)
+// as signed bytes, negated as IQ2XXSUnit::signed4 negates them.
 struct IQ3XXSUnit : GroupPairUnit {
   static constexpr int kBytes = 98, kUnroll = 1;
   __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
@@ -278,9 +288,10 @@ struct IQ3XXSUnit : GroupPairUnit {
     const float d = half_to_f(ld16(b));
     // Groups 2k, 2k + 1: their 8 grid indices each, and their two aux words (ld64_a2 reads bytes
     // [p - 2, p + 8): inside the block).
-    const uint2 q0 = dq::ld64_a2(b + 2 + 16 * k), q1 = dq::ld64_a2(b + 10 + 16 * k);
+    uint32_t idx[2][2];
+    group_pair_bytes8(b + 2, k, idx);
     const uint2 aux = dq::ld64_a2(b + 66 + 8 * k);
-    const uint32_t idx[2][2] = {{q0.x, q0.y}, {q1.x, q1.y}}, au[2] = {aux.x, aux.y};
+    const uint32_t au[2] = {aux.x, aux.y};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       w.sc[r] = __fmul_rn(__fmul_rn(d, __fadd_rn(0.5f, int_to_f(int(au[r] >> 28)))), 0.5f);
@@ -301,18 +312,18 @@ struct IQ3XXSUnit : GroupPairUnit {
 // 32 (4 consecutive elements each) | qh[8]: their ninth bits, a byte per group | signs[32]: a sign
 // byte per 8 elements (entries 2m, 2m + 1 of a group: byte m, bits 0..3 and 4..7) | scales[4]: a
 // nibble s per group. Element = d (1 + 2s) * magnitude * sign (gguf/quants.cpp). Quarter k holds
-// groups 2k and 2k + 1, as IQ3_XXS's; magnitudes (1..15) as signed bytes. (Session 30, without a
-// GPU: taken only with --int8-activations until it has run.)
+// groups 2k and 2k + 1, as IQ3_XXS's; magnitudes (1..15) as signed bytes.
 struct IQ3SUnit : GroupPairUnit {
   static constexpr int kBytes = 110, kUnroll = 1;
   __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
     W w;
     const float d = half_to_f(ld16(b));
-    const uint2 q0 = dq::ld64_a2(b + 2 + 16 * k), q1 = dq::ld64_a2(b + 10 + 16 * k);
-    const uint32_t qh = ld16(b + 66 + 2 * k);             // byte r: group 2k + r's ninth bits
-    const uint2 sg = dq::ld64_a2(b + 74 + 8 * k);         // .x: group 2k's sign bytes, .y: 2k + 1's
-    const uint32_t scales = dq::ld8(b + 106 + k);         // nibble r: group 2k + r's scale
-    const uint32_t idx[2][2] = {{q0.x, q0.y}, {q1.x, q1.y}}, signs[2] = {sg.x, sg.y};
+    uint32_t idx[2][2];
+    group_pair_bytes8(b + 2, k, idx);
+    const uint32_t qh = ld16(b + 66 + 2 * k);      // byte r: group 2k + r's ninth bits
+    const uint2 sg = dq::ld64_a2(b + 74 + 8 * k);  // .x: group 2k's sign bytes, .y: 2k + 1's
+    const uint32_t scales = dq::ld8(b + 106 + k);  // nibble r: group 2k + r's scale
+    const uint32_t signs[2] = {sg.x, sg.y};
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       w.sc[r] = __fmul_rn(d, int_to_f(1 + 2 * int((scales >> (4 * r)) & 0x0F)));
@@ -367,14 +378,14 @@ __device__ __forceinline__ void signed_entry8(uint2 g, uint32_t signs, uint32_t*
 
 // IQ2_XS, 74 bytes (2-byte aligned): fp16 d | u16 qs[32]: per 8 elements a 9-bit grid index (8
 // magnitudes) and a 7-bit sign index (bits 9..15) | scales[8]: a nibble s per 16 elements (group
-// g's byte, low nibble first). Element = d (0.5 + s) / 4 * magnitude * sign. (Session 30, without a
-// GPU: taken only with --int8-activations until it has run.)
+// g's byte, low nibble first). Element = d (0.5 + s) / 4 * magnitude * sign.
 struct IQ2XSUnit : GroupPair16Unit {
   static constexpr int kBytes = 74, kUnroll = 1;
   __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
     W w;
     const float d = half_to_f(ld16(b));
-    const uint2 q[2] = {dq::ld64_a2(b + 2 + 16 * k), dq::ld64_a2(b + 10 + 16 * k)};  // groups 2k, 2k + 1
+    uint32_t q[2][2];  // groups 2k, 2k + 1: their four u16 entries
+    group_pair_bytes8(b + 2, k, q);
     const uint32_t scales = ld16(b + 66 + 2 * k);  // byte r: group 2k + r's two nibbles
 #pragma unroll
     for (int r = 0; r < 2; ++r)
@@ -382,7 +393,7 @@ struct IQ2XSUnit : GroupPair16Unit {
       for (int h = 0; h < 2; ++h) {
         const int s = int((scales >> (8 * r + 4 * h)) & 0x0F);
         w.sc[r][h] = __fmul_rn(__fmul_rn(d, __fadd_rn(0.5f, int_to_f(s))), 0.25f);
-        const uint32_t two = h ? q[r].y : q[r].x;  // entries 2h, 2h + 1
+        const uint32_t two = q[r][h];  // entries 2h, 2h + 1
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const uint32_t e = (two >> (16 * j)) & 0xFFFF;
@@ -395,8 +406,7 @@ struct IQ2XSUnit : GroupPair16Unit {
 
 // IQ2_S, 82 bytes (2-byte aligned): fp16 d | qs[32]: low 8 bits of a grid index per 8 elements |
 // signs[32]: a sign byte per 8 elements | qh[8]: the indices' top 2 bits (group g's byte, bits 2l) |
-// scales[8]: a nibble s per 16 elements. Element = d (0.5 + s) / 4 * magnitude * sign. (Session 30,
-// without a GPU: taken only with --int8-activations until it has run.)
+// scales[8]: a nibble s per 16 elements. Element = d (0.5 + s) / 4 * magnitude * sign.
 struct IQ2SUnit : GroupPair16Unit {
   static constexpr int kBytes = 82, kUnroll = 1;
   __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
@@ -428,8 +438,7 @@ struct IQ2SUnit : GroupPair16Unit {
 // 12..14), delta sign (bit 15). Element = d (2s + 1) (grid ± delta), the grid values -1, 0, 1 as
 // signed bytes (gguf/quants.cpp). The dp4a dots take the grid bytes as they are and the delta
 // through the activation block's sum: sum (g + delta) x = sum g x + delta sum x. Quarter k holds
-// groups 2k and 2k + 1, as IQ2_XXS's. (Session 30, without a GPU: taken only with
-// --int8-activations until it has run.)
+// groups 2k and 2k + 1, as IQ2_XXS's.
 struct IQ1SUnit : GroupPairUnit {
   static constexpr int kBytes = 50, kUnroll = 1;
   struct W {
@@ -470,8 +479,7 @@ struct IQ1SUnit : GroupPairUnit {
 // Element = d (2s + 1) (grid ± delta) with a delta sign per entry of 8 (gguf/quants.cpp). Each
 // half's dot takes the grid bytes as they are plus, per entry, its delta times the entry's
 // activation sum (dp4a against ones): sum g x + delta_a S_a + delta_b S_b, exact in fp32 (integers
-// and eighths under 2^21). (Session 30, without a GPU: taken only with --int8-activations until it
-// has run.)
+// and eighths under 2^21).
 struct IQ1MUnit : GroupPairUnit {
   static constexpr int kBytes = 56, kUnroll = 1;
   struct W {

@@ -65,23 +65,14 @@ inline float __fsub_rn(float a, float b) {
 }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline float __int2float_rn(int i) { return float(i); }
-inline float __int_as_float(int i) {
-  float f;
-  std::memcpy(&f, &i, 4);
-  return f;
+template <class To, class From>
+inline To bits_as(From v) {
+  static_assert(sizeof(To) == sizeof(From));
+  To t;
+  std::memcpy(&t, &v, sizeof t);
+  return t;
 }
-inline float __uint_as_float(uint32_t i) {
-  float f;
-  std::memcpy(&f, &i, 4);
-  return f;
-}
-inline uint32_t __float_as_uint(float f) {
-  uint32_t i;
-  std::memcpy(&i, &f, 4);
-  return i;
-}
-inline int __float_as_int(float f) {
-  int i;
-  std::memcpy(&i, &f, 4);
-  return i;
-}
+inline float __int_as_float(int i) { return bits_as<float>(i); }
+inline float __uint_as_float(uint32_t i) { return bits_as<float>(i); }
+inline uint32_t __float_as_uint(float f) { return bits_as<uint32_t>(f); }
+inline int __float_as_int(float f) { return bits_as<int>(f); }
