@@ -69,7 +69,8 @@ std::vector<uint8_t> random_weight(GgmlType t, int64_t n_rows, int64_t n_cols) {
     }
     if (t == GgmlType::Q3_K) std::memcpy(&w[at + 108], &small, 2);
     if (t == GgmlType::IQ4_XS || t == GgmlType::IQ2_XXS || t == GgmlType::IQ3_XXS || t == GgmlType::IQ3_S ||
-        t == GgmlType::IQ2_XS || t == GgmlType::IQ2_S || t == GgmlType::IQ1_S)
+        t == GgmlType::IQ2_XS || t == GgmlType::IQ2_S || t == GgmlType::IQ1_S || t == GgmlType::Q4_0 ||
+        t == GgmlType::IQ4_NL)
       std::memcpy(&w[at], &small, 2);
     if (t == GgmlType::IQ1_M)  // fp16 d in the top nibbles of the four u16 scales at 48
       for (int k = 0; k < 4; ++k)
@@ -203,7 +204,8 @@ int main(int argc, char** argv) {
   const int calls = quick ? 8 : 20, runs = quick ? 3 : 5;
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q2_K, GgmlType::Q3_K,
                      GgmlType::IQ4_XS, GgmlType::IQ2_XXS, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_XS,
-                     GgmlType::IQ2_S, GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::BF16}) {
+                     GgmlType::IQ2_S, GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::Q4_0, GgmlType::IQ4_NL,
+                     GgmlType::BF16}) {
     if (only_type && t != *only_type) continue;
     std::vector<Shape> shapes = {{4096, 4096}, {2048, 6144}, {6144, 2048}};
     if (t != GgmlType::BF16) shapes.insert(shapes.end(), {{6144, 16384}, {16384, 2048}, {154880, 6144}});

@@ -156,6 +156,8 @@ TEST(Q8UnitsOnTheHost, UnitDotsMatchTheCpuDequantizerAndStayInsideTheirBlocks) {
   check_unit<IQ2SUnit>(GgmlType::IQ2_S);
   check_unit<IQ1SUnit>(GgmlType::IQ1_S);
   check_unit<IQ1MUnit>(GgmlType::IQ1_M);
+  check_unit<Q40Unit>(GgmlType::Q4_0);
+  check_unit<IQ4NLUnit>(GgmlType::IQ4_NL);
 }
 
 // The check above can fail: a unit that decodes one element of each block wrongly (its first

@@ -876,7 +876,7 @@ TEST_P(CudaMatmulQ8, MatchesProductWithDequantizedActivations) {
   SPARSEMLA_REQUIRE_GPU();
   ASSERT_TRUE(q8_supported(type()));
   std::vector<Shape> shapes = {{67, 768}, {131, 256}, {19, 8960}, {2048, 6144}, {6144, 2048}};
-  if (type() == GgmlType::Q8_0) shapes.push_back({33, 160});
+  if (gguf::traits(type()).block_size == 32) shapes.push_back({33, 160});  // (Q8_0, Q4_0, IQ4_NL)
   uint32_t seed = 500;
   double worst_fp32[2] = {0.0, 0.0};
   for (const Shape& sh : shapes) {
@@ -1183,7 +1183,9 @@ TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
                             type() == GgmlType::IQ4_XS || type() == GgmlType::IQ2_XXS || type() == GgmlType::IQ3_XXS ||
                             type() == GgmlType::IQ3_S || type() == GgmlType::IQ2_XS || type() == GgmlType::IQ2_S ||
                             type() == GgmlType::IQ1_S || type() == GgmlType::IQ1_M;
-  const bool staged_type = eight_blocks || type() == GgmlType::Q8_0;
+  // (Q4_0 and IQ4_NL: 32 blocks per chunk from 4096 columns, as Q8_0.)
+  const bool staged_type =
+      eight_blocks || type() == GgmlType::Q8_0 || type() == GgmlType::Q4_0 || type() == GgmlType::IQ4_NL;
   const auto whole_chunks = [&](int64_t n_cols) {
     return eight_blocks ? n_cols % (8 * 256) == 0 : n_cols % (32 * 32) == 0 && n_cols >= 4096;
   };
@@ -1296,7 +1298,7 @@ TEST_P(CudaMatmulQ8, StagedLoadsGiveTheUnstagedBits) {
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaMatmulQ8, ::testing::Values("q8_0", "q4_K", "q5_K", "q6_K", "q2_K", "q3_K", "iq4_xs",
                                                                   "iq2_xxs", "iq3_xxs", "iq3_s", "iq2_xs", "iq2_s",
-                                                                  "iq1_s", "iq1_m"),
+                                                                  "iq1_s", "iq1_m", "q4_0", "iq4_nl"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 TEST(CudaMatmulQ8Api, SupportedTypesAndRefusals) {
@@ -1309,21 +1311,21 @@ TEST(CudaMatmulQ8Api, SupportedTypesAndRefusals) {
                                    t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::IQ4_XS ||
                                    t == GgmlType::IQ2_XXS || t == GgmlType::IQ3_XXS || t == GgmlType::IQ3_S ||
                                    t == GgmlType::IQ2_XS || t == GgmlType::IQ2_S || t == GgmlType::IQ1_S ||
-                                   t == GgmlType::IQ1_M)
+                                   t == GgmlType::IQ1_M || t == GgmlType::Q4_0 || t == GgmlType::IQ4_NL)
         << all[i].name;
   }
   DeviceBuffer buf(1 << 16);
   DeviceQ8 x(randn(256, 9), 1, 256);
   float* y = buf.as<float>();
   QuantMatrix m;
-  m.type = GgmlType::IQ4_NL;
+  m.type = GgmlType::MXFP4;
   m.n_rows = 4;
   m.n_cols = 256;
   m.row_bytes = gguf::row_bytes(m.type, 256);
   m.data = buf.get();
   const std::string refused = test::error_of([&] { matmul_decode_q8(m, x.act, y, nullptr); });
-  EXPECT_NE(refused.find("iq4_nl"), std::string::npos) << refused;
-  EXPECT_NE(test::error_of([&] { matmul_experts_q8(m, 2, nullptr, 1, x.act, 1, y, nullptr); }).find("iq4_nl"),
+  EXPECT_NE(refused.find("mxfp4"), std::string::npos) << refused;
+  EXPECT_NE(test::error_of([&] { matmul_experts_q8(m, 2, nullptr, 1, x.act, 1, y, nullptr); }).find("mxfp4"),
             std::string::npos);
   m.type = GgmlType::Q4_K;
   m.n_cols = 512;

@@ -1214,8 +1214,8 @@ void GpuModel::indexer(int32_t il, GpuCache& cache) {
 
 int GpuModel::q8_levels(gguf::GgmlType t) const {
   if (opts_.precise || !cuda::q8_supported(t)) return 0;
-  // (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S and IQ1_M, whose int8 kernels were written in session 30
-  // without a GPU, only here until they have run.)
+  // (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, Q4_0 and IQ4_NL, whose int8 kernels were written
+  // in session 30 without a GPU, only here until they have run.)
   if (opts_.int8_activations) return 1;
   if (!opts_.q8_two_level) return 0;
   // Q8_0 and Q5_K: the types without a multi-token tensor-core decode kernel, whose fp32 kernel the

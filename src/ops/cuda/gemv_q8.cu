@@ -17,7 +17,9 @@
 //                GroupPair16Unit, a scale per 16 elements: IQ2_XS, IQ2_S), the
 //                values looked up in IQ4_NL's levels or the type's grid (the quant tables), with
 //                their signs;
-//   Q8_0         one 32-block, 32 bytes read as aligned words.
+//   Q8_0         one 32-block, 32 bytes read as aligned words;
+//   Q4_0 /       one 32-block, 16 bytes of nibbles (Nibbles32Unit): Q4_0's - 8 through the block's
+//   IQ4_NL       activation sum, IQ4_NL's levels looked up as IQ4_XS's.
 // Per row and token: one __dp4a per 4 elements into an int32 dot, then per sub-block
 //   acc += (d_w sc) * d_x * dot  [- (dmin m) * (d_x sum_x) for Q4_K/Q5_K/Q2_K]
 // in fp32. The integer dots are exact; an activation load (16 bytes, through L1) feeds all R rows.
@@ -440,6 +442,8 @@ constexpr Q8Kernels kQ8Kernels[] = {
     {GgmlType::IQ2_S, &launch_levels<IQ2SUnit>},
     {GgmlType::IQ1_S, &launch_levels<IQ1SUnit>},
     {GgmlType::IQ1_M, &launch_levels<IQ1MUnit>},
+    {GgmlType::Q4_0, &launch_levels<Q40Unit>},
+    {GgmlType::IQ4_NL, &launch_levels<IQ4NLUnit>},
 };
 
 const Q8Kernels& q8_kernels_for(GgmlType t, const char* what) {

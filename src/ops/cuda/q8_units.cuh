@@ -777,4 +777,86 @@ struct Q80Unit {
   }
 };
 
+// Q4_0 and IQ4_NL, 18 bytes (2-byte aligned): fp16 d | qs[16]: element j of the block in the low
+// nibble of byte j, element 16 + j in its high nibble. One unit per block (Q8_0's activation side,
+// plus the block's sum for Q4_0's - 8). Q4_0: element = d (q - 8), the dot taken as sum q x - 8 sum
+// x in int32; IQ4_NL: element = d level(q), the levels looked up as IQ4_XS's. (Session 30, without
+// a GPU: checked on the host, tests/host_emulation; the model takes them only with
+// --int8-activations until they have run. Staged from 4096 columns, as Q8_0, unmeasured.)
+struct Nibbles32Unit {
+  static constexpr int kBlock = 32, kBytes = 18, kUnitsPerBlock = 1, kUnroll = 4;
+  static constexpr int64_t kStagedMinCols = 4096;
+  struct W {
+    uint32_t q[2][4];  // [elements 0..15 / 16..31][word]
+    float d;
+  };
+  template <int L>
+  struct X {
+    int4 q[L][2];
+    float d;
+    int sum;  // the block's sum (both levels joined: 254 q + r)
+  };
+  // The 16 nibble bytes (ld64_a2 reads [p - 2, p + 8): inside the block).
+  __device__ static void nibbles(const uint8_t* b, uint32_t (&v)[4]) {
+    const uint2 a = dq::ld64_a2(b + 2), c = dq::ld64_a2(b + 10);
+    v[0] = a.x, v[1] = a.y, v[2] = c.x, v[3] = c.y;
+  }
+  template <int L, bool S = false>
+  __device__ static X<L> load_x(const TokenX<L, S>& t, int64_t blk, int) {
+    X<L> x;
+#pragma unroll
+    for (int l = 0; l < L; ++l) {
+      const int4* p = reinterpret_cast<const int4*>(t.q[l] + 32 * blk);
+      x.q[l][0] = t.ld(p), x.q[l][1] = t.ld(p + 1);
+    }
+    const int2 s = t.ld(t.xb + blk);
+    x.d = __int_as_float(s.x);
+    x.sum = s.y;
+    return x;
+  }
+  // The joined integer dot of the block (254 q + r with two levels).
+  template <int L>
+  __device__ static int int_dot(const W& w, const X<L>& x) {
+    int d = dot16(w.q[1], x.q[0][1], dot16(w.q[0], x.q[0][0], 0));
+    if constexpr (L == 2) d = dot16(w.q[1], x.q[1][1], dot16(w.q[0], x.q[1][0], d * kQ8LevelRatio));
+    return d;
+  }
+};
+
+struct Q40Unit : Nibbles32Unit {
+  __device__ static W load(const uint8_t* b, int, const QuantTables&) {
+    W w;
+    w.d = half_to_f(ld16(b));
+    uint32_t v[4];
+    nibbles(b, v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w.q[0][i] = v[i] & 0x0F0F0F0Fu, w.q[1][i] = (v[i] >> 4) & 0x0F0F0F0Fu;
+    return w;
+  }
+  template <int L>
+  __device__ static float fma(const W& w, const X<L>& x, float acc) {
+    // |dot| <= 32 x 15 x 32385 and 8 |sum| <= 8 x 32 x 32385: int32, converted once (rounded past 2^24).
+    return __fmaf_rn(__fmul_rn(w.d, x.d), __int2float_rn(int_dot<L>(w, x) - 8 * x.sum), acc);
+  }
+};
+
+struct IQ4NLUnit : Nibbles32Unit {
+  __device__ static W load(const uint8_t* b, int, const QuantTables&) {
+    W w;
+    w.d = half_to_f(ld16(b));
+    uint32_t v[4];
+    nibbles(b, v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint2 lv = IQ4XSUnit::table16(v[i]);
+      w.q[0][i] = lv.x, w.q[1][i] = lv.y;
+    }
+    return w;
+  }
+  template <int L>
+  __device__ static float fma(const W& w, const X<L>& x, float acc) {
+    return __fmaf_rn(__fmul_rn(w.d, x.d), __int2float_rn(int_dot<L>(w, x)), acc);
+  }
+};
+
 }  // namespace sparsemla::cuda::q8units

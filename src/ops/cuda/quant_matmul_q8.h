@@ -89,8 +89,9 @@ void quantize_activations(const float* x, int64_t n_tokens, int64_t n_cols, Q8Ac
                           int levels = 1);
 
 // Whether matmul_decode_q8 / matmul_experts_q8 take this weight type: Q8_0, Q4_K, Q5_K, Q6_K, Q2_K,
-// Q3_K, IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M (the last six written in
-// session 30 without a GPU: the model takes them only with --int8-activations until they have run).
+// Q3_K, IQ4_XS, IQ2_XXS, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, Q4_0, IQ4_NL (the last eight
+// written in session 30 without a GPU: the model takes them only with --int8-activations until they
+// have run).
 // Other types stay on the fp32 path (matmul_decode); the caller checks.
 bool q8_supported(gguf::GgmlType t);
 bool q8_one_token_supported(gguf::GgmlType t);
