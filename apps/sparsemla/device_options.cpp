@@ -21,8 +21,9 @@ void add_device_options(CLI::App* cmd, DeviceArgs& a) {
                 "GPU: fp32 matrix products at every batch size and the fp32 FMA attention/indexer kernels (slower; with "
                 "--kv-cache f32 the GPU computes what the CPU does, to fp32 rounding)");
   cmd->add_flag("--int8-activations", a.int8_activations,
-                "GPU decode steps: Q8_0/Q4_K/Q5_K/Q6_K products on activations quantized to int8 blocks of 32 "
-                "(dp4a, as llama.cpp does): 7-10% shorter decode steps at GLM-5 width (H200), ~1e-2 relative error per product");
+                "GPU decode steps: the products of every type with an int8 kernel (Q8_0, Q4_0, IQ4_NL, the K-quants, "
+                "the IQ1-IQ4 types) on activations quantized to int8 blocks of 32 (dp4a, as llama.cpp does): 7-10% "
+                "shorter decode steps at GLM-5 width (H200), ~1e-2 relative error per product");
   cmd->add_flag("--verbose", a.verbose, "print the GPU kernel selection and memory report");
   add_process_group_options(cmd, a);
 }

@@ -89,13 +89,15 @@ struct GpuModelOptions {
   // indexer kernels, instead of bf16 tensor-core products for prefill: slower, and the closest the
   // GPU comes to the CPU's arithmetic (what the tests compare strictly). The caches stay as chosen.
   bool precise = false;
-  // Decode batches (up to cuda::kDecodeMaxTokens = 8 tokens) multiply Q8_0, Q2_K-Q6_K, IQ4_XS and
-  // IQ2_XXS weights with activations quantized to int8 blocks of 32 (dp4a,
-  // ops/cuda/quant_matmul_q8.h; llama.cpp's scheme): about 3x fewer instructions per weight than the fp32 kernels, more loads in flight than
-  // the one-token tensor-core kernel; decode steps 7-10% shorter on the GLM-5-width test model (H200,
-  // session 18), at ~1e-2 relative error per product from the activations' rounding (the bundled
-  // model's perplexity +0.2%). Off by default: the fp32-activation products are what the accuracy targets
-  // are stated for. `--int8-activations`; never in precise mode.
+  // Decode batches (up to cuda::kDecodeMaxTokens = 8 tokens) multiply the weights of every type with
+  // an int8 kernel (cuda::q8_supported: Q8_0, Q2_K-Q6_K, Q4_0, IQ4_NL, IQ4_XS and the IQ1-IQ3
+  // types; those of session 30 not yet run on a GPU) with activations quantized to int8 blocks of 32
+  // (dp4a, ops/cuda/quant_matmul_q8.h; llama.cpp's scheme): about 3x fewer instructions per weight
+  // than the fp32 kernels, more loads in flight than the one-token tensor-core kernel; decode steps
+  // 7-10% shorter on the GLM-5-width test model (H200, session 18), at ~1e-2 relative error per
+  // product from the activations' rounding (the bundled model's perplexity +0.2%). Off by default:
+  // the fp32-activation products are what the accuracy targets are stated for.
+  // `--int8-activations`; never in precise mode.
   bool int8_activations = false;
   // In the fast mode, decode products (up to 8 tokens, and the experts of batches up to 64) of Q8_0,
   // Q5_K, Q2_K, Q3_K, IQ4_XS and IQ2_XXS weights take their activations as two-level int8 blocks
