@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "../unit/quant_test_util.h"
+#include "host_tables.h"
 #include "gguf/ggml_types.h"
-#include "gguf/quant_tables.h"
 #include "gguf/quants.h"
 #include "ops/cuda/q8_units.cuh"
 
@@ -32,21 +32,7 @@ namespace {
 
 using gguf::GgmlType;
 using namespace q8units;
-
-QuantTables host_tables() {
-  namespace tb = gguf::tables;
-  QuantTables t;
-  t.iq2xxs = reinterpret_cast<const uint2*>(tb::kIq2xxsGrid);
-  t.iq2xs = reinterpret_cast<const uint2*>(tb::kIq2xsGrid);
-  t.iq2s = reinterpret_cast<const uint2*>(tb::kIq2sGrid);
-  t.iq3xxs = reinterpret_cast<const uint32_t*>(tb::kIq3xxsGrid);
-  t.iq3s = reinterpret_cast<const uint32_t*>(tb::kIq3sGrid);
-  t.iq1s = reinterpret_cast<const uint2*>(tb::kIq1sGrid);
-  std::memcpy(t.iq4nl, tb::kIq4nlValues, 16);
-  std::memcpy(t.mxfp4, tb::kMxfp4Values, 16);
-  t.iq1_delta = tb::kIq1Delta;
-  return t;
-}
+using test_q8::host_tables;
 
 // One token's activations on L levels in the layout the units read (TokenX): q[l] rows and the
 // blocks' {scale, sum}; x_hat their dequantized values.

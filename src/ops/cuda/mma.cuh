@@ -1,6 +1,6 @@
-// Tensor-core building blocks every NVIDIA GPU from SM80 has (mma.sync, ldmatrix, cp.async), and
-// number conversions shared by the attention kernels. Fragment layouts (m16n8k16, 32 lanes,
-// g = lane / 4, q = lane % 4):
+// Tensor-core building blocks every NVIDIA GPU from SM80 has (mma.sync, ldmatrix, and cp.async from
+// cp_async.cuh), and number conversions shared by the attention kernels. Fragment layouts
+// (m16n8k16, 32 lanes, g = lane / 4, q = lane % 4):
 //   A (16x16, row-major)  a0: [g][2q..2q+1]  a1: [g+8][2q..]  a2: [g][2q+8..]  a3: [g+8][2q+8..]
 //   B (16x8, k x n)       b0: [k=2q..2q+1][n=g]               b1: [k=2q+8..2q+9][n=g]
 //   C (16x8, fp32)        c0,c1: [g][2q, 2q+1]                c2,c3: [g+8][2q, 2q+1]
@@ -9,6 +9,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cstdint>
+
+#include "ops/cuda/cp_async.cuh"
 
 namespace sparsemla::cuda {
 
@@ -39,27 +41,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const uint32_t addr = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(gmem));
-}
-// The same through L1 (cached there): for data many blocks of an SM read, such as a token's queries.
-__device__ __forceinline__ void cp_async16_l1(void* smem, const void* gmem) {
-  const uint32_t addr = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(addr), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  const uint32_t addr = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(addr), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait_group() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 // Named barrier `id` (1..15; 0 is __syncthreads) of `threads` threads: sync waits for all of them;

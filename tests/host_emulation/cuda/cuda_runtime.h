@@ -1,18 +1,32 @@
-// Host stand-ins for the few CUDA names that the int8 decode units (src/ops/cuda/q8_units.cuh) and
-// the dequantizers they use (dequant.cuh) need, with the device's arithmetic: dp4a, byte permutes,
-// fp32 operations rounded once to nearest (no contraction), fp16 conversion. Only for
-// test_q8_units_host.cpp, which compiles those headers with the host compiler; never on the
-// include path of the engine. (Names with double underscores are the CUDA ones being stood in for.)
+// Host stand-ins for the CUDA names that the kernels the host emulation builds use, with the
+// device's arithmetic: dp4a, byte permutes, fp32 operations rounded once to nearest (no
+// contraction), fp16 conversion; and, through emu.h, the thread indices, __syncthreads, the warp
+// collectives and dynamic shared memory. Only for the tests in tests/host_emulation, which compile
+// device headers with the host compiler; never on the include path of the engine. (Names with
+// double underscores are the CUDA ones being stood in for.) Beside this file, ops/cuda/ stands in
+// for the device headers that are all inline assembly (cp_async.cuh, pdl.cuh).
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+
+#include "emu.h"
 
 #define __device__
 #define __host__
 #define __global__
+#define __shared__
 #define __forceinline__ inline
-#define __align__(x) alignas(x)
+#define __align__(x) __attribute__((aligned(x)))
+#define __launch_bounds__(...)
+
+#define threadIdx (::emu::thread_idx())
+#define blockIdx (::emu::Runner::current().block_idx())
+#define blockDim (::emu::Runner::current().block_dim())
+#define gridDim (::emu::Runner::current().grid_dim())
+inline void __syncthreads() { ::emu::Runner::current().sync_block(); }
 
 struct alignas(8) uint2 {
   uint32_t x, y;
@@ -76,3 +90,68 @@ inline float __int_as_float(int i) { return bits_as<float>(i); }
 inline float __uint_as_float(uint32_t i) { return bits_as<float>(i); }
 inline uint32_t __float_as_uint(float f) { return bits_as<uint32_t>(f); }
 inline int __float_as_int(float f) { return bits_as<int>(f); }
+
+inline float __fdiv_rn(float a, float b) {
+  volatile float r = a / b;
+  return r;
+}
+// Round to nearest even (the host's default rounding mode).
+inline int __float2int_rn(float f) { return int(std::nearbyint(f)); }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// Warp collectives, over all 32 lanes only (what the kernels use).
+namespace emu {
+inline void full_mask(unsigned mask, const char* what) {
+  if (mask != 0xFFFFFFFFu) {
+    std::fprintf(stderr, "emu: %s with mask %08x: only full warps are emulated\n", what, mask);
+    std::abort();
+  }
+}
+template <class T, class Op>
+T warp_reduce(unsigned mask, T v, const char* what, Op op) {
+  full_mask(mask, what);
+  T all[32];
+  Runner::current().warp_exchange(v, all);
+  T r = all[0];
+  for (int l = 1; l < 32; ++l) r = op(r, all[l]);
+  return r;
+}
+template <class T>
+T warp_lane(unsigned mask, T v, int src, const char* what) {
+  full_mask(mask, what);
+  T all[32];
+  Runner::current().warp_exchange(v, all);
+  return all[src & 31];
+}
+inline int lane_id() { return Runner::current().self().linear % 32; }
+}  // namespace emu
+
+inline unsigned __reduce_max_sync(unsigned mask, unsigned v) {
+  return emu::warp_reduce(mask, v, "__reduce_max_sync", [](unsigned a, unsigned b) { return a > b ? a : b; });
+}
+inline int __reduce_max_sync(unsigned mask, int v) {
+  return emu::warp_reduce(mask, v, "__reduce_max_sync", [](int a, int b) { return a > b ? a : b; });
+}
+inline unsigned __reduce_add_sync(unsigned mask, unsigned v) {
+  return emu::warp_reduce(mask, v, "__reduce_add_sync", [](unsigned a, unsigned b) { return a + b; });
+}
+inline int __reduce_add_sync(unsigned mask, int v) {
+  return emu::warp_reduce(mask, v, "__reduce_add_sync", [](int a, int b) { return int(unsigned(a) + unsigned(b)); });
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  return emu::warp_lane(mask, v, (emu::lane_id() ^ lane_mask) & (width - 1) | (emu::lane_id() & ~(width - 1)),
+                        "__shfl_xor_sync");
+}
+template <class T>
+T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+  return emu::warp_lane(mask, v, (src & (width - 1)) | (emu::lane_id() & ~(width - 1)), "__shfl_sync");
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  const int l = emu::lane_id(), in = l % width + int(delta);
+  return emu::warp_lane(mask, v, in < width ? l + int(delta) : l, "__shfl_down_sync");
+}
