@@ -21,7 +21,6 @@
 #include <string>
 #include <vector>
 
-EMU_DYNAMIC_SHARED(sparsemla::cuda::absorb, sm)
 #include "../unit/quant_test_util.h"
 #include "gguf/ggml_types.h"
 #include "gguf/quants.h"

@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-EMU_DYNAMIC_SHARED(sparsemla::emu_test, smem)
-
 #include "ops/cuda/cp_async.cuh"
+#include "ops/cuda/dynamic_smem.cuh"
 
-// (A named namespace: the kernels' shared memory is declared in it, EMU_DYNAMIC_SHARED.)
 namespace sparsemla::emu_test {
+namespace {
+
 
 int linear_tid() { return int(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)); }
 int linear_block() { return int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)); }
@@ -53,7 +53,7 @@ TEST(HostEmulationRunner, ThreadAndBlockIndices) {
 // Each thread writes its slot, waits, and reads its neighbour's; then the block reverses the array
 // in place in two barriers.
 __global__ void neighbours_kernel(int* out) {
-  extern __shared__ __align__(16) uint8_t smem[];
+  SPARSEMLA_DYNAMIC_SMEM(smem);
   int* s = reinterpret_cast<int*>(smem);
   const int t = linear_tid(), n = int(blockDim.x);
   s[t] = 10 * t + linear_block();
@@ -110,10 +110,10 @@ TEST(HostEmulationRunner, WarpShufflesAndReductions) {
   }
 }
 
-// Reads a copied word before and after the wait: the copy lands only at the wait, and fresh shared
-// memory holds poison.
+// Reads a copied word before and after the wait: the copy lands only at the wait (or at once, in
+// the reversed order), and fresh shared memory holds poison.
 __global__ void cp_async_kernel(const uint32_t* src, uint32_t* out) {
-  extern __shared__ __align__(16) uint8_t smem[];
+  SPARSEMLA_DYNAMIC_SMEM(smem);
   uint32_t* s = reinterpret_cast<uint32_t*>(smem);
   const int t = linear_tid();
   sparsemla::cuda::cp_async16(s + 4 * t, src + 4 * t);
@@ -123,7 +123,7 @@ __global__ void cp_async_kernel(const uint32_t* src, uint32_t* out) {
   out[2 * t + 1] = s[4 * t];
 }
 
-TEST(HostEmulationRunner, CpAsyncLandsAtTheWaitOverPoison) {
+TEST(HostEmulationRunner, CpAsyncLandsAtTheWaitOverPoisonOrAtOnce) {
   std::vector<uint32_t> src(32 * 4), out(2 * 32);
   for (size_t i = 0; i < src.size(); ++i) src[i] = uint32_t(i * 2654435761u);
   emu::launch(cp_async_kernel, dim3(1), dim3(32), 32 * 16, emu::Order::kForward, src.data(), out.data());
@@ -131,12 +131,18 @@ TEST(HostEmulationRunner, CpAsyncLandsAtTheWaitOverPoison) {
     EXPECT_EQ(out[size_t(2 * t)], 0xCDCDCDCDu);
     EXPECT_EQ(out[size_t(2 * t + 1)], src[size_t(4 * t)]);
   }
+  // The reversed order lands each copy when it is issued.
+  emu::launch(cp_async_kernel, dim3(1), dim3(32), 32 * 16, emu::Order::kReversed, src.data(), out.data());
+  for (int t = 0; t < 32; ++t) {
+    EXPECT_EQ(out[size_t(2 * t)], src[size_t(4 * t)]);
+    EXPECT_EQ(out[size_t(2 * t + 1)], src[size_t(4 * t)]);
+  }
 }
 
 // A race: every thread writes one shared word and reads it back without a barrier between
 // threads; which write a thread sees depends on the order the threads run in.
 __global__ void racy_kernel(int* out) {
-  extern __shared__ __align__(16) uint8_t smem[];
+  SPARSEMLA_DYNAMIC_SMEM(smem);
   int* s = reinterpret_cast<int*>(smem);
   if (linear_tid() == 0) s[0] = -1;
   __syncthreads();
@@ -179,4 +185,5 @@ TEST(HostEmulationRunner, AStuckBarrierIsReportedNotHung) {
                std::runtime_error);
 }
 
+}  // namespace
 }  // namespace sparsemla::emu_test

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "ops/cuda/cp_async.cuh"
+#include "ops/cuda/dynamic_smem.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/q8_quantize.cuh"
 #include "ops/cuda/q8_units.cuh"
@@ -58,7 +59,7 @@ __host__ __device__ inline HqLayout hq_layout(uint64_t row_bytes, int rb, int co
 // repeated in a pass past T).
 template <class V, int NT>
 __global__ void __launch_bounds__(kHqThreads) head_q8_kernel(const HeadQ8Args a) {
-  extern __shared__ __align__(16) uint8_t sm[];
+  SPARSEMLA_DYNAMIC_SMEM(sm);
   constexpr int L = kHqLevels;
   const int h = blockIdx.y, tid = threadIdx.x;
   const int U = a.cols / V::kBlock * V::kUnitsPerBlock;  // units per row

@@ -17,7 +17,7 @@
 #define __device__
 #define __host__
 #define __global__
-#define __shared__
+#define __shared__ static  // (one block at a time: a function static is the block's)
 #define __forceinline__ inline
 #define __align__(x) __attribute__((aligned(x)))
 #define __launch_bounds__(...)
@@ -149,6 +149,15 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
 template <class T>
 T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
   return emu::warp_lane(mask, v, (src & (width - 1)) | (emu::lane_id() & ~(width - 1)), "__shfl_sync");
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  const int l = emu::lane_id();
+  return emu::warp_lane(mask, v, l % width >= int(delta) ? l - int(delta) : l, "__shfl_up_sync");
+}
+inline void __syncwarp(unsigned mask = 0xFFFFFFFFu) {
+  emu::full_mask(mask, "__syncwarp");
+  emu::Runner::current().sync_warp();
 }
 template <class T>
 T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {

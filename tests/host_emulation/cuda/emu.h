@@ -1,15 +1,17 @@
 // A host runner for CUDA kernels (the host emulation, beside cuda_runtime.h): a kernel built by the
-// host compiler against these stand-ins runs block after block, each of its threads a fiber
-// (ucontext) on one OS thread. A thread runs until it waits (__syncthreads, a warp collective,
-// cp.async waits are immediate); a barrier lets its threads go when the last live one arrives.
+// host compiler against these stand-ins runs block after block, each of its threads a fiber on
+// one OS thread. A thread runs until it waits (__syncthreads, __syncwarp, a warp collective); a
+// barrier lets its threads go when the last live one arrives. cp.async copies land at the wait.
 //
 // What it checks besides the kernel's results:
 //  - a barrier that some threads never reach (divergent __syncthreads, a warp collective with a
 //    lane that left) stops the launch with the threads and where they wait, instead of hanging;
 //  - dynamic shared memory starts each block filled with 0xCD bytes, so a read before a write (or
 //    before the cp.async wait that makes a copy land) gives poison, not the last block's values;
-//  - Order::kReversed runs a block's threads in the opposite order between barriers: a kernel
-//    whose result differs between the two orders has a race between its threads.
+//  - Order::kReversed runs a block's threads in the opposite order between barriers, and lands
+//    each cp.async copy at once instead of at the wait (the two ends of when a GPU may land it): a
+//    kernel whose result differs between the two orders has a race between its threads, or
+//    between its copies and its reads.
 //
 // Not modelled: warps in lockstep (nothing here assumes it, nor may the kernels), memory order
 // between blocks (blocks run one after another), partial warp masks (refused), timing.
@@ -18,6 +20,7 @@
 #include <ucontext.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
@@ -32,23 +35,97 @@ struct dim3 {
   dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
-// The dynamic shared memory every emulated kernel's `extern __shared__ uint8_t name[]` refers to
-// (through EMU_DYNAMIC_SHARED): one buffer, since blocks run one at a time.
-namespace emu {
-inline constexpr size_t kEmuSharedBytes = 256 * 1024;
-}
-extern "C" {
-alignas(128) inline uint8_t emu_dynamic_smem[emu::kEmuSharedBytes];
-}
-// Declares namespace ns's `name` (the name a kernel of ns gives its dynamic shared memory) as that
-// buffer; to be used before the kernel's header is included. (A block-scope extern declaration
-// names a variable of its innermost namespace, so the kernel must sit in a named one: ns.)
-#define EMU_DYNAMIC_SHARED(ns, name) \
-  namespace ns {                     \
-  extern uint8_t name[] asm("emu_dynamic_smem"); \
-  }
+// Fiber switching. On x86-64 Linux: the callee-saved registers, the x87 and SSE control words and
+// the stack pointer saved on the old stack and loaded from the new one (a few nanoseconds; glibc's
+// swapcontext also sets the signal mask, a system call per switch, ~10x slower in these tests).
+// Elsewhere: ucontext.
+#if defined(__x86_64__) && defined(__linux__)
+#define EMU_FAST_SWITCH 1
+extern "C" void emu_context_switch(void** save_sp, void* load_sp);
+// (weak: every test file that includes this header defines it; the linker keeps one)
+asm(R"(
+  .pushsection .text
+  .weak emu_context_switch
+  .type emu_context_switch, @function
+emu_context_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $16, %rsp
+  fnstcw (%rsp)
+  stmxcsr 8(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  fldcw (%rsp)
+  ldmxcsr 8(%rsp)
+  addq $16, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size emu_context_switch, .-emu_context_switch
+  .popsection
+)");
+#else
+#define EMU_FAST_SWITCH 0
+#endif
 
 namespace emu {
+
+struct FiberContext {
+#if EMU_FAST_SWITCH
+  void* sp = nullptr;
+#else
+  ucontext_t uc{};
+#endif
+};
+
+// Makes c start fn() on [stack, stack + bytes) at its first switch; fn must never return.
+inline void fiber_init(FiberContext& c, char* stack, size_t bytes, void (*fn)()) {
+#if EMU_FAST_SWITCH
+  // From the top: a zero, fn as the return address of the switch (so that fn starts with the stack
+  // aligned as after a call), six zero registers, then the control words.
+  uint64_t* p = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t(15));
+  *--p = 0;
+  *--p = reinterpret_cast<uint64_t>(fn);
+  for (int i = 0; i < 6; ++i) *--p = 0;
+  p -= 2;
+  uint16_t cw;
+  uint32_t mxcsr;
+  asm volatile("fnstcw %0" : "=m"(cw));
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  std::memcpy(p, &cw, sizeof cw);
+  std::memcpy(reinterpret_cast<char*>(p) + 8, &mxcsr, sizeof mxcsr);
+  c.sp = p;
+#else
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, fn, 0);
+#endif
+}
+
+inline void fiber_switch(FiberContext& from, FiberContext& to) {
+#if EMU_FAST_SWITCH
+  emu_context_switch(&from.sp, to.sp);
+#else
+  swapcontext(&from.uc, &to.uc);
+#endif
+}
+
+// The dynamic shared memory of the block that runs (ops/cuda/dynamic_smem.cuh): one buffer, since
+// blocks run one at a time. Static __shared__ arrays are function statics (cuda_runtime.h): shared
+// by the block's threads too, but not poisoned.
+inline constexpr size_t kEmuSharedBytes = 256 * 1024;
+alignas(128) inline uint8_t g_dynamic_smem[kEmuSharedBytes];
+inline uint8_t* dynamic_smem() { return g_dynamic_smem; }
 
 enum class Order { kForward, kReversed };
 
@@ -61,10 +138,12 @@ struct CopyOp {
 struct Barrier {
   int arrived = 0;
   const char* what = "";
+  bool whole_block = false;  // __syncthreads: waits for the block's live threads; else a warp's 32
+  std::vector<int> waiters;
 };
 
 struct Thread {
-  ucontext_t ctx{};
+  FiberContext ctx;
   char* stack = nullptr;
   uint3 idx;
   int linear = 0;
@@ -83,6 +162,12 @@ class Runner {
       if (t.stack) munmap(t.stack, kStackBytes);
   }
 
+  // The runner of this OS thread (its fiber stacks kept from launch to launch).
+  static Runner& instance() {
+    static thread_local Runner r;
+    return r;
+  }
+
   // Runs body() as every thread of every block of grid x block, with `smem` bytes of dynamic
   // shared memory; throws std::runtime_error on a stuck barrier or too much shared memory.
   void launch(dim3 grid, dim3 block, size_t smem, Order order, const std::function<void()>& body) {
@@ -93,6 +178,7 @@ class Runner {
     if (n <= 0 || n % 32 != 0) throw std::runtime_error("emu: blocks of whole warps only, not " + std::to_string(n));
     grid_ = grid;
     block_ = block;
+    order_ = order;
     body_ = &body;
     while (int(threads_.size()) < n) {
       threads_.emplace_back();
@@ -114,8 +200,10 @@ class Runner {
   const uint3& block_idx() const { return block_idx_; }
   const dim3& block_dim() const { return block_; }
   const dim3& grid_dim() const { return grid_; }
+  Order order() const { return order_; }
 
   void sync_block() { wait(block_bar_); }
+  void sync_warp() { wait(warps_[size_t(self().linear / 32)].bar); }
 
   // Every lane of the calling thread's warp gives v; each gets all 32 values (by lane).
   template <class T>
@@ -131,21 +219,24 @@ class Runner {
  private:
   struct Warp {
     uint64_t vals[32] = {};
-    Barrier bar{0, "a warp collective"};
+    Barrier bar{0, "a warp collective", false, {}};
   };
 
   static void entry() {
     Runner& r = *current_;
     (*r.body_)();
     r.self().state = Thread::kDone;
-    // (returns to uc_link: the scheduler)
+    --r.live_;
+    fiber_switch(r.self().ctx, r.scheduler_);  // (never resumed)
+    std::abort();
   }
 
   void run_block(uint3 b, int n, size_t smem, Order order) {
     block_idx_ = b;
-    std::memset(emu_dynamic_smem, 0xCD, smem);
-    block_bar_ = Barrier{0, "__syncthreads"};
+    std::memset(g_dynamic_smem, 0xCD, smem);
+    block_bar_ = Barrier{0, "__syncthreads", true, {}};
     for (Warp& w : warps_) w = Warp{};
+    live_ = n;
     for (int i = 0; i < n; ++i) {
       Thread& t = threads_[size_t(i)];
       t.linear = i;
@@ -154,11 +245,7 @@ class Runner {
       t.waiting_on = nullptr;
       t.committed.clear();
       t.open.clear();
-      getcontext(&t.ctx);
-      t.ctx.uc_stack.ss_sp = t.stack;
-      t.ctx.uc_stack.ss_size = kStackBytes;
-      t.ctx.uc_link = &scheduler_;
-      makecontext(&t.ctx, &Runner::entry, 0);
+      fiber_init(t.ctx, t.stack, kStackBytes, &Runner::entry);
     }
     for (;;) {
       bool ran = false, all_done = true;
@@ -166,7 +253,7 @@ class Runner {
         const int i = order == Order::kForward ? k : n - 1 - k;
         if (threads_[size_t(i)].state != Thread::kRunnable) continue;
         cur_ = i;
-        swapcontext(&scheduler_, &threads_[size_t(i)].ctx);
+        fiber_switch(scheduler_, threads_[size_t(i)].ctx);
         ran = true;
       }
       for (int i = 0; i < n; ++i) all_done = all_done && threads_[size_t(i)].state == Thread::kDone;
@@ -180,23 +267,17 @@ class Runner {
 
   // The number of threads a barrier waits for: a warp's 32 lanes, or the block's threads that
   // have not left.
-  int expected(const Barrier& b, int n) const {
-    if (&b != &block_bar_) return 32;
-    int live = 0;
-    for (int i = 0; i < n; ++i) live += threads_[size_t(i)].state != Thread::kDone;
-    return live;
-  }
+  int expected(const Barrier& b) const { return b.whole_block ? live_ : 32; }
 
-  void release_if_complete(Barrier& b, int n) {
-    if (b.arrived == 0 || b.arrived < expected(b, n)) return;
+  void release_if_complete(Barrier& b, int) {
+    if (b.arrived == 0 || b.arrived < expected(b)) return;
     b.arrived = 0;
-    for (int i = 0; i < n; ++i) {
+    for (int i : b.waiters) {
       Thread& t = threads_[size_t(i)];
-      if (t.state == Thread::kWaiting && t.waiting_on == &b) {
-        t.state = Thread::kRunnable;
-        t.waiting_on = nullptr;
-      }
+      t.state = Thread::kRunnable;
+      t.waiting_on = nullptr;
     }
+    b.waiters.clear();
   }
 
   void wait(Barrier& b) {
@@ -204,9 +285,10 @@ class Runner {
     Thread& me = self();
     me.state = Thread::kWaiting;
     me.waiting_on = &b;
+    b.waiters.push_back(me.linear);
     ++b.arrived;
     release_if_complete(b, n);
-    if (me.state == Thread::kWaiting) swapcontext(&me.ctx, &scheduler_);
+    if (me.state == Thread::kWaiting) fiber_switch(me.ctx, scheduler_);
   }
 
   std::string stuck_message(int n) const {
@@ -226,26 +308,31 @@ class Runner {
   std::vector<Thread> threads_;
   std::vector<Warp> warps_;
   Barrier block_bar_;
-  ucontext_t scheduler_{};
+  FiberContext scheduler_;
   const std::function<void()>* body_ = nullptr;
   uint3 block_idx_;
   dim3 block_{1}, grid_{1};
+  Order order_ = Order::kForward;
   int cur_ = 0;
+  int live_ = 0;
 };
 
 // kernel(args...) over grid x block with `smem` bytes of dynamic shared memory.
 template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Order order, Args&&... args) {
-  Runner r;
   const std::function<void()> body = [&] { kernel(args...); };
-  r.launch(grid, block, smem, order, body);
+  Runner::instance().launch(grid, block, smem, order, body);
 }
 
 // The calling thread's index (threadIdx.x + blockDim.x * (threadIdx.y + ...)).
 inline const uint3& thread_idx() { return Runner::current().self().idx; }
 
-// cp.async: copies recorded, committed in groups, made when waited for.
-inline void cp_async(void* dst, const void* src, size_t n) { Runner::current().self().open.push_back({dst, src, n}); }
+// cp.async: copies recorded, committed in groups, made when waited for (Order::kReversed: made at
+// once).
+inline void cp_async(void* dst, const void* src, size_t n) {
+  if (Runner::current().order() == Order::kReversed) std::memcpy(dst, src, n);
+  else Runner::current().self().open.push_back({dst, src, n});
+}
 inline void cp_async_commit() {
   Thread& t = Runner::current().self();
   t.committed.push_back(std::move(t.open));

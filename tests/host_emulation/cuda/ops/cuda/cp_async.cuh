@@ -1,6 +1,6 @@
 // Host stand-in for src/ops/cuda/cp_async.cuh (the same functions): the copies are recorded and
-// made when waited for (emu.h), so a kernel that reads its shared memory before the wait reads
-// the block's poison bytes, as it could read stale bytes on a GPU.
+// made when waited for (emu.h; at once in its reversed order), so a kernel that reads its shared
+// memory before the wait reads the block's poison bytes, as it could read stale bytes on a GPU.
 #pragma once
 #include <cuda_runtime.h>
 
