@@ -185,5 +185,28 @@ TEST(HostEmulationRunner, AStuckBarrierIsReportedNotHung) {
                std::runtime_error);
 }
 
+#if EMU_ASAN
+// Built with AddressSanitizer: a write one byte past the launch's dynamic shared memory, or past a
+// global buffer, stops the test with an ASan report (as compute-sanitizer's memcheck would on a GPU).
+__global__ void past_the_end_kernel(uint8_t* global, int smem_bytes, bool in_global) {
+  SPARSEMLA_DYNAMIC_SMEM(smem);
+  if (linear_tid() == 5) {
+    if (in_global) global[64] = 1;
+    else smem[smem_bytes] = 1;
+  }
+}
+
+TEST(HostEmulationRunnerDeathTest, OutOfBoundsSharedAndGlobalMemoryIsReported) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  std::vector<uint8_t> global(64);
+  emu::launch(past_the_end_kernel, dim3(1), dim3(32), 100, emu::Order::kForward, global.data(), 99, false);
+  EXPECT_DEATH(emu::launch(past_the_end_kernel, dim3(1), dim3(32), 100, emu::Order::kForward, global.data(), 100,
+                           false),
+               "AddressSanitizer");
+  EXPECT_DEATH(emu::launch(past_the_end_kernel, dim3(1), dim3(32), 100, emu::Order::kForward, global.data(), 0, true),
+               "AddressSanitizer");
+}
+#endif
+
 }  // namespace
 }  // namespace sparsemla::emu_test

@@ -8,6 +8,9 @@
 //    lane that left) stops the launch with the threads and where they wait, instead of hanging;
 //  - dynamic shared memory starts each block filled with 0xCD bytes, so a read before a write (or
 //    before the cp.async wait that makes a copy land) gives poison, not the last block's values;
+//  - built with AddressSanitizer (the host_emulation_asan_tests target), out-of-bounds reads and
+//    writes of global memory, of static __shared__ arrays and of dynamic shared memory past the
+//    launch's bytes are errors, as compute-sanitizer's memcheck reports them on a GPU;
 //  - Order::kReversed runs a block's threads in the opposite order between barriers, and lands
 //    each cp.async copy at once instead of at the wait (the two ends of when a GPU may land it): a
 //    kernel whose result differs between the two orders has a race between its threads, or
@@ -39,6 +42,13 @@ struct dim3 {
 // the stack pointer saved on the old stack and loaded from the new one (a few nanoseconds; glibc's
 // swapcontext also sets the signal mask, a system call per switch, ~10x slower in these tests).
 // Elsewhere: ucontext.
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_ASAN 1
+#include <sanitizer/asan_interface.h>
+#else
+#define EMU_ASAN 0
+#endif
+
 #if defined(__x86_64__) && defined(__linux__)
 #define EMU_FAST_SWITCH 1
 extern "C" void emu_context_switch(void** save_sp, void* load_sp);
@@ -88,6 +98,11 @@ struct FiberContext {
 
 // Makes c start fn() on [stack, stack + bytes) at its first switch; fn must never return.
 inline void fiber_init(FiberContext& c, char* stack, size_t bytes, void (*fn)()) {
+#if EMU_ASAN
+  // (A fiber left inside a function, as a stuck launch leaves them, leaves its frames' redzones
+  // poisoned on the stack that the next launch reuses.)
+  __asan_unpoison_memory_region(stack, bytes);
+#endif
 #if EMU_FAST_SWITCH
   // From the top: a zero, fn as the return address of the switch (so that fn starts with the stack
   // aligned as after a call), six zero registers, then the control words.
@@ -233,6 +248,12 @@ class Runner {
 
   void run_block(uint3 b, int n, size_t smem, Order order) {
     block_idx_ = b;
+#if EMU_ASAN
+    // Past the launch's bytes the buffer is out of bounds, as on a GPU (compute-sanitizer's
+    // shared-memory check): a read or write there is an ASan error.
+    __asan_unpoison_memory_region(g_dynamic_smem, kEmuSharedBytes);
+    __asan_poison_memory_region(g_dynamic_smem + smem, kEmuSharedBytes - smem);
+#endif
     std::memset(g_dynamic_smem, 0xCD, smem);
     block_bar_ = Barrier{0, "__syncthreads", true, {}};
     for (Warp& w : warps_) w = Warp{};
