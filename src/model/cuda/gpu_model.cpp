@@ -1215,7 +1215,8 @@ void GpuModel::indexer(int32_t il, GpuCache& cache) {
 int GpuModel::q8_levels(gguf::GgmlType t) const {
   if (opts_.precise || !cuda::q8_supported(t)) return 0;
   // (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, Q4_0 and IQ4_NL, whose int8 kernels were written
-  // in session 30 without a GPU, only here until they have run.)
+  // in session 30 without a GPU, only here until their speed is measured: their results are checked
+  // on the host, DecodeProductsOnTheHost, but nothing says yet that they beat the fp32 kernel.)
   if (opts_.int8_activations) return 1;
   if (!opts_.q8_two_level) return 0;
   // Q8_0 and Q5_K: the types without a multi-token tensor-core decode kernel, whose fp32 kernel the

@@ -130,7 +130,8 @@ struct GpuModelOptions {
   // With absorb_in_place, also those stored as a type of the int8 head product (Q8_0, the K-quants,
   // IQ4_XS, IQ2_XXS: cuda::head_q8_supported): int8 dot products at up to 16 tokens, a bf16 copy
   // per call for larger batches; a GLM-5 Q4_K_M layer reads 13.6 MB where its copies are 29.4. Off
-  // by default until it has run on a GPU (written in session 30, which had none; docs/PERFORMANCE.md):
+  // by default until its speed is measured (written in session 30, which had no GPU; its results
+  // are checked on the host since session 31, AbsorptionKernelOnTheHost; docs/PERFORMANCE.md):
   // SPARSEMLA_ABSORB_QUANT=1 / 0 turns it on / off without a rebuild.
   bool absorb_quantized_in_place = false;
 };
