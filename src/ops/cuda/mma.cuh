@@ -1,5 +1,7 @@
 // Tensor-core building blocks every NVIDIA GPU from SM80 has (mma.sync, ldmatrix, and cp.async from
-// cp_async.cuh), and number conversions shared by the attention kernels. Fragment layouts
+// cp_async.cuh), named barriers and the fast 2^x: the inline assembly the attention kernels share,
+// which the host emulation (tests/host_emulation) stands in for with a header of the same path.
+// The number conversions beside them are in convert.cuh (included). Fragment layouts
 // (m16n8k16, 32 lanes, g = lane / 4, q = lane % 4):
 //   A (16x16, row-major)  a0: [g][2q..2q+1]  a1: [g+8][2q..]  a2: [g][2q+8..]  a3: [g+8][2q+8..]
 //   B (16x8, k x n)       b0: [k=2q..2q+1][n=g]               b1: [k=2q+8..2q+9][n=g]
@@ -10,6 +12,7 @@
 #include <cuda_fp8.h>
 #include <cstdint>
 
+#include "ops/cuda/convert.cuh"
 #include "ops/cuda/cp_async.cuh"
 
 namespace sparsemla::cuda {
@@ -53,61 +56,13 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return *static_cast<const uint32_t*>(p); }
-
-template <class T16>
-__device__ __forceinline__ T16 to16(float v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 to16<__nv_bfloat16>(float v) { return __float2bfloat16(v); }
-template <>
-__device__ __forceinline__ __half to16<__half>(float v) { return __float2half(v); }
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-__device__ __forceinline__ float fp8_to_float(uint8_t v) {
-  __nv_fp8_e4m3 f;
-  f.__x = v;
-  return float(f);
-}
-// Two e4m3 values (the low 16 bits of v, little-endian) widened exactly to two fp16 values.
-__device__ __forceinline__ uint32_t fp8x2_to_f16x2(uint32_t v) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3);
-  return uint32_t(h.x) | (uint32_t(h.y) << 16);
-}
-// The same of the high 16 bits. From SM89 the conversion instruction reads either half of its
-// register (F2FP ... R.H1), so the half is named in PTX rather than shifted down: one instruction
-// less per widened pair (in the fp8-row attention kernel a tenth of its instructions, session 23).
-__device__ __forceinline__ uint32_t fp8x2_hi_to_f16x2(uint32_t v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t d;
-  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(d) : "r"(v));
-  return d;
-#else
-  return fp8x2_to_f16x2(v >> 16);
-#endif
-}
-
-// Eight e4m3 values (little-endian in v) times their scale, as eight bf16 values.
-__device__ __forceinline__ uint4 widen_fp8x8(uint2 v, float scale) {
-  const uint32_t h[4] = {fp8x2_to_f16x2(v.x), fp8x2_hi_to_f16x2(v.x), fp8x2_to_f16x2(v.y), fp8x2_hi_to_f16x2(v.y)};
-  uint32_t w[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[j]));
-    w[j] = pack_bf16(f.x * scale, f.y * scale);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-__device__ __forceinline__ uint8_t float_to_fp8(float v) { return __nv_fp8_e4m3(v).__x; }  // saturating
-
-// The cache slot of position `pos` of sequence `seq` through its block table.
-__device__ __forceinline__ int64_t slot_of(const int32_t* tables, int32_t max_blocks, int32_t block_size, int seq,
-                                           int pos) {
-  return int64_t(tables[int64_t(seq) * max_blocks + pos / block_size]) * block_size + pos % block_size;
+// 2^x with the multi-function unit's approximation (2 ulp), results below 2^-126 flushed to zero:
+// exp2f's subnormal fix-up costs more instructions than the step's other arithmetic, and a P that
+// small vanishes in the fp16 / bf16 products anyway.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 }  // namespace sparsemla::cuda

@@ -88,19 +88,10 @@ __device__ __forceinline__ void score_kstep(float s[4][4], const void* qa, const
 // the denominator are both taken against the same m.
 constexpr float kMaxSlack = 8.0f;
 
-// 2^x with the multi-function unit's approximation (2 ulp), results below 2^-126 flushed to zero:
-// exp2f's subnormal fix-up costs more instructions than the step's other arithmetic, and a P that
-// small vanishes in the fp16 / bf16 products anyway.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // The online-softmax step on a lane's two rows of NT n-tiles of C fragments (s[4 nt + e]: e = 0, 1
 // row g, e = 2, 3 row g + 8; already in log2 units, masked entries -inf): s becomes P
 // (unnormalized), m and l advance, alpha is the factor of the running output. Lazy: the maximum
-// moves by kMaxSlack steps (above) and 2^x is fast_exp2; else m is the exact running maximum.
+// moves by kMaxSlack steps (above) and 2^x is fast_exp2 (mma.cuh); else m is the exact running maximum.
 template <int NT, bool Lazy = false>
 __device__ __forceinline__ void online_softmax(float* s, float m[2], float l[2], float alpha[2]) {
 #pragma unroll

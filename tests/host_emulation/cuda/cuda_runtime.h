@@ -40,10 +40,18 @@ struct alignas(8) int2 {
 struct alignas(16) int4 {
   int x, y, z, w;
 };
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
 inline uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
 inline uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
 inline int2 make_int2(int a, int b) { return {a, b}; }
 inline int4 make_int4(int a, int b, int c, int d) { return {a, b, c, d}; }
+inline float2 make_float2(float a, float b) { return {a, b}; }
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 
 // Byte i of the result is byte (s >> 4i) & 7 of the eight bytes y:x (the default mode).
 inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {
@@ -163,4 +171,15 @@ template <class T>
 T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
   const int l = emu::lane_id(), in = l % width + int(delta);
   return emu::warp_lane(mask, v, in < width ? l + int(delta) : l, "__shfl_down_sync");
+}
+// Bit l: lane l's predicate.
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  return emu::warp_reduce(mask, pred ? 1u << emu::lane_id() : 0u, "__ballot_sync",
+                          [](unsigned a, unsigned b) { return a | b; });
+}
+inline int __all_sync(unsigned mask, int pred) {
+  return int(emu::warp_reduce(mask, unsigned(pred != 0), "__all_sync", [](unsigned a, unsigned b) { return a & b; }));
+}
+inline int __any_sync(unsigned mask, int pred) {
+  return int(emu::warp_reduce(mask, unsigned(pred != 0), "__any_sync", [](unsigned a, unsigned b) { return a | b; }));
 }

@@ -11,10 +11,13 @@
 //  - built with AddressSanitizer (the host_emulation_asan_tests target), out-of-bounds reads and
 //    writes of global memory, of static __shared__ arrays and of dynamic shared memory past the
 //    launch's bytes are errors, as compute-sanitizer's memcheck reports them on a GPU;
-//  - Order::kReversed runs a block's threads in the opposite order between barriers, and lands
-//    each cp.async copy at once instead of at the wait (the two ends of when a GPU may land it): a
-//    kernel whose result differs between the two orders has a race between its threads, or
-//    between its copies and its reads.
+//  - a block's threads run in an order (Order::kForward: by index; kReversed: the opposite), the
+//    first runnable one in it always next: the lanes of a warp take turns between its barriers,
+//    and the first warp runs ahead to the next __syncthreads before the second starts (the two
+//    orders: each warp as far ahead of the others as a GPU may let it get, and as far behind);
+//    kReversed also lands each cp.async copy at once instead of at the wait (the two ends of when
+//    a GPU may land it): a kernel whose result differs between the two orders has a race between
+//    its threads (also between warps, across warp collectives), or between its copies and reads.
 //
 // Not modelled: warps in lockstep (nothing here assumes it, nor may the kernels), memory order
 // between blocks (blocks run one after another), partial warp masks (refused), timing.
@@ -22,12 +25,14 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 struct uint3 {
@@ -220,20 +225,23 @@ class Runner {
   void sync_block() { wait(block_bar_); }
   void sync_warp() { wait(warps_[size_t(self().linear / 32)].bar); }
 
-  // Every lane of the calling thread's warp gives v; each gets all 32 values (by lane).
+  // Every lane of the calling thread's warp gives v; each gets all 32 values (by lane). Any
+  // trivially copyable T (a value, a pointer, a lane's fragments of a tensor-core product).
   template <class T>
-  void warp_exchange(T v, T out[32]) {
-    static_assert(sizeof(T) <= 8);
+  void warp_exchange(const T& v, T out[32]) {
+    static_assert(std::is_trivially_copyable_v<T>);
     Warp& w = warps_[size_t(self().linear / 32)];
-    std::memcpy(&w.vals[self().linear % 32], &v, sizeof v);
+    // (Sized by the first lane to arrive: every lane of the one before has read by then.)
+    if (w.vals.size() < 32 * sizeof(T)) w.vals.resize(32 * sizeof(T));
+    std::memcpy(w.vals.data() + size_t(self().linear % 32) * sizeof(T), &v, sizeof v);
     wait(w.bar);
-    for (int l = 0; l < 32; ++l) std::memcpy(&out[l], &w.vals[l], sizeof(T));
+    std::memcpy(out, w.vals.data(), 32 * sizeof(T));
     wait(w.bar);  // (no lane writes again before every lane has read)
   }
 
  private:
   struct Warp {
-    uint64_t vals[32] = {};
+    std::vector<unsigned char> vals;  // 32 lanes' values of the collective under way
     Barrier bar{0, "a warp collective", false, {}};
   };
 
@@ -268,23 +276,34 @@ class Runner {
       t.open.clear();
       fiber_init(t.ctx, t.stack, kStackBytes, &Runner::entry);
     }
+    // The first runnable thread in the order runs, until it waits or leaves. So a warp whose last
+    // lane arrives at a warp barrier goes on at once, and the first warp in the order runs all the
+    // way to the next __syncthreads (or its end) before the next warp starts: within a warp the
+    // lanes take turns between barriers, and between warps the two orders are the two extremes
+    // of how far ahead one warp may get. (first_: the order's position from which to look.)
+    first_ = 0;
     for (;;) {
-      bool ran = false, all_done = true;
-      for (int k = 0; k < n; ++k) {
-        const int i = order == Order::kForward ? k : n - 1 - k;
-        if (threads_[size_t(i)].state != Thread::kRunnable) continue;
-        cur_ = i;
-        fiber_switch(scheduler_, threads_[size_t(i)].ctx);
-        ran = true;
+      int k = first_;
+      while (k < n && threads_[size_t(at(k, n))].state != Thread::kRunnable) ++k;
+      if (k < n) {
+        first_ = k;
+        cur_ = at(k, n);
+        fiber_switch(scheduler_, threads_[size_t(cur_)].ctx);
+        continue;
       }
+      bool all_done = true;
       for (int i = 0; i < n; ++i) all_done = all_done && threads_[size_t(i)].state == Thread::kDone;
       if (all_done) return;
-      if (!ran) release_if_complete(block_bar_, n);  // threads that left count as arrived at __syncthreads
+      release_if_complete(block_bar_, n);  // threads that left count as arrived at __syncthreads
       bool runnable = false;
       for (int i = 0; i < n; ++i) runnable = runnable || threads_[size_t(i)].state == Thread::kRunnable;
       if (!runnable) throw std::runtime_error(stuck_message(n));
+      first_ = 0;
     }
   }
+
+  // The thread at position k of the block's order.
+  int at(int k, int n) const { return order_ == Order::kForward ? k : n - 1 - k; }
 
   // The number of threads a barrier waits for: a warp's 32 lanes, or the block's threads that
   // have not left.
@@ -293,10 +312,12 @@ class Runner {
   void release_if_complete(Barrier& b, int) {
     if (b.arrived == 0 || b.arrived < expected(b)) return;
     b.arrived = 0;
+    const int n = int(block_.x * block_.y * block_.z);
     for (int i : b.waiters) {
       Thread& t = threads_[size_t(i)];
       t.state = Thread::kRunnable;
       t.waiting_on = nullptr;
+      first_ = std::min(first_, at(i, n));  // (at is its own inverse)
     }
     b.waiters.clear();
   }
@@ -336,6 +357,7 @@ class Runner {
   Order order_ = Order::kForward;
   int cur_ = 0;
   int live_ = 0;
+  int first_ = 0;  // no thread before this position of the order is runnable
 };
 
 // kernel(args...) over grid x block with `smem` bytes of dynamic shared memory.
