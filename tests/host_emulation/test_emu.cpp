@@ -14,6 +14,7 @@
 
 #include "ops/cuda/cp_async.cuh"
 #include "ops/cuda/dynamic_smem.cuh"
+#include "ops/cuda/mma.cuh"
 
 namespace sparsemla::emu_test {
 namespace {
@@ -183,6 +184,32 @@ TEST(HostEmulationRunner, AStuckBarrierIsReportedNotHung) {
   EXPECT_THROW(emu::launch(indices_kernel, dim3(1), dim3(32), emu::kEmuSharedBytes + 1, emu::Order::kForward,
                            out.data()),
                std::runtime_error);
+}
+
+// Named barriers: warps 0-1 produce into shared memory and arrive at barrier 1 (64 + 64 threads);
+// warps 2-3 sync there and then read; atomics count the readers.
+__global__ void named_kernel(int* out, int* count) {
+  SPARSEMLA_DYNAMIC_SMEM(smem);
+  int* s = reinterpret_cast<int*>(smem);
+  const int t = linear_tid();
+  if (t < 64) {
+    s[t] = 3 * t + 1;
+    sparsemla::cuda::named_arrive(1, 128);
+  } else {
+    sparsemla::cuda::named_sync(1, 128);
+    out[t - 64] = s[127 - t];
+    atomicAdd(count, 1);
+  }
+}
+
+TEST(HostEmulationRunner, NamedBarriersAndAtomics) {
+  for (emu::Order order : {emu::Order::kForward, emu::Order::kReversed}) {
+    std::vector<int> out(64, -1);
+    int count = 0;
+    emu::launch(named_kernel, dim3(2), dim3(128), 64 * sizeof(int), order, out.data(), &count);
+    for (int i = 0; i < 64; ++i) EXPECT_EQ(out[size_t(i)], 3 * (63 - i) + 1);
+    EXPECT_EQ(count, 128);
+  }
 }
 
 #if EMU_ASAN

@@ -183,3 +183,36 @@ inline int __all_sync(unsigned mask, int pred) {
 inline int __any_sync(unsigned mask, int pred) {
   return int(emu::warp_reduce(mask, unsigned(pred != 0), "__any_sync", [](unsigned a, unsigned b) { return a | b; }));
 }
+
+// Atomics: the fibers of a launch take turns on one OS thread and switch only at barriers, so a
+// plain read-modify-write is atomic here.
+template <class T>
+T atomicAdd(T* p, T v) {
+  const T old = *p;
+  *p = T(old + v);
+  return old;
+}
+template <class T>
+T atomicExch(T* p, T v) {
+  const T old = *p;
+  *p = v;
+  return old;
+}
+template <class T>
+T atomicCAS(T* p, T compare, T v) {
+  const T old = *p;
+  if (old == compare) *p = v;
+  return old;
+}
+template <class T>
+T atomicMax(T* p, T v) {
+  const T old = *p;
+  if (v > old) *p = v;
+  return old;
+}
+template <class T>
+T atomicMin(T* p, T v) {
+  const T old = *p;
+  if (v < old) *p = v;
+  return old;
+}

@@ -26,6 +26,8 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <iterator>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -158,7 +160,8 @@ struct CopyOp {
 struct Barrier {
   int arrived = 0;
   const char* what = "";
-  bool whole_block = false;  // __syncthreads: waits for the block's live threads; else a warp's 32
+  bool whole_block = false;  // __syncthreads: waits for the block's live threads; else `count`
+  int count = 32;            // a warp's 32 lanes, or a named barrier's thread count
   std::vector<int> waiters;
 };
 
@@ -225,6 +228,27 @@ class Runner {
   void sync_block() { wait(block_bar_); }
   void sync_warp() { wait(warps_[size_t(self().linear / 32)].bar); }
 
+  // Named barrier `id` (1..15) of `count` threads (bar.sync / bar.arrive): sync counts this thread
+  // and waits until `count` have arrived; arrive counts it and goes on.
+  void named_barrier(int id, int count, bool sync) {
+    if (id < 1 || id >= int(std::size(named_)) || count <= 0 || count % 32 != 0) {
+      std::fprintf(stderr, "emu: named barrier %d of %d threads: ids 1-15, whole warps\n", id, count);
+      std::abort();
+    }
+    Barrier& b = named_[size_t(id)];
+    if (b.arrived > 0 && b.count != count) {
+      std::fprintf(stderr, "emu: named barrier %d used with %d and %d threads at once\n", id, b.count, count);
+      std::abort();
+    }
+    b.count = count;
+    if (sync) {
+      wait(b);
+    } else {
+      ++b.arrived;
+      release_if_complete(b, int(block_.x * block_.y * block_.z));
+    }
+  }
+
   // Every lane of the calling thread's warp gives v; each gets all 32 values (by lane). Any
   // trivially copyable T (a value, a pointer, a lane's fragments of a tensor-core product).
   template <class T>
@@ -242,7 +266,7 @@ class Runner {
  private:
   struct Warp {
     std::vector<unsigned char> vals;  // 32 lanes' values of the collective under way
-    Barrier bar{0, "a warp collective", false, {}};
+    Barrier bar{0, "a warp collective", false, 32, {}};
   };
 
   static void entry() {
@@ -263,7 +287,8 @@ class Runner {
     __asan_poison_memory_region(g_dynamic_smem + smem, kEmuSharedBytes - smem);
 #endif
     std::memset(g_dynamic_smem, 0xCD, smem);
-    block_bar_ = Barrier{0, "__syncthreads", true, {}};
+    block_bar_ = Barrier{0, "__syncthreads", true, 0, {}};
+    for (Barrier& b : named_) b = Barrier{0, "a named barrier", false, 0, {}};
     for (Warp& w : warps_) w = Warp{};
     live_ = n;
     for (int i = 0; i < n; ++i) {
@@ -307,7 +332,7 @@ class Runner {
 
   // The number of threads a barrier waits for: a warp's 32 lanes, or the block's threads that
   // have not left.
-  int expected(const Barrier& b) const { return b.whole_block ? live_ : 32; }
+  int expected(const Barrier& b) const { return b.whole_block ? live_ : b.count; }
 
   void release_if_complete(Barrier& b, int) {
     if (b.arrived == 0 || b.arrived < expected(b)) return;
@@ -350,6 +375,7 @@ class Runner {
   std::vector<Thread> threads_;
   std::vector<Warp> warps_;
   Barrier block_bar_;
+  Barrier named_[16];
   FiberContext scheduler_;
   const std::function<void()>* body_ = nullptr;
   uint3 block_idx_;

@@ -4,7 +4,7 @@
 //    on the device: every lane's fragments or row addresses go to every lane (emu.h's
 //    warp_exchange), so a lane that does not take part stops the launch as a stuck barrier;
 //  - fast_exp2 is exp2f with ex2.approx.ftz's flushes (the device's approximation is within 2 ulp).
-// Not stood in for (no host-built kernel uses them yet): the named barriers.
+//  - named barriers (bar.sync / bar.arrive id, threads) are emu.h's named barriers.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -106,6 +106,9 @@ inline void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2], __ha
 }
 inline void ldmatrix_x4_trans(uint32_t r[4], const void* smem) { emu_mma::ldmatrix_x4(r, smem, true); }
 inline void ldmatrix_x4(uint32_t r[4], const void* smem) { emu_mma::ldmatrix_x4(r, smem, false); }
+
+inline void named_sync(int id, int threads) { emu::Runner::current().named_barrier(id, threads, true); }
+inline void named_arrive(int id, int threads) { emu::Runner::current().named_barrier(id, threads, false); }
 
 inline float fast_exp2(float x) {
   if (std::fpclassify(x) == FP_SUBNORMAL) x = 0.0f;  // (.ftz: subnormal inputs are zeros)
