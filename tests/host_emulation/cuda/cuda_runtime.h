@@ -216,3 +216,35 @@ T atomicMin(T* p, T v) {
   if (v < old) *p = v;
   return old;
 }
+
+// ---- For the small operations and the router (test_small_ops_host.cpp) ----
+// CUDA's floating-point min / max overloads are fminf / fmaxf (a NaN operand gives the other one).
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }
+
+// ---- For the indexer's score kernels (test_indexer_host.cpp) ----
+// The 1-based position of the lowest set bit (0 for none).
+inline int __ffs(int v) { return __builtin_ffs(v); }
+inline int __ffs(unsigned v) { return __builtin_ffs(int(v)); }
+// The lanes whose v equals this lane's, as a mask (a warp collective over all 32 lanes).
+inline unsigned __match_any_sync(unsigned mask, unsigned v) {
+  emu::full_mask(mask, "__match_any_sync");
+  unsigned all[32];
+  emu::Runner::current().warp_exchange(v, all);
+  unsigned peers = 0;
+  for (int l = 0; l < 32; ++l)
+    if (all[l] == v) peers |= 1u << l;
+  return peers;
+}
+// A streaming load (ld.global.cs): a plain load here.
+template <class T>
+inline T __ldcs(const T* p) {
+  return *p;
+}
+// For topk_common.cuh, which the indexer's kernels include: CUDA's unsigned min / max, and the
+// stream type its host declarations name.
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+typedef struct CUstream_st* cudaStream_t;

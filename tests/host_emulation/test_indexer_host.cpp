@@ -1,0 +1,464 @@
+// The DSA lightning indexer's score kernels (src/ops/cuda/indexer_kernels.cuh) run by the host
+// emulation (cuda/emu.h) as indexer.cu launches them: the mma kernel that choose_mma picks, or each
+// one asked for by name (staged: 16 keys per warp for bf16 keys, 32 for fp8 with whole-tile runs,
+// page runs or 4-byte copies; regs; qfrag with two and three stages, one or two warps of one or two
+// m-tiles of heads), dispatched by dispatch_mma with one_wave_tiles' blocks, and the fma kernel over
+// bf16, fp8 and f32 keys; on the shapes of CudaAttention.IndexerScoresMatchTheCpuReference and
+// IndexerScoresOneLongRow (GLM-5's 32 heads and DeepSeek-V3.2's 64 x 128, the fixtures' small
+// ones; shorter contexts), over paged caches with shuffled block tables, decode rows and prefill
+// rows of one sequence (the causal mask: each token sees its position + 1 keys). So the kernels'
+// page lookups, cp.async stages, fp8 widening, fragment layouts, head padding, score exchange and
+// the count of top_k's first digit are checked in CI, where there is no GPU; those tests run them
+// on one.
+//
+// Reference: model::indexer_score on the keys as the cache stores them (decoded on the CPU), with q
+// rounded to the mma kernel's 16-bit type; error relative to the summed terms' magnitude <= 2e-5,
+// as the GPU test. Besides, bit for bit: the same scores from 16-bit queries (IndexerArgs::q16) and
+// from fp32 ones, with blocks of one tile and of many (a wave of fewer resident blocks), and with
+// the block's threads run in the opposite order (no race between them, nor between the copies and
+// their reads); positions past a row's context left unwritten; and the counted histogram equal to
+// the first digits of the row's scores counted on the host (rows of n <= k left at zero).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/blocks/indexer.h"
+#include "ops/cuda/indexer_kernels.cuh"
+#include "util/half.h"
+
+namespace sparsemla::cuda {
+namespace {
+
+using namespace indexer;
+using sparsemla::bf16_to_f32;
+using sparsemla::f32_to_bf16;
+
+std::vector<float> random_vec(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Sequences over a paged cache with shuffled blocks: position p of sequence s lives at slot(s, p).
+struct Paged {
+  int block_size = 16, max_blocks = 0, n_blocks = 0;
+  std::vector<int32_t> tables;  // [n_seq, max_blocks]
+  Paged(const std::vector<int>& lens, int bs, std::mt19937& rng) : block_size(bs) {
+    for (int len : lens) max_blocks = std::max(max_blocks, (len + bs - 1) / bs);
+    max_blocks = std::max(max_blocks, 1);
+    n_blocks = int(lens.size()) * max_blocks;
+    tables.resize(size_t(n_blocks));
+    std::iota(tables.begin(), tables.end(), 0);
+    std::shuffle(tables.begin(), tables.end(), rng);
+  }
+  int64_t slot(int seq, int pos) const {
+    return int64_t(tables[size_t(seq * max_blocks + pos / block_size)]) * block_size + pos % block_size;
+  }
+  int64_t n_slots() const { return int64_t(n_blocks) * block_size; }
+};
+
+// Index keys [n_slots][dim] stored as `dtype` (attention.h: bf16, f32, or fp8 e4m3 with one fp32
+// scale amax / 448 per 128 values after them, as write_index_keys stores them), and decoded.
+struct HostKeys {
+  std::vector<uint8_t> bytes;  // (std::vector's allocation: 16-byte aligned, as a device buffer)
+  int64_t row_bytes = 0;
+  std::vector<float> decoded;
+};
+HostKeys make_keys(const std::vector<float>& rows, int64_t n_slots, int dim, KvDtype dtype) {
+  const int groups = (dim + kFp8Group - 1) / kFp8Group;
+  HostKeys c;
+  c.row_bytes = dtype == KvDtype::F32 ? 4 * dim : dtype == KvDtype::BF16 ? 2 * dim : dim + 4 * groups;
+  c.bytes.assign(size_t(n_slots * c.row_bytes), 0);
+  c.decoded.resize(size_t(n_slots * dim));
+  for (int64_t s = 0; s < n_slots; ++s) {
+    const float* x = rows.data() + s * dim;
+    uint8_t* row = c.bytes.data() + s * c.row_bytes;
+    float* out = c.decoded.data() + s * dim;
+    if (dtype == KvDtype::F32) {
+      std::memcpy(row, x, size_t(dim) * 4);
+      std::copy(x, x + dim, out);
+    } else if (dtype == KvDtype::BF16) {
+      for (int i = 0; i < dim; ++i) {
+        const uint16_t h = f32_to_bf16(x[i]);
+        std::memcpy(row + 2 * i, &h, 2);
+        out[i] = bf16_to_f32(h);
+      }
+    } else {
+      for (int g = 0; g < groups; ++g) {
+        const int i0 = g * kFp8Group, i1 = std::min(dim, i0 + kFp8Group);
+        float amax = 0.0f;
+        for (int i = i0; i < i1; ++i) amax = std::max(amax, std::fabs(x[i]));
+        const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+        std::memcpy(row + dim + 4 * g, &scale, 4);
+        for (int i = i0; i < i1; ++i) {
+          row[i] = f32_to_fp8_e4m3(x[i] / scale);
+          out[i] = fp8_e4m3_to_f32(row[i]) * scale;
+        }
+      }
+    }
+  }
+  return c;
+}
+
+const char* dtype_name(KvDtype d) { return d == KvDtype::FP8 ? "fp8" : d == KvDtype::BF16 ? "bf16" : "f32"; }
+const char* mma_name(IndexerMma k) {
+  if (k == IndexerMma::kStaged) return "staged";
+  if (k == IndexerMma::kRegs) return "regs";
+  return k == IndexerMma::kQfrag ? "qfrag" : "auto";
+}
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct IndexerCase {
+  int heads, dim;
+  std::vector<int> ctx;  // per query token: its context length (tokens t share sequences round-robin)
+  int n_seq;
+  int block_size;
+};
+
+// Prefill rows: `T` tokens of one sequence at positions first .. first + T - 1 (the causal mask).
+IndexerCase prefill(int heads, int dim, int first, int T, int block_size) {
+  IndexerCase c{heads, dim, {}, 1, block_size};
+  for (int t = 0; t < T; ++t) c.ctx.push_back(first + t + 1);
+  return c;
+}
+
+// One problem's inputs on the host, and the arguments that point at them.
+struct Problem {
+  IndexerCase c;
+  KvDtype dtype;
+  std::vector<int32_t> seq, n_ctx;
+  Paged pg;
+  HostKeys keys;
+  std::vector<float> q, w;
+  std::vector<uint16_t> q16;
+  int64_t max_ctx = 0;
+  Problem(const IndexerCase& c_, KvDtype d, std::mt19937& rng) : c(c_), dtype(d), pg(lens(c_), c_.block_size, rng) {
+    const int T = int(c.ctx.size());
+    for (int t = 0; t < T; ++t) {
+      seq.push_back(t % c.n_seq);
+      n_ctx.push_back(c.ctx[size_t(t)]);
+    }
+    keys = make_keys(random_vec(size_t(pg.n_slots() * c.dim), rng), pg.n_slots(), c.dim, dtype);
+    q = random_vec(size_t(T) * c.heads * c.dim, rng);
+    w = random_vec(size_t(T) * c.heads, rng, 0.1f);
+    q16.resize(q.size());
+    for (size_t i = 0; i < q.size(); ++i) q16[i] = index_queries_fp16(dtype) ? f32_to_fp16(q[i]) : f32_to_bf16(q[i]);
+    max_ctx = *std::max_element(n_ctx.begin(), n_ctx.end());
+  }
+  static std::vector<int> lens(const IndexerCase& c) {
+    std::vector<int> l(size_t(c.n_seq), 1);
+    for (size_t t = 0; t < c.ctx.size(); ++t) l[t % size_t(c.n_seq)] = std::max(l[t % size_t(c.n_seq)], c.ctx[t]);
+    return l;
+  }
+  IndexerArgs args(bool use_q16) const {
+    IndexerArgs a;
+    a.q = use_q16 ? nullptr : q.data();
+    a.q16 = use_q16 ? q16.data() : nullptr;
+    a.w = w.data();
+    a.T = int64_t(c.ctx.size());
+    a.heads = c.heads;
+    a.dim = c.dim;
+    a.seq = seq.data();
+    a.n_ctx = n_ctx.data();
+    a.max_ctx = max_ctx;
+    a.keys.data = const_cast<uint8_t*>(keys.bytes.data());
+    a.keys.row_bytes = keys.row_bytes;
+    a.keys.block_size = pg.block_size;
+    a.keys.max_blocks = pg.max_blocks;
+    a.keys.block_tables = pg.tables.data();
+    a.dtype = dtype;
+    a.score_stride = max_ctx;
+    return a;
+  }
+};
+
+// A launch's results: the scores (poisoned first, so an unwritten one shows) and the histograms.
+constexpr uint32_t kPoison = 0x7fc0dead;
+struct Scored {
+  std::vector<float> scores;
+  std::vector<uint32_t> hist;  // [T][2048] where counted
+};
+
+// Runs the mma kernel `choice` as indexer.cu's launch_mma does, with one_wave_tiles for `slots`
+// resident blocks; count_k > 0: counts top_k's first digit for rows of more than count_k keys.
+Scored run_mma(const Problem& p, IndexerMma choice, bool use_q16, int64_t slots, int qfrag_stages, emu::Order order,
+               int count_k) {
+  IndexerArgs a = p.args(use_q16);
+  const int64_t T = a.T;
+  Scored r;
+  r.scores.resize(size_t(T * p.max_ctx));
+  const float poison = bits_to_f32(kPoison);
+  std::fill(r.scores.begin(), r.scores.end(), poison);
+  a.scores = r.scores.data();
+  if (count_k > 0) {
+    r.hist.assign(size_t(T) * topk::kMaxBins, 0u);
+    a.counts.hist = r.hist.data();
+    a.counts.row_words = topk::kMaxBins;
+    a.counts.k = count_k;
+  }
+  auto launch = [&](auto kernel, int threads, auto smem_bytes, auto... extra) {
+    const int per_block = one_wave_tiles(a, slots);
+    const int64_t tiles = (a.max_ctx + kKeysPerTile - 1) / kKeysPerTile;
+    const dim3 grid{unsigned((tiles + per_block - 1) / per_block), unsigned(T)};
+    emu::launch(kernel, grid, dim3(unsigned(threads)), smem_bytes(per_block), order, a, per_block, extra...);
+  };
+  const bool fp8 = p.dtype == KvDtype::FP8;
+  if (p.c.dim == 128) {
+    if (fp8) dispatch_mma<128, true>(a, choice, qfrag_stages, launch);
+    else dispatch_mma<128, false>(a, choice, qfrag_stages, launch);
+  } else {
+    if (fp8) dispatch_mma<64, true>(a, choice, qfrag_stages, launch);
+    else dispatch_mma<64, false>(a, choice, qfrag_stages, launch);
+  }
+  return r;
+}
+
+// The fma kernel as indexer_scores launches it: blocks of 4 warps, one key each.
+Scored run_fma(const Problem& p, emu::Order order) {
+  IndexerArgs a = p.args(false);
+  Scored r;
+  r.scores.assign(size_t(a.T * p.max_ctx), bits_to_f32(kPoison));
+  a.scores = r.scores.data();
+  const dim3 grid(unsigned((a.max_ctx + 3) / 4), unsigned(a.T));
+  if (p.dtype == KvDtype::FP8) emu::launch(indexer_fma_kernel<KvDtype::FP8>, grid, dim3(128), 0, order, a);
+  else if (p.dtype == KvDtype::F32) emu::launch(indexer_fma_kernel<KvDtype::F32>, grid, dim3(128), 0, order, a);
+  else emu::launch(indexer_fma_kernel<KvDtype::BF16>, grid, dim3(128), 0, order, a);
+  return r;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+// Scores against model::indexer_score (q rounded as the mma kernel rounds it where `rounded`),
+// positions past each row's context unwritten; returns the largest error relative to the summed
+// terms' magnitude, sum_h |w_h| sum_i |q_hi k_i| (a dot product that nearly cancels is only as
+// exact as its terms; fp32 sums in another order differ by a few ulps of that).
+double check_scores(const Problem& p, const std::vector<float>& got, bool rounded, const std::string& what) {
+  const int T = int(p.c.ctx.size()), H = p.c.heads, D = p.c.dim;
+  std::vector<float> qr = p.q;
+  if (rounded)
+    for (size_t i = 0; i < qr.size(); ++i)
+      qr[i] = index_queries_fp16(p.dtype) ? fp16_to_f32(p.q16[i]) : bf16_to_f32(p.q16[i]);
+  std::vector<float> w_abs(p.w), q_abs(qr), k_abs(static_cast<size_t>(D));
+  for (float& x : w_abs) x = std::fabs(x);
+  for (float& x : q_abs) x = std::fabs(x);
+  double worst = 0;
+  for (int t = 0; t < T; ++t) {
+    const int n = p.n_ctx[size_t(t)];
+    for (int pos = 0; pos < p.max_ctx; ++pos) {
+      const float g = got[size_t(t * p.max_ctx + pos)];
+      if (pos >= n) {
+        uint32_t u;
+        std::memcpy(&u, &g, 4);
+        EXPECT_EQ(u, kPoison) << what << ": token " << t << " position " << pos << " past its context written";
+        if (u != kPoison) return 1e30;
+        continue;
+      }
+      const float* key = p.keys.decoded.data() + p.pg.slot(p.seq[size_t(t)], pos) * D;
+      for (int i = 0; i < D; ++i) k_abs[size_t(i)] = std::fabs(key[i]);
+      const float ref = model::indexer_score(qr.data() + size_t(t) * H * D, p.w.data() + size_t(t) * H, key, H, D);
+      const float mag = model::indexer_score(q_abs.data() + size_t(t) * H * D, w_abs.data() + size_t(t) * H,
+                                             k_abs.data(), H, D);
+      const double err = std::fabs(double(g) - ref) / std::max(mag, 1e-6f);
+      worst = std::max(worst, std::isnan(err) ? 1e30 : err);
+      EXPECT_LE(err, 2e-5) << what << ": token " << t << " position " << pos << ": emulated " << g << " cpu " << ref;
+      if (!(err <= 2e-5)) return 1e30;
+    }
+  }
+  return worst;
+}
+
+// The counted histograms against the first digits of the rows' own scores counted here.
+void check_counts(const Problem& p, const Scored& r, int k, const std::string& what) {
+  const int T = int(p.c.ctx.size());
+  for (int t = 0; t < T; ++t) {
+    std::vector<uint32_t> want(topk::kMaxBins, 0u);
+    const int n = p.n_ctx[size_t(t)];
+    if (n > k)
+      for (int pos = 0; pos < n; ++pos)
+        ++want[topk::order_key(r.scores[size_t(t * p.max_ctx + pos)]) >> topk::digit_shift(0)];
+    const std::vector<uint32_t> got(r.hist.begin() + int64_t(t) * topk::kMaxBins,
+                                    r.hist.begin() + int64_t(t + 1) * topk::kMaxBins);
+    ASSERT_EQ(got, want) << what << ": token " << t << " (n " << n << ", k " << k << ")";
+  }
+}
+
+// One mma kernel on one problem: fp32 queries with blocks of many tiles (a wave of 2 resident
+// blocks) in both orders, counting with k = count_k, then 16-bit queries with blocks of one tile
+// (a wide wave) and no count: the same bits throughout, within the bound of the CPU's.
+double check_mma(const Problem& p, IndexerMma asked, int count_k, int qfrag_stages = 2) {
+  IndexerArgs a = p.args(false);
+  a.mma = asked;
+  const IndexerMma choice = choose_mma(a, IndexerMma::kAuto);
+  const std::string what = std::string(mma_name(choice)) + " (asked " + mma_name(asked) + ") " + dtype_name(p.dtype) +
+                           " heads " + std::to_string(p.c.heads) + " dim " + std::to_string(p.c.dim) + " pages of " +
+                           std::to_string(p.c.block_size) + " stages " + std::to_string(qfrag_stages);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Scored fwd = run_mma(p, choice, false, 2, qfrag_stages, emu::Order::kForward, count_k);
+  const Scored rev = run_mma(p, choice, false, 2, qfrag_stages, emu::Order::kReversed, count_k);
+  EXPECT_TRUE(same_bits(fwd.scores, rev.scores)) << what << ": the threads' order changed the scores";
+  EXPECT_EQ(fwd.hist, rev.hist) << what << ": the threads' order changed the counts";
+  const Scored wide = run_mma(p, choice, true, 1 << 20, qfrag_stages, emu::Order::kReversed, 0);
+  EXPECT_TRUE(same_bits(fwd.scores, wide.scores))
+      << what << ": 16-bit queries or one tile per block changed the scores";
+  const double err = check_scores(p, fwd.scores, true, what);
+  if (count_k > 0) check_counts(p, fwd, count_k, what);
+  std::printf("  %s, %d tokens, max ctx %lld: max error %.2e of the summed terms (%.2f s)\n", what.c_str(),
+              int(p.c.ctx.size()), (long long)p.max_ctx, err, seconds_since(t0));
+  return err;
+}
+
+// The GPU test's cases (kIndexerCases), and prefill rows.
+const std::vector<IndexerCase> kCases = {
+    {64, 128, {1, 63, 64, 65, 1000, 4097}, 3, 64},  // GLM-5 / DeepSeek-V3.2 width
+    {32, 128, {300, 17}, 2, 16},                    // 32 heads (GLM-5; tensor-parallel halves)
+    {32, 128, {5000, 130}, 2, 128},                 // pages larger than a tile
+    {32, 128, {700, 3}, 1, 2},                      // pages too small for 16-byte fp8 runs
+    {8, 64, {1, 12, 30}, 1, 16},                    // the fixtures' shape
+    {16, 64, {5, 33}, 2, 4},
+    {4, 64, {20}, 1, 16},
+    {80, 128, {1, 700}, 2, 64},  // more heads than a warp holds
+    {128, 64, {130}, 1, 16},
+    {16, 128, {300, 64}, 2, 64},   // one m-tile of heads per warp
+    {24, 64, {200, 129}, 1, 128},  // padding heads, dim 64 (fp8 rows of 68 bytes)
+    prefill(32, 128, 120, 9, 64),  // prefill: 9 tokens of one sequence, crossing a page and a tile
+    prefill(64, 128, 60, 6, 16),
+};
+
+const IndexerMma kAsked[] = {IndexerMma::kAuto, IndexerMma::kStaged, IndexerMma::kRegs, IndexerMma::kQfrag};
+
+TEST(IndexerOnTheHost, MmaChoiceFollowsTheShape) {
+  alignas(16) static uint8_t fake[64];
+  auto args = [&](int heads, KvDtype d, int block_size, int64_t row_bytes, IndexerMma asked) {
+    IndexerArgs a;
+    a.heads = heads;
+    a.dim = 128;
+    a.dtype = d;
+    a.q16 = reinterpret_cast<const uint16_t*>(fake);
+    a.keys.data = fake;
+    a.keys.block_size = block_size;
+    a.keys.row_bytes = row_bytes;
+    a.mma = asked;
+    return choose_mma(a, IndexerMma::kAuto);
+  };
+  using M = IndexerMma;
+  const KvDtype bf = KvDtype::BF16, f8 = KvDtype::FP8;
+  EXPECT_EQ(args(32, bf, 64, 256, M::kAuto), M::kQfrag);  // GLM-5
+  EXPECT_EQ(args(64, bf, 64, 256, M::kAuto), M::kQfrag);  // DeepSeek-V3.2
+  EXPECT_EQ(args(80, bf, 64, 256, M::kAuto), M::kStaged);
+  EXPECT_EQ(args(32, f8, 64, 132, M::kAuto), M::kQfrag);
+  EXPECT_EQ(args(32, f8, 256, 132, M::kAuto), M::kQfrag);
+  EXPECT_EQ(args(64, f8, 64, 132, M::kAuto), M::kStaged);
+  EXPECT_EQ(args(32, f8, 16, 132, M::kAuto), M::kStaged);
+  EXPECT_EQ(args(32, f8, 16, 132, M::kQfrag), M::kStaged);
+  EXPECT_EQ(args(64, f8, 64, 132, M::kQfrag), M::kQfrag);
+  EXPECT_EQ(args(64, bf, 64, 256, M::kRegs), M::kRegs);
+  EXPECT_EQ(args(64, f8, 64, 132, M::kRegs), M::kStaged);
+  EXPECT_EQ(args(80, bf, 64, 256, M::kRegs), M::kStaged);
+  EXPECT_EQ(args(32, bf, 64, 264, M::kAuto), M::kStaged);
+  EXPECT_EQ(args(64, bf, 64, 256, M::kStaged), M::kStaged);
+  // SPARSEMLA_INDEXER_MMA's kernel where the arguments ask for none; theirs where they do
+  IndexerArgs a;
+  a.heads = 64;
+  a.dim = 128;
+  a.q16 = reinterpret_cast<const uint16_t*>(fake);
+  a.keys.data = fake;
+  a.keys.block_size = 64;
+  a.keys.row_bytes = 256;
+  EXPECT_EQ(choose_mma(a, M::kRegs), M::kRegs);
+  a.mma = M::kStaged;
+  EXPECT_EQ(choose_mma(a, M::kRegs), M::kStaged);
+}
+
+// Every case, both key formats, each kernel asked for (the ones that fall back run once), counting
+// the first digit for rows of more than 100 keys.
+TEST(IndexerOnTheHost, MmaScoresMatchTheCpuReference) {
+  std::mt19937 rng(2);
+  double worst = 0;
+  for (const IndexerCase& c : kCases)
+    for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+      const Problem p(c, d, rng);
+      std::vector<IndexerMma> done;
+      for (IndexerMma asked : kAsked) {
+        IndexerArgs a = p.args(false);
+        a.mma = asked;
+        const IndexerMma choice = choose_mma(a, IndexerMma::kAuto);
+        if (std::find(done.begin(), done.end(), choice) != done.end()) continue;
+        done.push_back(choice);
+        worst = std::max(worst, check_mma(p, asked, 100));
+        if (HasFailure()) return;
+      }
+    }
+  std::printf("  max error %.2e\n", worst);
+}
+
+// Three stages of the qfrag kernel (SPARSEMLA_INDEXER_QFRAG_STAGES=3) on each head grouping.
+TEST(IndexerOnTheHost, QfragThreeStages) {
+  std::mt19937 rng(7);
+  for (int heads : {16, 32, 64})
+    for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+      const Problem p({heads, 128, {700, 65, 1}, 2, 64}, d, rng);
+      check_mma(p, IndexerMma::kQfrag, 100, 3);
+      if (HasFailure()) return;
+    }
+}
+
+// Decode rows at longer context, few resident blocks: every block streams more tiles than its ring
+// has stages (IndexerScoresOneLongRow, shorter); the counts with top_k's k = 2048.
+TEST(IndexerOnTheHost, LongRowsStreamManyTiles) {
+  std::mt19937 rng(12);
+  for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+    check_mma(Problem({32, 128, {12000}, 1, 64}, d, rng), IndexerMma::kAuto, 2048);
+    for (IndexerMma asked : {IndexerMma::kStaged, IndexerMma::kRegs, IndexerMma::kQfrag}) {
+      if (d == KvDtype::FP8 && asked == IndexerMma::kRegs) continue;  // (falls back to staged)
+      check_mma(Problem({64, 128, {2000, 1995, 1936, 2001}, 4, 64}, d, rng), asked, 2048);
+      if (HasFailure()) return;
+    }
+    check_mma(Problem({16, 128, {12000}, 1, 64}, d, rng), IndexerMma::kQfrag, 2048);  // one warp of one m-tile
+  }
+}
+
+// The fma kernel: every case on bf16, fp8 and f32 keys, and shapes only it takes.
+TEST(IndexerOnTheHost, FmaScoresMatchTheCpuReference) {
+  std::mt19937 rng(3);
+  std::vector<IndexerCase> cases = {kCases[1], kCases[4], kCases[5], kCases[10], kCases[11]};
+  double worst = 0;
+  for (const IndexerCase& c : cases)
+    for (KvDtype d : {KvDtype::BF16, KvDtype::FP8, KvDtype::F32}) {
+      const Problem p(c, d, rng);
+      const auto t0 = std::chrono::steady_clock::now();
+      const Scored fwd = run_fma(p, emu::Order::kForward), rev = run_fma(p, emu::Order::kReversed);
+      EXPECT_TRUE(same_bits(fwd.scores, rev.scores)) << "fma: the threads' order changed the scores";
+      const double err = check_scores(p, fwd.scores, false, std::string("fma ") + dtype_name(d));
+      worst = std::max(worst, err);
+      std::printf("  fma %s heads %d dim %d: max error %.2e (%.2f s)\n", dtype_name(d), c.heads, c.dim, err,
+                  seconds_since(t0));
+      if (HasFailure()) return;
+    }
+  for (auto [c, d] : {std::pair{IndexerCase{6, 40, {9, 70}, 2, 16}, KvDtype::BF16},
+                      std::pair{IndexerCase{3, 96, {50}, 1, 8}, KvDtype::FP8}}) {
+    const Problem p(c, d, rng);
+    const Scored fwd = run_fma(p, emu::Order::kForward), rev = run_fma(p, emu::Order::kReversed);
+    EXPECT_TRUE(same_bits(fwd.scores, rev.scores));
+    worst = std::max(worst, check_scores(p, fwd.scores, false, "fma odd shape"));
+  }
+  std::printf("  fma max error %.2e\n", worst);
+}
+
+}  // namespace
+}  // namespace sparsemla::cuda
