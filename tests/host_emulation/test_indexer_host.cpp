@@ -35,6 +35,7 @@
 
 #include "model/blocks/indexer.h"
 #include "ops/cuda/indexer_kernels.cuh"
+#include "host_paged.h"
 #include "util/half.h"
 
 namespace sparsemla::cuda {
@@ -44,30 +45,8 @@ using namespace indexer;
 using sparsemla::bf16_to_f32;
 using sparsemla::f32_to_bf16;
 
-std::vector<float> random_vec(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-// Sequences over a paged cache with shuffled blocks: position p of sequence s lives at slot(s, p).
-struct Paged {
-  int block_size = 16, max_blocks = 0, n_blocks = 0;
-  std::vector<int32_t> tables;  // [n_seq, max_blocks]
-  Paged(const std::vector<int>& lens, int bs, std::mt19937& rng) : block_size(bs) {
-    for (int len : lens) max_blocks = std::max(max_blocks, (len + bs - 1) / bs);
-    max_blocks = std::max(max_blocks, 1);
-    n_blocks = int(lens.size()) * max_blocks;
-    tables.resize(size_t(n_blocks));
-    std::iota(tables.begin(), tables.end(), 0);
-    std::shuffle(tables.begin(), tables.end(), rng);
-  }
-  int64_t slot(int seq, int pos) const {
-    return int64_t(tables[size_t(seq * max_blocks + pos / block_size)]) * block_size + pos % block_size;
-  }
-  int64_t n_slots() const { return int64_t(n_blocks) * block_size; }
-};
+using test_paged::Paged;
+using test_paged::random_vec;
 
 // Index keys [n_slots][dim] stored as `dtype` (attention.h: bf16, f32, or fp8 e4m3 with one fp32
 // scale amax / 448 per 128 values after them, as write_index_keys stores them), and decoded.
