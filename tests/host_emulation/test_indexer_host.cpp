@@ -35,7 +35,7 @@
 
 #include "model/blocks/indexer.h"
 #include "ops/cuda/indexer_kernels.cuh"
-#include "host_paged.h"
+#include "../unit/paged_test_util.h"
 #include "util/half.h"
 
 namespace sparsemla::cuda {

@@ -30,7 +30,7 @@
 
 #include "ops/cpu/attention.h"
 #include "ops/cuda/sparse_mla_kernels.cuh"
-#include "host_paged.h"
+#include "../unit/paged_test_util.h"
 #include "util/half.h"
 
 namespace sparsemla::cuda {

@@ -64,6 +64,7 @@ TEST(Fp8E4m3, EveryCodeRoundTripsAndRoundingIsNearestEven) {
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_smem.h"
 #include "ops/cuda/buffer.h"
+#include "paged_test_util.h"
 #include "quant_test_util.h"
 
 namespace sparsemla {
@@ -78,32 +79,13 @@ bool small_mode() { return std::getenv("SPARSEMLA_GPU_TEST_SMALL") != nullptr; }
 float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 float round_f16(float x) { return fp16_to_f32(f32_to_fp16(x)); }
 
-std::vector<float> random_vec(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using cuda::test_paged::random_vec;
 
-// Sequences over a paged cache with shuffled blocks: position p of sequence s lives at slot(s, p).
-struct Paged {
-  int block_size = 16, max_blocks = 0, n_blocks = 0;
-  std::vector<int32_t> tables;  // [n_seq, max_blocks]
+// The paged tables of paged_test_util.h with their device copy.
+struct Paged : cuda::test_paged::Paged {
   DeviceBuffer d_tables;
-  Paged(const std::vector<int>& lens, int bs, std::mt19937& rng) : block_size(bs) {
-    for (int len : lens) max_blocks = std::max(max_blocks, (len + bs - 1) / bs);
-    max_blocks = std::max(max_blocks, 1);
-    n_blocks = int(lens.size()) * max_blocks;
-    std::vector<int32_t> ids(static_cast<size_t>(n_blocks));
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng);
-    tables = ids;
-    d_tables = cuda::to_device(tables);
-  }
-  int64_t slot(int seq, int pos) const {
-    return int64_t(tables[size_t(seq * max_blocks + pos / block_size)]) * block_size + pos % block_size;
-  }
-  int64_t n_slots() const { return int64_t(n_blocks) * block_size; }
+  Paged(const std::vector<int>& lens, int bs, std::mt19937& rng)
+      : cuda::test_paged::Paged(lens, bs, rng), d_tables(cuda::to_device(tables)) {}
   cuda::PagedRows rows(const DeviceBuffer& cache, int64_t row_bytes) const {
     return {cache.get(), row_bytes, d_tables.as<int32_t>(), max_blocks, block_size};
   }

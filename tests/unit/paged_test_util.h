@@ -1,6 +1,6 @@
-// Inputs of the host-emulated attention and indexer tests: Gaussian vectors, and sequences over a
-// paged cache with shuffled blocks (the GPU tests' Paged of test_cuda_attention.cpp, without its
-// device copy).
+// Inputs of the attention and indexer tests, on the GPU (test_cuda_attention.cpp, which adds the
+// tables' device copy) and in the host emulation: Gaussian vectors, and sequences over a paged
+// cache with shuffled blocks. Host code only.
 #pragma once
 #include <algorithm>
 #include <cstdint>
