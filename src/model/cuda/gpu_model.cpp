@@ -1214,9 +1214,6 @@ void GpuModel::indexer(int32_t il, GpuCache& cache) {
 
 int GpuModel::q8_levels(gguf::GgmlType t) const {
   if (opts_.precise || !cuda::q8_supported(t)) return 0;
-  // (IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, Q4_0 and IQ4_NL, whose int8 kernels were written
-  // in session 30 without a GPU, only here until their speed is measured: their results are checked
-  // on the host, DecodeProductsOnTheHost, but nothing says yet that they beat the fp32 kernel.)
   if (opts_.int8_activations) return 1;
   if (!opts_.q8_two_level) return 0;
   // Q8_0 and Q5_K: the types without a multi-token tensor-core decode kernel, whose fp32 kernel the
@@ -1234,7 +1231,22 @@ int GpuModel::q8_levels(gguf::GgmlType t) const {
   // 307 -> 265 us, a 2-layer Q4_K_M GLM-5-width step 0.709 -> 0.669 ms). At 3-8 tokens its bf16
   // tensor-core kernel stays.
   if (t == gguf::GgmlType::Q6_K && st_->T == 1) return 2;
-  return 0;
+  // IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, Q4_0 and IQ4_NL (the types of GLM-5's UD-IQ1 / IQ2
+  // / IQ3 files and the legacy 32-blocks; no tensor-core decode kernel) in a one-token step: the
+  // dp4a kernel at two levels, 1.3-2.5x their fp32 kernel on the GLM-5 shapes (session 32, H200:
+  // 6144 x 16384 IQ3_XXS 58.5 -> 31.8 us, IQ1_S 49.0 -> 23.3, Q4_0 39.0 -> 20.6; the 154880 x 6144
+  // head IQ2_XS 414 -> 192, IQ1_S 428 -> 173). At 2-8 tokens the fp32 kernel until measured.
+  switch (t) {
+    case gguf::GgmlType::IQ3_XXS:
+    case gguf::GgmlType::IQ3_S:
+    case gguf::GgmlType::IQ2_XS:
+    case gguf::GgmlType::IQ2_S:
+    case gguf::GgmlType::IQ1_S:
+    case gguf::GgmlType::IQ1_M:
+    case gguf::GgmlType::Q4_0:
+    case gguf::GgmlType::IQ4_NL: return st_->T == 1 ? 2 : 0;
+    default: return 0;
+  }
 }
 
 bool GpuModel::takes_q8(const cuda::Q8Activations* q, const QuantMatrix& w, int64_t T) const {

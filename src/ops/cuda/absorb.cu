@@ -239,11 +239,12 @@ void Blas::per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, 
     SPARSEMLA_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
     return;
   }
-  if (head_q8_fits(g, T)) {
+  const bool kernels = T < gemm_from_tokens;
+  if (kernels && head_q8_fits(g, T)) {
     head_gemv_q8(g, x, x_stride, T, out, out_stride, st);
     return;
   }
-  if (g.form != HeadWeights::Quant && head_gemv_fits(g, T)) {
+  if (kernels && g.form != HeadWeights::Quant && head_gemv_fits(g, T)) {
     head_gemv(g, x, x_stride, T, out, out_stride, st);
     return;
   }

@@ -283,6 +283,9 @@ class Blas {
   // Its scratch buffer (grown on demand): a captured CUDA graph holds this address.
   const void* scratch() const { return xbf_.get(); }
   const void* weight_scratch() const { return wbf_.get(); }
+  // Fewer tokens than this take the head kernels (head_gemv, head_gemv_q8) where they fit, more
+  // take cuBLAS (bench_cuda_matmul --absorb sets 1 to time cuBLAS at every token count).
+  int64_t gemm_from_tokens = INT64_MAX;
 
  private:
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
