@@ -31,6 +31,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gguf/ggml_types.h"
@@ -149,7 +150,7 @@ int run_absorb(double copy, int calls, int runs) {
     const char* name;
     int heads, rows, cols;
   };
-  std::printf("%-11s %-5s %3s %9s %9s %7s   (Tg: through cuBLAS)\n", "product", "type", "T", "us/call", "GB/s",
+  std::printf("%-11s %-5s %3s %9s %9s %7s   (T: head GEMV, Tt: tensor-core kernel, Tg: cuBLAS)\n", "product", "type", "T", "us/call", "GB/s",
               "% copy");
   for (const HeadShape& sh : {HeadShape{"glm5 W_UK", 64, 512, 192}, HeadShape{"glm5 W_UV", 64, 256, 512},
                               HeadShape{"dsv32 W_UK", 128, 512, 128}, HeadShape{"dsv32 W_UV", 128, 128, 512}})
@@ -166,12 +167,14 @@ int run_absorb(double copy, int calls, int runs) {
                          quant ? cuda::HeadWeights::Quant : cuda::HeadWeights::BF16, t});
       }
       for (int64_t T : {1, 2, 3, 4, 6, 8, 12, 16, 32})
-        for (const bool gemm : {false, true}) {  // the model's choice, then cuBLAS (once past 16: the same)
-          if (gemm && T > 16) continue;
-          blas.gemm_from_tokens = gemm ? 1 : INT64_MAX;
+        for (const auto& [path, tag] : {std::pair{cuda::Blas::Path::Kernel, " "}, std::pair{cuda::Blas::Path::TensorCore, "t"},
+                                        std::pair{cuda::Blas::Path::Gemm, "g"}}) {
+          // (past 16 tokens every path is cuBLAS's; the tensor-core kernel takes bf16 rows only)
+          if ((T > 16 && path != cuda::Blas::Path::Kernel) || (quant && path == cuda::Blas::Path::TensorCore)) continue;
+          blas.path = path;
           const cuda::MatmulTiming m = cuda::bench_per_head(blas, gemms.data(), n, T, calls, runs);
           std::printf("%-11s %-5s %3lld%s %9.2f %9.0f %6.0f%%\n", sh.name, std::string(gguf::type_name(t)).c_str(),
-                      (long long)T, gemm ? "g" : " ", m.us_per_call, m.weight_gbs, 100.0 * m.weight_gbs / copy);
+                      (long long)T, tag, m.us_per_call, m.weight_gbs, 100.0 * m.weight_gbs / copy);
         }
     }
   return 0;

@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -1348,7 +1349,9 @@ TEST(CudaAttention, AbsorptionProductsMatchTheCpu) {
            {64, 512, 192, 1}, {64, 256, 512, 1}, {64, 512, 192, 5}, {64, 256, 512, 16}, {128, 512, 128, 2},
            {128, 128, 512, 8}, {4, 32, 16, 1}, {2, 24, 16, 7}, {3, 40, 24, 3},
            // cuBLAS: more tokens, or columns that are not whole 16-byte chunks
-           {64, 512, 192, 17}, {16, 256, 512, 33}, {4, 32, 12, 2}}) {
+           {64, 512, 192, 17}, {16, 256, 512, 33}, {4, 32, 12, 2},
+           // the tensor-core kernel's shapes: rows past a warp's 16 / a block's 64, one chunk, two n-tiles
+           {3, 40, 32, 9}, {2, 200, 160, 12}, {64, 256, 512, 3}}) {
     std::vector<float> w = random_vec(size_t(heads) * rows * cols, rng, 0.05f);
     for (float& x : w) x = round_bf16(x);
     const int x_stride = cols + 3, out_stride = rows + 5;
@@ -1358,13 +1361,22 @@ TEST(CudaAttention, AbsorptionProductsMatchTheCpu) {
     d_out.zero();
     cuda::to_bf16(d_w32.as<float>(), int64_t(w.size()), d_w.get(), nullptr);
     cuda::HeadBatchedGemm g{d_w.get(), heads, rows, cols};
-    blas.per_head(g, d_x.as<float>(), x_stride, T, d_out.as<float>(), out_stride, nullptr);
-    const std::vector<float> got = cuda::to_host<float>(d_out, size_t(T) * heads * out_stride);
-    const double worst = absorption_error(
-        got, [&](int h, int r, int c) { return double(w[(size_t(h) * rows + r) * cols + c]); }, x, heads, rows, cols, T,
-        x_stride, out_stride);
-    EXPECT_LE(worst, 1e-4) << heads << " heads " << rows << "x" << cols << ", " << T << " tokens";
-    std::printf("  absorption %d heads %dx%d, %d tokens: max error %.2e\n", heads, rows, cols, T, worst);
+    // Every path (forced where it takes the shape; else the automatic choice): the head GEMV, the
+    // tensor-core kernel (head_mma_kernel.cuh: whole 32-column chunks, up to 16 tokens), cuBLAS.
+    using Path = cuda::Blas::Path;
+    for (const auto& [path, name] : {std::pair{Path::Auto, "auto"}, std::pair{Path::Kernel, "gemv"},
+                                     std::pair{Path::TensorCore, "tensor-core"}, std::pair{Path::Gemm, "cuBLAS"}}) {
+      blas.path = path;
+      d_out.zero();
+      blas.per_head(g, d_x.as<float>(), x_stride, T, d_out.as<float>(), out_stride, nullptr);
+      const std::vector<float> got = cuda::to_host<float>(d_out, size_t(T) * heads * out_stride);
+      const double worst = absorption_error(
+          got, [&](int h, int r, int c) { return double(w[(size_t(h) * rows + r) * cols + c]); }, x, heads, rows, cols,
+          T, x_stride, out_stride);
+      EXPECT_LE(worst, 1e-4) << heads << " heads " << rows << "x" << cols << ", " << T << " tokens, " << name;
+      std::printf("  absorption %d heads %dx%d, %d tokens (%s): max error %.2e\n", heads, rows, cols, T, name, worst);
+    }
+    blas.path = Path::Auto;
     // The fp32 path (precise mode): fp32 weights and activations, against double to fp32 rounding.
     std::vector<float> w32 = random_vec(w.size(), rng, 0.05f);
     DeviceBuffer d_w32b = cuda::to_device(w32), d_out32(size_t(T) * heads * out_stride * 4);

@@ -9,6 +9,8 @@
 #include "ops/cuda/absorb_q8.cuh"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.cuh"
+#include "ops/cuda/head_mma_kernel.cuh"
+#include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/small_ops_reduce.cuh"
 #include "ops/cuda/pdl.cuh"
@@ -202,6 +204,42 @@ void head_gemv(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64
   fail("cuda::head_gemv: internal error: quantized weights");
 }
 
+bool head_mma_fits(const HeadBatchedGemm& g, int64_t T) {
+  return !g.f32 && g.form == HeadWeights::BF16 && headmma::hm_takes(g.cols, T, g.w) && g.heads <= 65535;
+}
+
+void head_mma(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_t T, float* out, int64_t out_stride,
+              cudaStream_t s) {
+  using namespace headmma;
+  HeadMmaArgs a;
+  a.w = static_cast<const __nv_bfloat16*>(g.w);
+  a.heads = g.heads;
+  a.rows = g.rows;
+  a.cols = g.cols;
+  a.x = x;
+  a.x_stride = x_stride;
+  a.T = int(T);
+  a.out = out;
+  a.out_stride = out_stride;
+  const int ntile = T <= 8 ? 1 : 2;
+  const size_t smem = hm_smem(ntile, g.cols);
+  const dim3 grid(unsigned((g.rows + kHmWarps * kHmRowsPerWarp - 1) / (kHmWarps * kHmRowsPerWarp)), unsigned(g.heads));
+  const auto kernel = ntile == 1 ? head_mma_kernel<1, kHmChunksInFlight> : head_mma_kernel<2, kHmChunksInFlight>;
+  allow_smem(kernel, smem);
+  pdl::launch(kernel, grid, kHmWarps * 32, smem, s, a);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+// The path of a product of T tokens: the one asked for where it takes the shape; else (Auto) the
+// head GEMVs for decode batches where they fit, cuBLAS for the rest.
+Blas::Path head_path(const HeadBatchedGemm& g, int64_t T, Blas::Path asked) {
+  using Path = Blas::Path;
+  const bool kernel = g.form == HeadWeights::Quant ? head_q8_fits(g, T) : head_gemv_fits(g, T);
+  if (asked == Path::Gemm) return Path::Gemm;
+  if (asked == Path::TensorCore && head_mma_fits(g, T)) return Path::TensorCore;
+  return kernel ? Path::Kernel : Path::Gemm;
+}
+
 }  // namespace
 
 void to_bf16(const float* x, int64_t n, void* out, Stream s) {
@@ -239,14 +277,14 @@ void Blas::per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, 
     SPARSEMLA_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH));
     return;
   }
-  const bool kernels = T < gemm_from_tokens;
-  if (kernels && head_q8_fits(g, T)) {
-    head_gemv_q8(g, x, x_stride, T, out, out_stride, st);
-    return;
-  }
-  if (kernels && g.form != HeadWeights::Quant && head_gemv_fits(g, T)) {
-    head_gemv(g, x, x_stride, T, out, out_stride, st);
-    return;
+  switch (head_path(g, T, path)) {
+    case Path::Kernel:
+      if (g.form == HeadWeights::Quant) head_gemv_q8(g, x, x_stride, T, out, out_stride, st);
+      else head_gemv(g, x, x_stride, T, out, out_stride, st);
+      return;
+    case Path::TensorCore: return head_mma(g, x, x_stride, T, out, out_stride, st);
+    case Path::Auto:
+    case Path::Gemm: break;
   }
   const void* wbf = g.w;
   if (g.form == HeadWeights::Quant) {  // dequantized into the scratch copy

@@ -283,9 +283,12 @@ class Blas {
   // Its scratch buffer (grown on demand): a captured CUDA graph holds this address.
   const void* scratch() const { return xbf_.get(); }
   const void* weight_scratch() const { return wbf_.get(); }
-  // Fewer tokens than this take the head kernels (head_gemv, head_gemv_q8) where they fit, more
-  // take cuBLAS (bench_cuda_matmul --absorb sets 1 to time cuBLAS at every token count).
-  int64_t gemm_from_tokens = INT64_MAX;
+  // The path of a product: Auto the measured choice (absorb.cu: head_path); the others force one
+  // where it takes the shape, else Auto's (tests and bench_cuda_matmul --absorb time each):
+  // Kernel the head GEMVs (head_gemv; head_gemv_q8 for quantized rows), TensorCore the bf16
+  // tensor-core kernel (head_mma_kernel.cuh), Gemm cuBLAS.
+  enum class Path { Auto, Kernel, TensorCore, Gemm };
+  Path path = Path::Auto;
 
  private:
   static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
