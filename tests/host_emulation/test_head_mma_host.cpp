@@ -65,10 +65,8 @@ std::vector<float> run_kernel(const Problem& p, int T, emu::Order order) {
   std::vector<float> out(size_t(T) * c.heads * p.out_stride, kUnwritten);
   a.out = out.data();
   a.out_stride = p.out_stride;
-  const int ntile = T <= 8 ? 1 : 2;
-  const dim3 grid(unsigned((c.rows + kHmWarps * kHmRowsPerWarp - 1) / (kHmWarps * kHmRowsPerWarp)), unsigned(c.heads));
-  const auto kernel = ntile == 1 ? head_mma_kernel<1, kHmChunksInFlight> : head_mma_kernel<2, kHmChunksInFlight>;
-  emu::launch(kernel, grid, dim3(kHmWarps * 32), hm_smem(ntile, c.cols), order, a);
+  const HmLaunch l = hm_launch(c.heads, c.rows, c.cols, T);
+  emu::launch(l.kernel, l.grid, dim3(kHmWarps * 32), l.smem, order, a);
   return out;
 }
 
@@ -100,7 +98,8 @@ double max_error(const Problem& p, const std::vector<float>& out, int T) {
 // GLM-5's W_UK (512 x 192) and W_UV (256 x 512), DeepSeek-V3.2's W_UK (512 x 128) with fewer
 // heads, at one and two n-tiles; rows that leave a warp's 16 and a block's 64 short; a single chunk.
 const std::vector<Case> kCases = {{2, 512, 192, 1}, {2, 256, 512, 8},  {2, 256, 512, 16}, {3, 512, 128, 3},
-                                  {3, 40, 32, 9},   {2, 72, 96, 5},    {1, 16, 64, 16},   {2, 200, 160, 12}};
+                                  {3, 40, 32, 9},   {2, 72, 96, 5},    {1, 16, 64, 16},   {2, 200, 160, 12},
+                                  {2, 48, 576, 4}};
 
 TEST(AbsorptionTensorCoreKernelOnTheHost, MatchesDoubleSums) {
   uint32_t seed = 700;

@@ -221,12 +221,9 @@ void head_mma(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_
   a.T = int(T);
   a.out = out;
   a.out_stride = out_stride;
-  const int ntile = T <= 8 ? 1 : 2;
-  const size_t smem = hm_smem(ntile, g.cols);
-  const dim3 grid(unsigned((g.rows + kHmWarps * kHmRowsPerWarp - 1) / (kHmWarps * kHmRowsPerWarp)), unsigned(g.heads));
-  const auto kernel = ntile == 1 ? head_mma_kernel<1, kHmChunksInFlight> : head_mma_kernel<2, kHmChunksInFlight>;
-  allow_smem(kernel, smem);
-  pdl::launch(kernel, grid, kHmWarps * 32, smem, s, a);
+  const HmLaunch l = hm_launch(g.heads, g.rows, g.cols, T);
+  allow_smem(l.kernel, l.smem);
+  pdl::launch(l.kernel, l.grid, kHmWarps * 32, l.smem, s, a);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 

@@ -38,7 +38,13 @@ constexpr int kHmWarps = 4;
 constexpr int kHmRowsPerWarp = 16;
 constexpr int kHmChunk = 32;       // columns per chunk (two k-steps of 16)
 constexpr int kHmMaxTokens = 16;   // two n-tiles of 8
-constexpr int kHmChunksInFlight = 8;  // CH of the launches (GLM-5's W_UV: 16 chunks, two rounds)
+
+// CH of a launch: every chunk of the row in flight at once where it has at most 16 (GLM-5's W_UK 6,
+// W_UV 16, DeepSeek-V3.2's W_UK 4: 128 registers of weights at most), 16 at a time beyond.
+__host__ __device__ inline int hm_chunks_in_flight(int cols) {
+  const int chunks = cols / kHmChunk;
+  return chunks <= 4 ? 4 : chunks <= 8 ? 8 : 16;
+}
 
 // bf16 values from one staged token row to the next (cols a multiple of kHmChunk: 64-byte rows).
 __host__ __device__ inline int hm_stride(int cols) { return cols % 64 == 0 ? cols + 32 : cols; }
@@ -126,6 +132,22 @@ __global__ void __launch_bounds__(kHmWarps * 32) head_mma_kernel(const HeadMmaAr
       const int row = r0 + g + (e >= 2 ? 8 : 0), t = j * 8 + 2 * q + (e & 1);
       if (row < a.rows && t < a.T) a.out[(int64_t(t) * a.heads + h) * a.out_stride + row] = acc[j][e];
     }
+}
+
+// The launch of T tokens of rows of `cols` columns: the kernel, its grid and shared memory.
+struct HmLaunch {
+  void (*kernel)(HeadMmaArgs) = nullptr;
+  dim3 grid;
+  size_t smem = 0;
+};
+inline HmLaunch hm_launch(int heads, int rows, int cols, int64_t T) {
+  HmLaunch l;
+  const int ntile = T <= 8 ? 1 : 2, ch = hm_chunks_in_flight(cols);
+  l.kernel = ntile == 1 ? (ch == 4 ? head_mma_kernel<1, 4> : ch == 8 ? head_mma_kernel<1, 8> : head_mma_kernel<1, 16>)
+                        : (ch == 4 ? head_mma_kernel<2, 4> : ch == 8 ? head_mma_kernel<2, 8> : head_mma_kernel<2, 16>);
+  l.grid = dim3(unsigned((rows + kHmWarps * kHmRowsPerWarp - 1) / (kHmWarps * kHmRowsPerWarp)), unsigned(heads));
+  l.smem = hm_smem(ntile, cols);
+  return l;
 }
 
 }  // namespace sparsemla::cuda::headmma
