@@ -227,13 +227,18 @@ void head_mma(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
+// bf16 rows from this many tokens take the tensor-core kernel where it fits (fewer: the GEMV).
+constexpr int64_t kTensorCoreFromTokens = 17;  // (not yet timed on a GPU: off)
+
 // The path of a product of T tokens: the one asked for where it takes the shape; else (Auto) the
-// head GEMVs for decode batches where they fit, cuBLAS for the rest.
+// tensor-core kernel for bf16 rows from kTensorCoreFromTokens, the head GEMVs for decode batches
+// where they fit, cuBLAS for the rest.
 Blas::Path head_path(const HeadBatchedGemm& g, int64_t T, Blas::Path asked) {
   using Path = Blas::Path;
   const bool kernel = g.form == HeadWeights::Quant ? head_q8_fits(g, T) : head_gemv_fits(g, T);
   if (asked == Path::Gemm) return Path::Gemm;
-  if (asked == Path::TensorCore && head_mma_fits(g, T)) return Path::TensorCore;
+  if ((asked == Path::TensorCore || (asked == Path::Auto && T >= kTensorCoreFromTokens)) && head_mma_fits(g, T))
+    return Path::TensorCore;
   return kernel ? Path::Kernel : Path::Gemm;
 }
 
