@@ -534,21 +534,25 @@ TEST(GpuModel, Q4KOneTokenStepsTakeTheInt8KernelCloserToFp32) {
   EXPECT_LT(a.median, b.median) << "the int8 kernel is not closer to the fp32 products than the bf16 one";
 }
 
-// A Q4_0 model (random weights; every matrix Q4_0, as the legacy and IQ types that take int8
-// activations in one-token steps only: GpuModel::q8_levels) in one-token steps: the default fast
-// mode must take the int8 (dp4a) kernel for them (its logits differ from the fp32-activation run's)
-// and stay within the fixtures' bound of the precise mode's fp32 products. (The IQ types' products
-// themselves are checked against W x_hat in CudaMatmulQ8; the writer quantizes no IQ type.)
+// A Q4_0 model (random weights; every matrix Q4_0, as the legacy and IQ types that take two-level
+// int8 activations in the fast mode: GpuModel::q8_levels) in one-token steps: the default fast mode
+// must take the int8 (dp4a) kernel for them (its logits differ from the fp32-activation run's) and
+// stay within the fixtures' bound of that run, which differs from it by the activations' rounding
+// alone. Dense layers only: with experts, this random model's near-tie expert scores flip between
+// runs that round differently (measured on the GPU: 0.2 against the precise mode for both the int8
+// and the fp32 kernels). (The IQ types' products themselves are checked against W x_hat in
+// CudaMatmulQ8; the writer quantizes no IQ type.)
 TEST(GpuModel, Q4_0OneTokenStepsTakeTheInt8Kernel) {
   SPARSEMLA_REQUIRE_GPU();
   test::TempDir dir("gpu-q4_0");
   SyntheticSpec spec = SyntheticSpec::glm5_small();
   spec.n_layer = 3;
+  spec.n_leading_dense = spec.n_layer;
   spec.matrix_type = gguf::GgmlType::Q4_0;
   const std::string path = dir.file("m.gguf");
   write_synthetic_model(spec, path);
   auto cpu = Model::load(path, {AttentionMode::Sparse, 2});
-  ASSERT_EQ(gguf::File::open(path)->tensor("blk.1.ffn_gate_exps.weight")->type, gguf::GgmlType::Q4_0);
+  ASSERT_EQ(gguf::File::open(path)->tensor("blk.1.ffn_gate.weight")->type, gguf::GgmlType::Q4_0);
   const int64_t V = cpu->hparams().n_vocab;
   GpuModelOptions o = options(KvDtype::BF16, true);
   std::vector<int32_t> tokens;
@@ -558,13 +562,14 @@ TEST(GpuModel, Q4_0OneTokenStepsTakeTheInt8Kernel) {
   const std::vector<float> int8 = bundled_decode_logits(*cpu, o, tokens, 1);
   o.q8_two_level = false;  // every product on fp32 activations
   const std::vector<float> fp32 = bundled_decode_logits(*cpu, o, tokens, 1);
-  const Agreement a = compare(int8, precise, V, 48, 2e-2), b = compare(fp32, precise, V, 48, 2e-2);
-  print(a, "Q4_0 int8 kernel vs fp32 products (precise)");
-  print(b, "Q4_0 fp32 kernel vs fp32 products (precise)");
+  const Agreement a = compare(int8, fp32, V, 48, 2e-2), b = compare(int8, precise, V, 48, 2e-2);
+  print(a, "Q4_0 int8 kernel vs fp32 activations");
+  print(b, "Q4_0 int8 kernel vs the precise mode");
   EXPECT_TRUE(a.finite);
   EXPECT_NE(int8, fp32) << "the int8 path was not taken";
   EXPECT_LE(a.rel, 2e-2);
   EXPECT_GE(a.argmax_tie, kMinArgmax);
+  EXPECT_LE(b.rel, 2e-2);
 }
 
 // attn_k_b / attn_v_b stored as bf16, f16 or Q8_0 are read in place in the fast mode: no W_UK / W_UV

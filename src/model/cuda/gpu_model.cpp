@@ -1232,10 +1232,12 @@ int GpuModel::q8_levels(gguf::GgmlType t) const {
   // tensor-core kernel stays.
   if (t == gguf::GgmlType::Q6_K && st_->T == 1) return 2;
   // IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, Q4_0 and IQ4_NL (the types of GLM-5's UD-IQ1 / IQ2
-  // / IQ3 files and the legacy 32-blocks; no tensor-core decode kernel) in a one-token step: the
-  // dp4a kernel at two levels, 1.3-2.5x their fp32 kernel on the GLM-5 shapes (session 32, H200:
-  // 6144 x 16384 IQ3_XXS 58.5 -> 31.8 us, IQ1_S 49.0 -> 23.3, Q4_0 39.0 -> 20.6; the 154880 x 6144
-  // head IQ2_XS 414 -> 192, IQ1_S 428 -> 173). At 2-8 tokens the fp32 kernel until measured.
+  // / IQ3 files and the legacy 32-blocks; no tensor-core decode kernel): the dp4a kernel at two
+  // levels, 1.3-2.5x their fp32 kernel at one token on the GLM-5 shapes (session 32, H200: 6144 x
+  // 16384 IQ3_XXS 58.5 -> 31.8 us, IQ1_S 49.0 -> 23.3, Q4_0 39.0 -> 20.6; the 154880 x 6144 head
+  // IQ2_XS 414 -> 192, IQ1_S 428 -> 173), ahead or even at 2-8 tokens (IQ2_XS / IQ3_XXS 6144 x
+  // 16384 at 8 tokens 160 / 162 -> 100 / 106 us; 8 experts 56 / 70 -> 31 / 35); a 2-layer
+  // GLM-5-width step 1.07 -> 0.69 ms (IQ2_XS) and 1.08 -> 0.50 ms (IQ1_S).
   switch (t) {
     case gguf::GgmlType::IQ3_XXS:
     case gguf::GgmlType::IQ3_S:
@@ -1244,7 +1246,7 @@ int GpuModel::q8_levels(gguf::GgmlType t) const {
     case gguf::GgmlType::IQ1_S:
     case gguf::GgmlType::IQ1_M:
     case gguf::GgmlType::Q4_0:
-    case gguf::GgmlType::IQ4_NL: return st_->T == 1 ? 2 : 0;
+    case gguf::GgmlType::IQ4_NL: return 2;
     default: return 0;
   }
 }

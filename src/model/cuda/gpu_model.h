@@ -100,16 +100,16 @@ struct GpuModelOptions {
   // `--int8-activations`; never in precise mode.
   bool int8_activations = false;
   // In the fast mode, decode products (up to 8 tokens, and the experts of batches up to 64) of Q8_0,
-  // Q5_K, Q2_K, Q3_K, IQ4_XS and IQ2_XXS weights take their activations as two-level int8 blocks
+  // Q5_K, Q2_K, Q3_K, Q4_0 and the IQ types take their activations as two-level int8 blocks
   // (x ~ (d / 254)(254 q + r), ops/cuda/quant_matmul_q8.h): ~3e-5 relative per value, closer to the
   // fp32 activations than the bf16 ones of the tensor-core kernels (~2e-3). These types have no
   // tensor-core decode kernel, and the dp4a kernel beats their fp32 one (H200, output head at one
   // token: Q8_0 91% of copy bandwidth against 75%, Q5_K 56% against 41%, 1.6-2.4x at 8 tokens,
   // session 24; Q2_K / Q3_K / IQ4_XS / IQ2_XXS 181 / 187 / 280 / 187 us against 278 / 415 / 440 /
   // 422, faster at 2-8 tokens but for Q3_K and IQ2_XXS at a few shapes, within 5%, session 29;
-  // docs/PERFORMANCE.md). In one-token steps Q4_K, Q6_K, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S,
-  // IQ1_M, Q4_0 and IQ4_NL take them too (the last eight 1.3-2.5x their fp32 kernel, session 32);
-  // Q4_K and Q5_K
+  // docs/PERFORMANCE.md); so do IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, Q4_0 and IQ4_NL
+  // (1.3-2.5x their fp32 kernel at one token, ahead or even at 2-8; session 32). In one-token
+  // steps Q4_K and Q6_K take them too; Q4_K and Q5_K
   // go through the one-token int8 tensor-core kernel (session 25), Q6_K through the dp4a kernel
   // with staged loads (session 26). An input is quantized only where such a product reads it, by the
   // kernel that writes it where that can (the norms, SiLU x up). Off: the fp32 kernels and Q4_K's
@@ -249,9 +249,9 @@ class GpuModel {
   void product(const cuda::QuantMatrix& w, const float* x, int64_t T, float* y,
                const cuda::Q8Activations* q = nullptr);
   // The int8 activation levels a decode product of this weight type takes (0: fp32 activations):
-  // 1 for every type with an int8 kernel under int8_activations, else 2 for Q8_0, Q5_K, Q2_K, Q3_K,
-  // IQ4_XS and IQ2_XXS, and for Q4_K, Q6_K and the other IQ / legacy types in one-token steps
-  // (q8_two_level). One-token products take the one-token int8
+  // 1 for every type with an int8 kernel under int8_activations, else 2 for the types without a
+  // tensor-core decode kernel (Q8_0, Q5_K, Q2_K, Q3_K, the IQ types, Q4_0), and for Q4_K and Q6_K in
+  // one-token steps (q8_two_level). One-token products take the one-token int8
   // tensor-core kernel where the type has one (cuda::q8_one_token_supported).
   int q8_levels(gguf::GgmlType t) const;
   // Whether the product of w on T tokens takes the quantized activations q.

@@ -14,6 +14,7 @@
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/small_ops_reduce.cuh"
 #include "ops/cuda/pdl.cuh"
+#include "util/env.h"
 
 #define SPARSEMLA_CUBLAS_CHECK(call)                                                                      \
   do {                                                                                                    \
@@ -227,18 +228,31 @@ void head_mma(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
-// bf16 rows from this many tokens take the tensor-core kernel where it fits (fewer: the GEMV).
-constexpr int64_t kTensorCoreFromTokens = 17;  // (not yet timed on a GPU: off)
+// The automatic path of bf16 rows (H200, bench_cuda_matmul --absorb, us; session 32): the
+// tensor-core kernel at 2-8 tokens (GLM-5 W_UK / W_UV at 8 tokens 6.4 / 9.0 against the GEMV's
+// 22.8 / 27.3 and cuBLAS's 7.5 / 8.6), and at one token for rows of 256 columns or more (W_UV
+// 6.6 against 6.9; W_UK's 192 columns 5.6 against the GEMV's 5.3); cuBLAS from 9 tokens (W_UV at
+// 16 tokens 9.8 against 14.1). SPARSEMLA_ABSORB_TC=0: the GEMV up to 16 tokens, as before (A/B).
+bool absorb_tc_off() {
+  static const bool off = env_off("SPARSEMLA_ABSORB_TC");
+  return off;
+}
+bool tensor_core_takes(const HeadBatchedGemm& g, int64_t T) {
+  return !absorb_tc_off() && head_mma_fits(g, T) && T <= 8 && (T >= 2 || g.cols >= 256);
+}
 
-// The path of a product of T tokens: the one asked for where it takes the shape; else (Auto) the
-// tensor-core kernel for bf16 rows from kTensorCoreFromTokens, the head GEMVs for decode batches
-// where they fit, cuBLAS for the rest.
+// The path of a product of T tokens: the one asked for where it takes the shape; else (Auto)
+// tensor_core_takes', cuBLAS for bf16 rows past 8 tokens, the head GEMVs (bf16 / f16 up to 16
+// tokens; quantized rows read in place up to 16) where they fit, cuBLAS for the rest.
 Blas::Path head_path(const HeadBatchedGemm& g, int64_t T, Blas::Path asked) {
   using Path = Blas::Path;
   const bool kernel = g.form == HeadWeights::Quant ? head_q8_fits(g, T) : head_gemv_fits(g, T);
   if (asked == Path::Gemm) return Path::Gemm;
-  if ((asked == Path::TensorCore || (asked == Path::Auto && T >= kTensorCoreFromTokens)) && head_mma_fits(g, T))
-    return Path::TensorCore;
+  if (asked == Path::TensorCore && head_mma_fits(g, T)) return Path::TensorCore;
+  if (asked == Path::Auto) {
+    if (tensor_core_takes(g, T)) return Path::TensorCore;
+    if (g.form == HeadWeights::BF16 && T > 8 && !absorb_tc_off()) return Path::Gemm;
+  }
   return kernel ? Path::Kernel : Path::Gemm;
 }
 
