@@ -132,8 +132,10 @@ struct GpuModelOptions {
   // With absorb_in_place, also those stored as a type of the int8 head product (Q8_0, the K-quants,
   // IQ4_XS, IQ2_XXS: cuda::head_q8_supported): int8 dot products at up to 16 tokens, a bf16 copy
   // per call for larger batches; a GLM-5 Q4_K_M layer reads 13.6 MB where its copies are 29.4. Off
-  // by default until its speed is measured (written in session 30, which had no GPU; its results
-  // are checked on the host since session 31, AbsorptionKernelOnTheHost; docs/PERFORMANCE.md):
+  // by default: measured as fast as the copies at batch 1 (H200, session 32: Nsight 48.5 against
+  // 49.8 us per step of 3 layers) and 15.8 MB per GLM-5 layer smaller, but slower from 4 tokens
+  // (Q6_K rows 2x at 16) and, past 16, by the per-call dequantization; the copies also take the
+  // tensor-core kernel at 2-8 tokens (docs/PERFORMANCE.md, "Session 32").
   // SPARSEMLA_ABSORB_QUANT=1 / 0 turns it on / off without a rebuild.
   bool absorb_quantized_in_place = false;
 };
