@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: the checks that sessions 30-31 (no device lent) left for the first session
-# with one (run in session 32: everything passed; docs/PERFORMANCE.md "Session 32"), in one run of
+# with one (run in session 32 but for the lowbit phase, which session 32 replaced by its own IQ
+# model A/B: everything passed; docs/PERFORMANCE.md "Session 32"), in one run of
 # ~12 minutes of device time. Binaries in $BIN (libraries in $LIBS: env.sh;
 # pack sparsemla, sparsemla_tests and bench_cuda_matmul with scripts/device/pack.sh, two calls if
 # the archive passes the carry limit); everything is logged under $OUT. PHASES picks phases

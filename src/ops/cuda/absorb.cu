@@ -1,6 +1,7 @@
-// The per-head absorption products of MLA: decode-sized batches of the bf16 / f16 path on a
-// head-batched GEMV of this file's own that reads the weights as stored (quantized weights:
-// absorb_q8.cu), everything else on cuBLAS
+// The per-head absorption products of MLA and the choice among their paths (head_path): decode
+// batches of bf16 rows on the tensor-core kernel (head_mma_kernel.cuh, 2-8 tokens and one token of
+// long rows), of f16 rows and W_UK's one token on a head-batched GEMV of this file's own, both
+// reading the weights as stored (quantized weights: absorb_q8.cu); everything else on cuBLAS
 // (strided batched GEMM, bf16 x bf16 -> fp32 with f16 weights widened first, or fp32 pedantic for
 // the reference's arithmetic).
 #include <cublas_v2.h>
@@ -40,9 +41,9 @@ __global__ void pack_bf16_kernel(const float* x, int64_t rows, int cols, int64_t
 
 unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256, 65535)); }
 
-// Decode-sized batches: cuBLAS's batched GEMM with n = 1..16 columns reads the weights (12.6 MB for
-// GLM-5's W_UK) at a small fraction of the memory bandwidth, so these take a GEMV that reads each
-// weight once, in 16-byte loads. A block computes the 4 x RPW rows of one head for all tokens: its
+// The GEMV (head_path says where it runs; session 32 timed cuBLAS at 2-16 tokens at 7.3-11.3 us, not
+// the small fraction of bandwidth first thought, and the tensor-core kernel below both): it reads
+// each weight once per pass of NT tokens, in 16-byte loads. A block computes the 4 x RPW rows of one head for all tokens: its
 // head's activations, rounded to bf16 as the GEMM path rounds them, are staged in shared memory;
 // each of the 4 warps takes RPW rows, its lanes split every row into 8-column chunks (chunk i:
 // lanes i, i + 32, ...), and a butterfly sums the lanes. A token's sum is formed in the same order

@@ -255,11 +255,13 @@ namespace sparsemla::cuda {
 // Weights are on the device, heads back to back ([H, rows, cols] row-major: attn_k_b / attn_v_b as
 // GGUF stores them): bf16, f16 or a quantized type (read in place), or fp32. x is fp32 [T, H,
 // x_stride] (its first `cols` values per head are used); out is fp32 [T, H, out_stride] (its first
-// `rows` values per head are written). Decode-sized batches (up to 16 tokens) take a head-batched
-// GEMV that reads the weights as stored: bf16 / f16 exact in fp32 times x rounded to bf16;
-// quantized (Quant: head_q8_supported) by int8 dot products with x quantized per head on two
-// levels (absorb_q8.cu). Larger ones cuBLAS on bf16 weights (f16 widened, quantized rows
-// dequantized, into a scratch copy first, rounded to nearest even).
+// `rows` values per head are written). Decode batches read the weights as stored: bf16 rows on a
+// tensor-core kernel at 2-8 tokens (and one token of rows of 256+ columns), f16 rows and the rest
+// of one token on a head-batched GEMV (both exact weights times x rounded to bf16, fp32 sums);
+// quantized (Quant: head_q8_supported) up to 16 tokens by int8 dot products with x quantized per
+// head on two levels (absorb_q8.cu). The rest cuBLAS on bf16 weights (f16 widened, quantized rows
+// dequantized, into a scratch copy first, rounded to nearest even): bf16 rows from 9 tokens, f16
+// from 17, quantized from 17.
 enum class HeadWeights { BF16, F16, Quant };
 struct HeadBatchedGemm {
   const void* w = nullptr;  // [H, rows, cols] in `form` (fp32 when f32)
