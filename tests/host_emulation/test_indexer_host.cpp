@@ -321,37 +321,12 @@ const std::vector<IndexerCase> kCases = {
 
 const IndexerMma kAsked[] = {IndexerMma::kAuto, IndexerMma::kStaged, IndexerMma::kRegs, IndexerMma::kQfrag};
 
-TEST(IndexerOnTheHost, MmaChoiceFollowsTheShape) {
+// The kernel SPARSEMLA_INDEXER_MMA names (choose_mma's env_kernel) is taken where the arguments ask
+// for none, theirs where they do. (The choice by shape is CudaAttention.IndexerMmaChoiceFollowsTheShape,
+// which runs without a GPU too.)
+TEST(IndexerOnTheHost, MmaChoiceTakesTheEnvironmentsKernelUnlessTheArgumentsAsk) {
   alignas(16) static uint8_t fake[64];
-  auto args = [&](int heads, KvDtype d, int block_size, int64_t row_bytes, IndexerMma asked) {
-    IndexerArgs a;
-    a.heads = heads;
-    a.dim = 128;
-    a.dtype = d;
-    a.q16 = reinterpret_cast<const uint16_t*>(fake);
-    a.keys.data = fake;
-    a.keys.block_size = block_size;
-    a.keys.row_bytes = row_bytes;
-    a.mma = asked;
-    return choose_mma(a, IndexerMma::kAuto);
-  };
   using M = IndexerMma;
-  const KvDtype bf = KvDtype::BF16, f8 = KvDtype::FP8;
-  EXPECT_EQ(args(32, bf, 64, 256, M::kAuto), M::kQfrag);  // GLM-5
-  EXPECT_EQ(args(64, bf, 64, 256, M::kAuto), M::kQfrag);  // DeepSeek-V3.2
-  EXPECT_EQ(args(80, bf, 64, 256, M::kAuto), M::kStaged);
-  EXPECT_EQ(args(32, f8, 64, 132, M::kAuto), M::kQfrag);
-  EXPECT_EQ(args(32, f8, 256, 132, M::kAuto), M::kQfrag);
-  EXPECT_EQ(args(64, f8, 64, 132, M::kAuto), M::kStaged);
-  EXPECT_EQ(args(32, f8, 16, 132, M::kAuto), M::kStaged);
-  EXPECT_EQ(args(32, f8, 16, 132, M::kQfrag), M::kStaged);
-  EXPECT_EQ(args(64, f8, 64, 132, M::kQfrag), M::kQfrag);
-  EXPECT_EQ(args(64, bf, 64, 256, M::kRegs), M::kRegs);
-  EXPECT_EQ(args(64, f8, 64, 132, M::kRegs), M::kStaged);
-  EXPECT_EQ(args(80, bf, 64, 256, M::kRegs), M::kStaged);
-  EXPECT_EQ(args(32, bf, 64, 264, M::kAuto), M::kStaged);
-  EXPECT_EQ(args(64, bf, 64, 256, M::kStaged), M::kStaged);
-  // SPARSEMLA_INDEXER_MMA's kernel where the arguments ask for none; theirs where they do
   IndexerArgs a;
   a.heads = 64;
   a.dim = 128;
@@ -359,9 +334,13 @@ TEST(IndexerOnTheHost, MmaChoiceFollowsTheShape) {
   a.keys.data = fake;
   a.keys.block_size = 64;
   a.keys.row_bytes = 256;
+  EXPECT_EQ(choose_mma(a, M::kAuto), M::kQfrag);
   EXPECT_EQ(choose_mma(a, M::kRegs), M::kRegs);
+  EXPECT_EQ(choose_mma(a, M::kStaged), M::kStaged);
   a.mma = M::kStaged;
   EXPECT_EQ(choose_mma(a, M::kRegs), M::kStaged);
+  a.mma = M::kRegs;
+  EXPECT_EQ(choose_mma(a, M::kQfrag), M::kRegs);
 }
 
 // Every case, both key formats, each kernel asked for (the ones that fall back run once), counting

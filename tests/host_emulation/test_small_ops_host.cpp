@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "../unit/quant_test_util.h"
+#include "../unit/router_cases.h"
 #include "../unit/test_util.h"
 #include "model/blocks/ffn.h"
 #include "model/hparams.h"
@@ -474,29 +475,6 @@ TEST(SmallOpsOnTheHost, Bf16ConversionsAreBitExact) {
 
 // ---- router ----
 
-struct RouterCase {
-  std::string name;
-  uint32_t experts, used, groups, groups_used, gating;
-};
-
-// GLM-5 and DeepSeek-V3.2 as published, the fixtures' small routers, and a softmax router with groups.
-const std::vector<RouterCase> kRouters = {
-    {"glm5", 256, 8, 1, 1, 2},        {"deepseek_v32", 256, 8, 8, 4, 2}, {"glm_pub", 8, 2, 1, 1, 2},
-    {"dsv32_pub", 8, 2, 2, 1, 2},     {"dsv32_groups", 8, 4, 4, 2, 2},   {"softmax_groups", 64, 6, 8, 3, 1},
-};
-
-model::HParams router_params(const RouterCase& c) {
-  model::HParams hp;
-  hp.n_expert = c.experts;
-  hp.n_expert_used = c.used;
-  hp.n_expert_groups = c.groups;
-  hp.n_group_used = c.groups_used;
-  hp.expert_gating = c.gating;
-  hp.expert_weights_norm = c.gating == 2;
-  hp.expert_weights_scale = c.gating == 2 ? 2.5f : 1.0f;
-  return hp;
-}
-
 // route_kernel as moe_route (moe_router.cu) launches it, in both orders; the ids and weights of T tokens.
 std::pair<std::vector<int32_t>, std::vector<float>> run_route(const model::HParams& hp,
                                                               const std::vector<float>& logits,
@@ -551,35 +529,26 @@ double check_router(const model::HParams& hp, const std::vector<float>& logits, 
 
 TEST(RouterOnTheHost, MatchesCpuRouteOnRandomLogits) {
   double worst = 0;
-  for (const auto& c : kRouters)
-    for (int64_t T : {1, 3, 40}) {
-      const model::HParams hp = router_params(c);
-      const auto logits = randn(size_t(T * c.experts), uint32_t(T * 101 + c.experts), 2.0f, 0.0f);
-      const auto bias = randn(c.experts, uint32_t(c.experts + 77), 0.1f);
-      worst = std::max(worst, check_router(hp, logits, bias, T, c.name + " T=" + std::to_string(T)));
-    }
+  test::for_random_router_logits({1, 3, 40}, [&](const test::RouterCase&, const model::HParams& hp, const auto& logits,
+                                                 const auto& bias, int64_t T, const std::string& what) {
+    worst = std::max(worst, check_router(hp, logits, bias, T, what));
+  });
   std::printf("router: largest relative weight error %.3g\n", worst);
 }
 
-// Logits and biases from a handful of values: scores, group scores and choices tie everywhere, and
-// the lower id (and lower group) must win every tie, as on the CPU.
+// Tied scores break to the lower id (and lower group), as on the CPU; with every logit equal each
+// token takes experts 0 .. k - 1 in that order.
 TEST(RouterOnTheHost, TiedScoresBreakToTheLowerId) {
-  std::mt19937 rng(42);
-  for (const auto& c : kRouters)
-    for (bool with_bias : {false, true}) {
-      const model::HParams hp = router_params(c);
-      const int64_t T = 20;
-      std::vector<float> logits(size_t(T * c.experts)), bias(c.experts, 0.0f);
-      for (float& l : logits) l = float(int(rng() % 3)) - 1.0f;
-      if (with_bias)
-        for (float& b : bias) b = 0.25f * float(int(rng() % 2));
-      check_router(hp, logits, bias, T, c.name + " tied" + (with_bias ? " with bias" : ""));
-      std::vector<float> flat(size_t(T * c.experts), 0.5f);  // every expert equal: the first k
-      check_router(hp, flat, std::vector<float>(c.experts, 0.0f), T, c.name + " all equal");
-      const auto [ids, w] = run_route(hp, flat, std::vector<float>(c.experts, 0.0f), T, c.name + " all equal");
+  test::for_tied_router_logits(20, [&](const test::RouterCase& c, const model::HParams& hp, const auto& logits,
+                                       const auto& bias, int64_t T, const std::string& what) {
+    check_router(hp, logits, bias, T, what);
+    if (std::all_of(logits.begin(), logits.end(), [&](float l) { return l == logits[0]; }) &&
+        std::all_of(bias.begin(), bias.end(), [](float b) { return b == 0.0f; })) {
+      const auto ids = run_route(hp, logits, bias, T, what).first;
       for (int64_t t = 0; t < T; ++t)
-        for (int64_t i = 0; i < int64_t(c.used); ++i) EXPECT_EQ(ids[size_t(t * c.used + i)], i) << c.name;
+        for (int64_t i = 0; i < int64_t(c.used); ++i) EXPECT_EQ(ids[size_t(t * c.used + i)], i) << what;
     }
+  });
 }
 
 // What moe_group (moe_router.cu) leaves: counts, offsets, perm and (with it) the active list.
@@ -660,7 +629,7 @@ TEST(RouterOnTheHost, GroupByExpertIsAStableCountingSort) {
 
 // The router's output fed to the grouping, as the MoE layer chains them.
 TEST(RouterOnTheHost, RouteThenGroupMatchesCpuRouting) {
-  const model::HParams hp = router_params(kRouters[1]);
+  const model::HParams hp = test::router_params(test::router_cases()[1]);
   const int64_t T = 60, E = hp.n_expert, k = hp.n_expert_used;
   const auto logits = randn(size_t(T * E), 99, 2.0f), bias = randn(size_t(E), 98, 0.1f);
   const auto [ids, weights] = run_route(hp, logits, bias, T, "route then group");

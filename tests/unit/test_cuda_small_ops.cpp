@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "router_cases.h"
 #include "test_util.h"
 #include "model/blocks/ffn.h"
 #include "model/hparams.h"
@@ -438,31 +439,7 @@ TEST(CudaSmallOps, Bf16ConversionsAreBitExact) {
   }
 }
 
-// ---- router ----
-
-struct RouterCase {
-  std::string name;
-  uint32_t experts, used, groups, groups_used, gating;
-};
-
-// GLM-5 and DeepSeek-V3.2 as published, the fixtures' small routers (tests/fixtures/README.md), and
-// a softmax router with groups (DeepSeek-V2's gating).
-const std::vector<RouterCase> kRouters = {
-    {"glm5", 256, 8, 1, 1, 2},        {"deepseek_v32", 256, 8, 8, 4, 2}, {"glm_pub", 8, 2, 1, 1, 2},
-    {"dsv32_pub", 8, 2, 2, 1, 2},     {"dsv32_groups", 8, 4, 4, 2, 2},   {"softmax_groups", 64, 6, 8, 3, 1},
-};
-
-model::HParams router_params(const RouterCase& c) {
-  model::HParams hp;
-  hp.n_expert = c.experts;
-  hp.n_expert_used = c.used;
-  hp.n_expert_groups = c.groups;
-  hp.n_group_used = c.groups_used;
-  hp.expert_gating = c.gating;
-  hp.expert_weights_norm = c.gating == 2;
-  hp.expert_weights_scale = c.gating == 2 ? 2.5f : 1.0f;
-  return hp;
-}
+// ---- router (the cases: router_cases.h) ----
 
 // Routes T tokens on the GPU and checks each against model::route(): the same experts (as a set),
 // each with the CPU's weight.
@@ -488,32 +465,21 @@ void check_router(const model::HParams& hp, const std::vector<float>& logits, co
 
 TEST(CudaRouter, MatchesCpuRouteOnRandomLogits) {
   SPARSEMLA_REQUIRE_GPU();
-  for (const auto& c : kRouters)
-    for (int64_t T : kTokenCounts) {
-      const model::HParams hp = router_params(c);
-      const auto logits = randn(size_t(T * c.experts), uint32_t(T * 101 + c.experts), 2.0f, 0.0f);
-      const auto bias = randn(c.experts, uint32_t(c.experts + 77), 0.1f);
-      check_router(hp, logits, bias, T, c.name + " T=" + std::to_string(T));
-    }
+  for (int64_t T : kTokenCounts)
+    test::for_random_router_logits({T}, [&](const test::RouterCase&, const model::HParams& hp, const auto& logits,
+                                            const auto& bias, int64_t n, const std::string& what) {
+      check_router(hp, logits, bias, n, what);
+    });
 }
 
 // Logits and biases from a handful of values: scores, group scores and choices tie everywhere, and
 // the lower id (and lower group) must win every tie, as on the CPU.
 TEST(CudaRouter, TiedScoresBreakToTheLowerId) {
   SPARSEMLA_REQUIRE_GPU();
-  std::mt19937 rng(42);
-  for (const auto& c : kRouters)
-    for (bool with_bias : {false, true}) {
-      const model::HParams hp = router_params(c);
-      const int64_t T = 100;
-      std::vector<float> logits(size_t(T * c.experts)), bias(c.experts, 0.0f);
-      for (float& l : logits) l = float(int(rng() % 3)) - 1.0f;
-      if (with_bias)
-        for (float& b : bias) b = 0.25f * float(int(rng() % 2));
-      check_router(hp, logits, bias, T, c.name + " tied" + (with_bias ? " with bias" : ""));
-      std::vector<float> flat(size_t(T * c.experts), 0.5f);  // every expert equal: the first k
-      check_router(hp, flat, std::vector<float>(c.experts, 0.0f), T, c.name + " all equal");
-    }
+  test::for_tied_router_logits(100, [&](const test::RouterCase&, const model::HParams& hp, const auto& logits,
+                                        const auto& bias, int64_t T, const std::string& what) {
+    check_router(hp, logits, bias, T, what);
+  });
 }
 
 // counts, offsets and the stable permutation, from a plain CPU counting sort.
@@ -572,7 +538,7 @@ TEST(CudaRouter, GroupByExpertIsAStableCountingSort) {
 // The router's output fed to the grouping, as the MoE layer chains them, with no host step between.
 TEST(CudaRouter, RouteThenGroupMatchesCpuRouting) {
   SPARSEMLA_REQUIRE_GPU();
-  const model::HParams hp = router_params(kRouters[1]);
+  const model::HParams hp = test::router_params(test::router_cases()[1]);
   const int64_t T = 300, E = hp.n_expert, k = hp.n_expert_used;
   const auto logits = randn(size_t(T * E), 99, 2.0f), bias = randn(size_t(E), 98, 0.1f);
   DeviceBuffer dl = to_device(logits), db = to_device(bias), dids(size_t(T * k) * 4), dw(size_t(T * k) * 4),
