@@ -1,102 +1,85 @@
 #!/usr/bin/env bash
-# On the GPU machine: the checks that sessions 30-31 (no device lent) left for the first session
-# with one (run in session 32 but for the lowbit phase, which session 32 replaced by its own IQ
-# model A/B: everything passed; docs/PERFORMANCE.md "Session 32"), in one run of
-# ~12 minutes of device time. Binaries in $BIN (libraries in $LIBS: env.sh;
-# pack sparsemla, sparsemla_tests and bench_cuda_matmul with scripts/device/pack.sh, two calls if
-# the archive passes the carry limit); everything is logged under $OUT. PHASES picks phases
-# (default all: "tests sanitizer kernels model lowbit").
+# On the GPU machine: the checks that sessions 32-33 left for the next session with a device (session
+# 32's machine went away after its run 18; session 33 had none), in one run of ~10 minutes of device
+# time. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla, sparsemla_tests and
+# bench_cuda_matmul with scripts/device/pack.sh from a build configured with
+# -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
+# (default all: "tests sanitizer kernels model ncu").
 #
-#  tests      the GPU tests of what was written without a GPU: the quantized absorption kernel
-#             (CudaAttention.QuantizedAbsorptionWeightsReadInPlace, GpuModel.QuantizedAbsorption...),
-#             the int8 decode units of IQ3_XXS, IQ3_S, IQ2_XS, IQ2_S, IQ1_S, IQ1_M, Q4_0, IQ4_NL
-#             (CudaMatmulQ8*), the model with them, and the kernels moved into headers for the host
-#             emulation (gemv_q8_kernels.cuh, absorb_q8_kernel.cuh, sparse_mla_kernels.cuh: their
-#             PTX was checked identical, this checks the launches);
-#  sanitizer  compute-sanitizer memcheck (and racecheck on the absorption kernel), small shapes;
-#  kernels    bench_cuda_matmul --absorb (bf16 copies against Q8_0 / Q4_K / Q6_K read in place) and
-#             the one-token fp32 / int8 lines of the eight new types;
-#  model      Q4_K_M GLM-5-width models of 2 and 3 layers, decode at batch 1 with the absorption
-#             weights as bf16 copies (SPARSEMLA_ABSORB_QUANT=0) against read in place (=1), rounds
-#             interleaved; Nsight Compute times of the absorption kernels in both;
-#  lowbit     GLM-5-width models of IQ2_XXS / IQ1_S / IQ3_XXS / Q4_0 matrices (zeros: timing only),
-#             decode at batch 1 with the fp32 products against --int8-activations.
-# What to do with the figures: docs/PERFORMANCE.md "Session 30" and "Session 31" (flip
-# absorb_quantized_in_place on if it is faster; add the faster IQ types to GpuModel::q8_levels).
+#  tests      the GPU model with session 32's automatic absorption path (the bf16 tensor-core kernel
+#             at 2-8 tokens, cuBLAS from 9) and its Q4_0 test in its final form (dense layers), the
+#             IQ2/IQ3 int8 units with session 33's sign masks (CudaMatmulQ8 typed suites), and the
+#             router tests on the shared case table (router_cases.h);
+#  sanitizer  compute-sanitizer memcheck on the int8 decode tests (small shapes);
+#  kernels    the one-token and 2-8-token lines of the five IQ types whose signs session 33 changed,
+#             against their figures in docs/PERFORMANCE.md (sessions 29 and 32: same command, same
+#             kind of GPU; a change under ~3% is within the spread between machines);
+#  model      GLM-5-width 2-layer IQ2_XS and IQ3_XXS models at batch 1 (session 32: IQ2_XS
+#             0.680 / 0.708 ms per step at --prompt 512 --gen 48), and the batch-8 Q4_K_M step with
+#             the absorption products' tensor-core kernel on and off (SPARSEMLA_ABSORB_TC=1 / 0,
+#             rounds interleaved);
+#  ncu        Nsight Compute on the one-token IQ1_S and IQ2_XXS output heads (154880 x 6144, 25-31% of
+#             copy in session 32): whether the L1/shared data path (the grid gathers, each lane's 128
+#             bytes of activations per unit, the staged weights) or instruction issue bounds them, the
+#             question that decides the next step for the IQ types.
+# What to do with the figures: docs/PERFORMANCE.md "Session 33" (if the sign masks lost, go back to
+# the arithmetic form: q8_units.cuh's negate_where comment names it).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-tests sanitizer kernels model lowbit}
+PHASES=${PHASES:-tests sanitizer kernels model ncu}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-NEW_TYPES="iq3_xxs iq3_s iq2_xs iq2_s iq1_s iq1_m q4_0 iq4_nl"
+SIGN_TYPES="iq2_xxs iq2_xs iq2_s iq3_xxs iq3_s"
 
 if has tests; then
-  F='*Absorption*:*GpuModel*:*CudaMatmul*:*CudaQ8*:CudaAttention.*'  # (typed suites: Types/..., Fixtures/...)
-  timeout 300 "$BIN/sparsemla_tests" --gtest_filter="$F" >"$OUT/tests.log" 2>&1
+  F='*GpuModel*:CudaAttention.*:*CudaMatmulQ8*:CudaRouter.*:CudaSmallOps.*'  # (typed suites: Types/..., Fixtures/...)
+  timeout 420 "$BIN/sparsemla_tests" --gtest_filter="$F" >"$OUT/tests.log" 2>&1
   echo "tests: exit $?"
   grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/tests.log" | tail -12
-  grep -E "absorption .*max error|new type|max error" "$OUT/tests.log" | tail -20
 fi
 
 if has sanitizer && [ -x "$SAN" ]; then
-  for spec in "memcheck:CudaAttention.QuantizedAbsorptionWeightsReadInPlace:CudaMatmulQ8*" \
-              "racecheck:CudaAttention.QuantizedAbsorptionWeightsReadInPlace"; do
-    tool=${spec%%:*}
-    filter=${spec#*:}
-    SPARSEMLA_GPU_TEST_SMALL=1 timeout 240 "$SAN" --tool "$tool" --report-api-errors no --error-exitcode 9 \
-      "$BIN/sparsemla_tests" --gtest_filter="$filter" >"$OUT/$tool.log" 2>&1
-    echo "compute-sanitizer $tool: exit $?"
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED" "$OUT/$tool.log" | tail -3
-  done
+  SPARSEMLA_GPU_TEST_SMALL=1 timeout 240 "$SAN" --tool memcheck --report-api-errors no --error-exitcode 9 \
+    "$BIN/sparsemla_tests" --gtest_filter='*CudaMatmulQ8*' >"$OUT/memcheck.log" 2>&1
+  echo "compute-sanitizer memcheck: exit $?"
+  grep -E "ERROR SUMMARY|FAILED" "$OUT/memcheck.log" | tail -3
 fi
 
 if has kernels; then
-  timeout 120 "$BIN/bench_cuda_matmul" --absorb >"$OUT/absorb.log" 2>&1
-  echo "bench --absorb: exit $?"
-  cat "$OUT/absorb.log" | tail -40
-  for t in $NEW_TYPES; do
-    timeout 60 "$BIN/bench_cuda_matmul" --quick --decode --tokens 1 --type "$t" >"$OUT/decode_$t.log" 2>&1
-    echo "== $t (exit $?)"
-    grep -E " 1 | q8x2?:1 | q8x2?u:1 " "$OUT/decode_$t.log" | head -12
+  for t in $SIGN_TYPES; do
+    timeout 60 "$BIN/bench_cuda_matmul" --quick --decode --tokens 1 --type "$t" >"$OUT/decode1_$t.log" 2>&1
+    echo "== $t one token (exit $?)"
+    grep -E " q8x2?:1 " "$OUT/decode1_$t.log" | head -12
+    timeout 90 "$BIN/bench_cuda_matmul" --quick --decode --type "$t" >"$OUT/decode_$t.log" 2>&1
+    echo "== $t 2-8 tokens (exit $?)"
+    grep -E " q8x2:[248] " "$OUT/decode_$t.log" | head -16
   done
 fi
 
 if has model; then
-  for L in 2 3; do
-    timeout 90 "$BIN/sparsemla" make-model --preset glm5-width --layers $L --type q4_k_m --zeros -o /tmp/g$L.gguf \
-      >/dev/null 2>&1 || echo "make-model $L layers failed"
+  for t in iq2_xs iq3_xxs; do
+    timeout 90 "$BIN/sparsemla" make-model --preset glm5-width --layers 2 --type $t --zeros -o /tmp/m_$t.gguf \
+      >/dev/null 2>&1 || { echo "make-model $t failed"; continue; }
+    for round in 1 2; do
+      line=$(timeout 90 "$BIN/sparsemla" bench -m /tmp/m_$t.gguf --device cuda --prompt 512 --gen 48 --batch 1 \
+        2>&1 | grep '^decode')
+      echo "$t round $round: $line" | tee -a "$OUT/model.log"
+    done
+    rm -f /tmp/m_$t.gguf
   done
+  timeout 90 "$BIN/sparsemla" make-model --preset glm5-width --layers 2 --type q4_k_m --zeros -o /tmp/g2.gguf \
+    >/dev/null 2>&1 || echo "make-model q4_k_m failed"
   for round in 1 2 3; do
-    for L in 2 3; do
-      for m in 0 1; do
-        line=$(SPARSEMLA_ABSORB_QUANT=$m timeout 90 "$BIN/sparsemla" bench -m /tmp/g$L.gguf --device cuda --prompt 1024 \
-          --gen 64 --batch 1 2>&1 | grep '^decode')
-        echo "round $round, $L layers, ABSORB_QUANT=$m: $line" | tee -a "$OUT/model.log"
-      done
+    for tc in 1 0; do
+      line=$(SPARSEMLA_ABSORB_TC=$tc timeout 120 "$BIN/sparsemla" bench -m /tmp/g2.gguf --device cuda --prompt 256 \
+        --gen 24 --batch 8 2>&1 | grep '^decode')
+      echo "batch 8 round $round, ABSORB_TC=$tc: $line" | tee -a "$OUT/model.log"
     done
   done
-  if [ -x "$NCU" ]; then
-    for m in 0 1; do
-      SPARSEMLA_ABSORB_QUANT=$m SPARSEMLA_CUDA_GRAPHS=0 timeout 120 "$NCU" --clock-control none --cache-control none \
-        --metrics gpu__time_duration.sum --csv "$BIN/sparsemla" bench -m /tmp/g3.gguf --device cuda --prompt 256 \
-        --gen 3 >"$OUT/ncu_absorb_$m.csv" 2>/dev/null
-      echo "== Nsight, ABSORB_QUANT=$m (exit $?): kernels of one decode step"
-      python3 "$(dirname "$0")/ncu_step_summary.py" "$OUT/ncu_absorb_$m.csv" 2>&1 | head -30
-    done
-  fi
 fi
 
-if has lowbit; then
-  for t in iq2_xxs iq1_s iq3_xxs q4_0; do
-    timeout 90 "$BIN/sparsemla" make-model --preset glm5-width --layers 2 --type $t --zeros -o /tmp/lb_$t.gguf \
-      >/dev/null 2>&1 || { echo "make-model $t failed"; continue; }
-    for flag in "" "--int8-activations"; do
-      line=$(timeout 90 "$BIN/sparsemla" bench -m /tmp/lb_$t.gguf --device cuda --prompt 1024 --gen 64 --batch 1 $flag \
-        2>&1 | grep '^decode')
-      echo "$t ${flag:-fp32 products}: $line" | tee -a "$OUT/lowbit.log"
-    done
-    rm -f /tmp/lb_$t.gguf
-  done
+if has ncu; then
+  CASES="iq1_s:154880x6144:1 iq2_xxs:154880x6144:1" KERNELS="gemv_q8_staged" STALLN=12 \
+    bash "$(dirname "$0")/ncu_gemv.sh" 2>&1 | tee "$OUT/ncu.log"
 fi

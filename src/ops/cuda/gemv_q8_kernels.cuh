@@ -56,15 +56,9 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_kernel(const MatArgs a)
   const int n_units = int(a.n_cols / V::kBlock) * V::kUnitsPerBlock;
   const int64_t n_ab = a.n_cols / 32;  // activation blocks per token
   const int64_t row0 = int64_t(blockIdx.x) * R;
-  const BlockMat m = block_mat(a);
-  if (row0 >= m.n_rows) return;  // (several products: the grid covers the one with the most rows)
-  // The weights of an expert or grouped product depend on the routing: no prefetch there.
-  gemv_prologue<R>(a.prefetch && !a.expert_ids && !a.group_offsets, m.w, m.row_bytes, row0, m.n_rows);
   BlockView v;
-  if (!block_view(a, v)) return;
   const uint8_t* w[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) w[r] = v.w + uint64_t(min(row0 + r, v.n_rows - 1)) * v.row_bytes;
+  if (!start_rows<R>(a, row0, v, w)) return;
 
   for (int64_t t0 = 0; t0 < v.n_tokens; t0 += NT) {
     // Tokens past the end repeat the last one; their sums are not stored.

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 
+#include "ops/cuda/mat_args.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/small_ops_reduce.cuh"
 
@@ -40,6 +41,21 @@ __device__ __forceinline__ void gemv_prologue(bool prefetch, const uint8_t* w, u
                      uint32_t(row_bytes < kGemvPrefetchBytes ? row_bytes : kGemvPrefetchBytes));
   pdl::wait();
   pdl::launch_dependents();
+}
+
+// The start of a decode kernel whose block takes R rows from row0 for the tokens of its view
+// (gemv.cuh, gemv_q8_kernels.cuh): the prologue (no prefetch where the weights depend on the
+// routing), the block's view and its rows' addresses, rows past the end repeating the last (their
+// sums are not stored). False where the block has nothing to do: then all its threads return.
+template <int R>
+__device__ __forceinline__ bool start_rows(const MatArgs& a, int64_t row0, BlockView& v, const uint8_t* (&w)[R]) {
+  const BlockMat m = block_mat(a);
+  if (row0 >= m.n_rows) return false;  // (several products: the grid covers the one with the most rows)
+  gemv_prologue<R>(a.prefetch && !a.expert_ids && !a.group_offsets, m.w, m.row_bytes, row0, m.n_rows);
+  if (!block_view(a, v)) return false;
+#pragma unroll
+  for (int r = 0; r < R; ++r) w[r] = v.w + uint64_t(min(row0 + r, v.n_rows - 1)) * v.row_bytes;
+  return true;
 }
 
 template <int R, int NT, int kWarps>

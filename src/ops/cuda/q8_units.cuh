@@ -737,6 +737,17 @@ struct Q3KUnit : PlanesUnit {
 
 // Q8_0, 34 bytes: fp16 d | int8 qs[32]. The quants start 2 bytes into a 2-byte aligned block:
 // 8 aligned words from (b + 2) rounded down to 4, plus the last half-word, permuted into place.
+// Activation block blk's 32 int8 values of each level, two 16-byte loads each (the units of one
+// 32-block: Q8_0, Q4_0, IQ4_NL).
+template <int L, bool S>
+__device__ __forceinline__ void block32_x(const TokenX<L, S>& t, int64_t blk, int4 (&q)[L][2]) {
+#pragma unroll
+  for (int l = 0; l < L; ++l) {
+    const int4* p = reinterpret_cast<const int4*>(t.q[l] + 32 * blk);
+    q[l][0] = t.ld(p), q[l][1] = t.ld(p + 1);
+  }
+}
+
 struct Q80Unit {
   static constexpr int kBlock = 32, kBytes = 34, kUnitsPerBlock = 1, kUnroll = 4;
   // Staged loads from 4096 columns: at 2048 (one warp per block, two chunks) the direct loads of 4
@@ -768,11 +779,7 @@ struct Q80Unit {
   template <int L, bool S = false>
   __device__ static X<L> load_x(const TokenX<L, S>& t, int64_t blk, int) {
     X<L> x;
-#pragma unroll
-    for (int l = 0; l < L; ++l) {
-      const int4* p = reinterpret_cast<const int4*>(t.q[l] + 32 * blk);
-      x.q[l][0] = t.ld(p), x.q[l][1] = t.ld(p + 1);
-    }
+    block32_x(t, blk, x.q);
     x.d = t.ld(reinterpret_cast<const float*>(t.xb + blk));
     return x;
   }
@@ -809,11 +816,7 @@ struct Nibbles32Unit {
   template <int L, bool S = false>
   __device__ static X<L> load_x(const TokenX<L, S>& t, int64_t blk, int) {
     X<L> x;
-#pragma unroll
-    for (int l = 0; l < L; ++l) {
-      const int4* p = reinterpret_cast<const int4*>(t.q[l] + 32 * blk);
-      x.q[l][0] = t.ld(p), x.q[l][1] = t.ld(p + 1);
-    }
+    block32_x(t, blk, x.q);
     const int2 s = t.ld(t.xb + blk);
     x.d = __int_as_float(s.x);
     x.sum = s.y;
