@@ -21,12 +21,6 @@ inline QuantTables host_tables() {
   std::memcpy(t.iq4nl, tb::kIq4nlValues, 16);
   std::memcpy(t.mxfp4, tb::kMxfp4Values, 16);
   t.iq1_delta = tb::kIq1Delta;
-  static const struct SignMasks {
-    uint2 bytes[256], kbytes[128];
-    SignMasks() { fill_sign_masks(bytes, kbytes); }
-  } masks;
-  t.sign_masks = masks.bytes;
-  t.ksign_masks = masks.kbytes;
   return t;
 }
 

@@ -24,7 +24,6 @@
 #include "../unit/quant_test_util.h"
 #include "host_tables.h"
 #include "gguf/ggml_types.h"
-#include "gguf/quant_tables.h"
 #include "gguf/quants.h"
 #include "ops/cuda/q8_units.cuh"
 
@@ -163,52 +162,6 @@ TEST(Q8UnitsOnTheHost, AWrongElementIsCaught) {
   const double e = unit_error<BrokenIQ2XXS, 2>(GgmlType::IQ2_XXS, w, rows, n_cols, x);
   EXPECT_GT(e, 1e-3);
   std::printf("  iq2_xxs with one element per block negated: error %.2e\n", e);
-}
-
-// The sign masks and the bytewise negation the IQ2/IQ3 units apply them with, against the rule they
-// stand for: byte j of an entry is negated where bit j of its sign byte is set, the sign byte of a
-// 7-bit index being the index with its parity in bit 7 (gguf's ksigns table). Every magnitude
-// 1..127 in every byte position, every sign byte.
-TEST(Q8UnitsOnTheHost, SignMasksNegateTheFlaggedBytes) {
-  namespace tb = gguf::tables;
-  const QuantTables t = host_tables();
-  for (uint32_t i = 0; i < 128; ++i) {
-    const uint2 k = t.ksign_masks[i], m = t.sign_masks[tb::kIq2Signs[i]];
-    ASSERT_EQ(k.x, m.x) << "7-bit index " << i;
-    ASSERT_EQ(k.y, m.y) << "7-bit index " << i;
-  }
-  int checked = 0;
-  for (uint32_t s = 0; s < 256; ++s)
-    for (uint32_t v = 1; v < 128; v += 3)
-      for (int half = 0; half < 2; ++half) {
-        // Magnitudes v, v + 1, ... (wrapped into 1..127) in bytes 0..3 of the half's word.
-        uint32_t g = 0;
-        int8_t want[4];
-        for (int j = 0; j < 4; ++j) {
-          const uint32_t mag = 1 + (v - 1 + uint32_t(j) * 37) % 127;
-          g |= mag << (8 * j);
-          const bool negative = (s >> (4 * half + j)) & 1u;
-          want[j] = int8_t(negative ? -int(mag) : int(mag));
-        }
-        const uint32_t got = negate_where(g, half ? t.sign_masks[s].y : t.sign_masks[s].x);
-        for (int j = 0; j < 4; ++j) {
-          ASSERT_EQ(int8_t(got >> (8 * j)), want[j]) << "sign byte " << s << " half " << half << " byte " << j;
-          ++checked;
-        }
-      }
-  EXPECT_EQ(checked, 256 * 43 * 2 * 4);
-  // negate_where's precondition: the signed grids' magnitudes are all in 1..127.
-  const auto in_range = [](const auto& grid) {
-    for (const auto& row : grid)
-      for (const auto v : row)
-        if (v < 1 || v > 127) return false;
-    return true;
-  };
-  EXPECT_TRUE(in_range(tb::kIq2xxsGrid));
-  EXPECT_TRUE(in_range(tb::kIq2xsGrid));
-  EXPECT_TRUE(in_range(tb::kIq2sGrid));
-  EXPECT_TRUE(in_range(tb::kIq3xxsGrid));
-  EXPECT_TRUE(in_range(tb::kIq3sGrid));
 }
 
 }  // namespace

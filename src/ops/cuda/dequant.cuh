@@ -46,29 +46,10 @@ struct QuantTables {
   const uint32_t* iq3xxs = nullptr;  // [256]  4 uint8 magnitudes each
   const uint32_t* iq3s = nullptr;    // [512]
   const uint2* iq1s = nullptr;       // [2048] 8 int8 in {-1, 0, 1}
-  // The int8 decode units' sign masks (q8_units.cuh, negate_where): for a sign byte s, 0xFF in
-  // byte j of .x where bit j of s is set (j < 4) and in byte j - 4 of .y (j >= 4), else 0.
-  const uint2* sign_masks = nullptr;   // [256] by the sign byte (IQ2_S, IQ3_S)
-  const uint2* ksign_masks = nullptr;  // [128] by the IQ2/IQ3 7-bit sign index (its byte: iq_signs)
   uint32_t iq4nl[4] = {};            // 16 int8 levels
   uint32_t mxfp4[4] = {};            // 16 int8 doubled E2M1 values
   float iq1_delta = 0.0f;
 };
-
-// QuantTables::sign_masks and ksign_masks as the host builds them (quant_matmul.cu uploads them,
-// the host emulation points at them): masks[256] by sign byte, kmasks[128] by 7-bit index.
-inline void fill_sign_masks(uint2 (&masks)[256], uint2 (&kmasks)[128]) {
-  for (uint32_t s = 0; s < 256; ++s) {
-    uint32_t m[2] = {0, 0};
-    for (int j = 0; j < 8; ++j)
-      if ((s >> j) & 1u) m[j / 4] |= 0xFFu << (8 * (j % 4));
-    masks[s].x = m[0], masks[s].y = m[1];
-  }
-  for (uint32_t i = 0; i < 128; ++i) {
-    const uint32_t parity = uint32_t(__builtin_popcount(i) & 1);
-    kmasks[i] = masks[i | (parity << 7)];
-  }
-}
 
 namespace dq {
 

@@ -226,15 +226,6 @@ struct IQ4XSUnit : GroupPairUnit {
   }
 };
 
-// The bytes of g negated where m holds 0xFF (the sign masks of QuantTables). Every byte of g is a
-// grid magnitude in 1..127, so -g = ~(g - 1) bytewise: g - 0x01010101 borrows across no byte, and
-// one bitwise select (a LOP3) takes ~(g - 1) or g per byte. Two instructions per 4 weights, where
-// spreading 4 sign bits into bytes by a multiply and negating as (g ^ 0xFF f) + f took six.
-__device__ __forceinline__ uint32_t negate_where(uint32_t g, uint32_t m) {
-  const uint32_t g_minus_1 = g - 0x01010101u;
-  return (g & ~m) | (~g_minus_1 & m);
-}
-
 // Groups 2k and 2k + 1 of an array of 8 bytes per group at p (2-byte aligned): [group][word].
 __device__ __forceinline__ void group_pair_bytes8(const uint8_t* p, int k, uint32_t (&v)[2][2]) {
   const uint2 a = dq::ld64_a2(p + 16 * k), c = dq::ld64_a2(p + 16 * k + 8);
@@ -246,11 +237,17 @@ __device__ __forceinline__ void group_pair_bytes8(const uint8_t* p, int k, uint3
 // (bits 7l) and the 4-bit scale s (bits 28..31). Element = d (0.5 + s) / 4 * magnitude * sign.
 // Quarter k (unit u = k) holds groups 2k and 2k + 1, activation blocks of their own (Q4_K's unit
 // and activation side). The magnitudes (8..43) enter the dot products as signed bytes, negated
-// where the sign bit is set (negate_where, the masks looked up by sign index). H200, one token, two levels, us (session 29):
+// where the sign bit is set by flipping the byte and adding one: with f the flagged bytes' 0x01,
+// (g ^ 0xFF f) + f per word, no carry between bytes. H200, one token, two levels, us (session 29):
 // output head 186.9 against 422.4 for the fp32 kernel, 8 experts 2048 x 6144 25.6 against 58.5;
 // at 2-8 tokens 1.0-1.6x.
 struct IQ2XXSUnit : GroupPairUnit {
   static constexpr int kBytes = 66, kUnroll = 1;
+  // 4 magnitudes of a grid entry with the low 4 bits of `signs` applied (bit j negates byte j).
+  __device__ static uint32_t signed4(uint32_t g, uint32_t signs) {
+    const uint32_t f = ((signs & 0x0F) * 0x00204081u) & 0x01010101u;  // bit j -> byte j's low bit
+    return (g ^ (f * 0xFFu)) + f;
+  }
   __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
     W w;
     const float d = half_to_f(ld16(b));
@@ -265,9 +262,9 @@ struct IQ2XXSUnit : GroupPairUnit {
 #pragma unroll
       for (int l = 0; l < 4; ++l) {
         const uint2 g = __ldg(tb.iq2xxs + ((idx[r] >> (8 * l)) & 0xFF));
-        const uint2 m = __ldg(tb.ksign_masks + ((aux[r] >> (7 * l)) & 127));
-        w.v[r][l / 2][2 * (l % 2)] = negate_where(g.x, m.x);
-        w.v[r][l / 2][2 * (l % 2) + 1] = negate_where(g.y, m.y);
+        const uint32_t signs = dq::iq_signs((aux[r] >> (7 * l)) & 127);
+        w.v[r][l / 2][2 * (l % 2)] = signed4(g.x, signs);
+        w.v[r][l / 2][2 * (l % 2) + 1] = signed4(g.y, signs >> 4);
       }
     }
     return w;
@@ -283,7 +280,7 @@ struct IQ2XXSUnit : GroupPairUnit {
 // sign indices (bits 7l, each for the 8 elements of indices 2l and 2l + 1) and the 4-bit scale s
 // (bits 28..31). Element = d (0.5 + s) / 2 * magnitude * sign (gguf/quants.cpp). Quarter k (unit
 // u = k) holds groups 2k and 2k + 1, as IQ2_XXS's; the magnitudes (4..62) enter the dot products
-// as signed bytes, negated as IQ2_XXS's are.
+// as signed bytes, negated as IQ2XXSUnit::signed4 negates them.
 struct IQ3XXSUnit : GroupPairUnit {
   static constexpr int kBytes = 98, kUnroll = 1;
   __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
@@ -302,9 +299,9 @@ struct IQ3XXSUnit : GroupPairUnit {
       for (int l = 0; l < 4; ++l) {
         const uint32_t i2 = idx[r][l / 2] >> (16 * (l % 2));  // indices 2l, 2l + 1 in its low 16 bits
         const uint32_t g1 = __ldg(tb.iq3xxs + (i2 & 0xFF)), g2 = __ldg(tb.iq3xxs + ((i2 >> 8) & 0xFF));
-        const uint2 m = __ldg(tb.ksign_masks + ((au[r] >> (7 * l)) & 127));
-        w.v[r][l / 2][2 * (l % 2)] = negate_where(g1, m.x);
-        w.v[r][l / 2][2 * (l % 2) + 1] = negate_where(g2, m.y);
+        const uint32_t signs = dq::iq_signs((au[r] >> (7 * l)) & 127);
+        w.v[r][l / 2][2 * (l % 2)] = IQ2XXSUnit::signed4(g1, signs);
+        w.v[r][l / 2][2 * (l % 2) + 1] = IQ2XXSUnit::signed4(g2, signs >> 4);
       }
     }
     return w;
@@ -327,7 +324,6 @@ struct IQ3SUnit : GroupPairUnit {
     const uint2 sg = dq::ld64_a2(b + 74 + 8 * k);  // .x: group 2k's sign bytes, .y: 2k + 1's
     const uint32_t scales = dq::ld8(b + 106 + k);  // nibble r: group 2k + r's scale
     const uint32_t signs[2] = {sg.x, sg.y};
-    uint2 m;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       w.sc[r] = __fmul_rn(d, int_to_f(1 + 2 * int((scales >> (4 * r)) & 0x0F)));
@@ -335,9 +331,8 @@ struct IQ3SUnit : GroupPairUnit {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {  // entry e: elements 4e .. 4e + 4 of the group
         const uint32_t i = ((idx[r][e / 4] >> (8 * (e % 4))) & 0xFF) | (((h9 >> e) & 1) << 8);
-        // Entries 2n and 2n + 1 share sign byte n (its low and high nibble).
-        if (e % 2 == 0) m = __ldg(tb.sign_masks + ((signs[r] >> (4 * e)) & 0xFF));
-        w.v[r][e / 4][e % 4] = negate_where(__ldg(tb.iq3s + i), e % 2 ? m.y : m.x);
+        const uint32_t sb = (signs[r] >> (8 * (e / 2) + 4 * (e % 2))) & 0x0F;
+        w.v[r][e / 4][e % 4] = IQ2XXSUnit::signed4(__ldg(tb.iq3s + i), sb);
       }
     }
     return w;
@@ -374,11 +369,11 @@ struct GroupPair16Unit : GroupPairUnit {
   }
 };
 
-// An 8-element grid entry of IQ2_XS / IQ2_S (8 magnitudes) with its sign masks into words v[2j],
-// v[2j + 1] of a half.
-__device__ __forceinline__ void signed_entry8(uint2 g, uint2 m, uint32_t* v) {
-  v[0] = negate_where(g.x, m.x);
-  v[1] = negate_where(g.y, m.y);
+// The two 8-element signed grid entries of IQ2_XS / IQ2_S (8 magnitudes each) into words
+// v[2j], v[2j + 1] of a half.
+__device__ __forceinline__ void signed_entry8(uint2 g, uint32_t signs, uint32_t* v) {
+  v[0] = IQ2XXSUnit::signed4(g.x, signs);
+  v[1] = IQ2XXSUnit::signed4(g.y, signs >> 4);
 }
 
 // IQ2_XS, 74 bytes (2-byte aligned): fp16 d | u16 qs[32]: per 8 elements a 9-bit grid index (8
@@ -402,7 +397,7 @@ struct IQ2XSUnit : GroupPair16Unit {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const uint32_t e = (two >> (16 * j)) & 0xFFFF;
-          signed_entry8(__ldg(tb.iq2xs + (e & 511)), __ldg(tb.ksign_masks + (e >> 9)), &w.v[r][h][2 * j]);
+          signed_entry8(__ldg(tb.iq2xs + (e & 511)), dq::iq_signs(e >> 9), &w.v[r][h][2 * j]);
         }
       }
     return w;
@@ -430,7 +425,7 @@ struct IQ2SUnit : GroupPair16Unit {
         for (int j = 0; j < 2; ++j) {
           const int l = 2 * h + j;  // entry l: elements 8l .. 8l + 8 of the group
           const uint32_t i = ((lo >> (8 * l)) & 0xFF) | (((hi >> (2 * l)) & 3) << 8);
-          signed_entry8(__ldg(tb.iq2s + i), __ldg(tb.sign_masks + ((sgn >> (8 * l)) & 0xFF)), &w.v[r][h][2 * j]);
+          signed_entry8(__ldg(tb.iq2s + i), (sgn >> (8 * l)) & 0xFF, &w.v[r][h][2 * j]);
         }
       }
     }

@@ -58,13 +58,6 @@ void append_rows(std::vector<uint8_t>& blob, const Entry (&table)[N][W]) {
   std::memcpy(blob.data() + at, table, N * W);
 }
 
-// (8-byte aligned: the blob's tables before are whole multiples of 8 bytes.)
-void append_bytes(std::vector<uint8_t>& blob, const void* p, size_t n) {
-  const size_t at = blob.size();
-  blob.resize(at + n);
-  std::memcpy(blob.data() + at, p, n);
-}
-
 DeviceState upload_state(int device) {
   namespace tb = gguf::tables;
   DeviceState st;
@@ -75,29 +68,14 @@ DeviceState upload_state(int device) {
   for (uint32_t i = 0; i < 128; ++i)
     if (tb::kIq2Signs[i] != (i | ((__builtin_popcount(i) & 1u) << 7)))
       fail("cuda::matmul: internal error: the IQ2 sign table does not follow the parity rule at {}", i);
-  // The int8 units negate grid magnitudes as ~(m - 1) bytewise (q8_units.cuh, negate_where):
-  // every byte of the signed grids must be in 1..127.
-  const auto magnitudes_ok = [](const auto& grid) {
-    for (const auto& row : grid)
-      for (const auto v : row)
-        if (v < 1 || v > 127) return false;
-    return true;
-  };
-  if (!magnitudes_ok(tb::kIq2xxsGrid) || !magnitudes_ok(tb::kIq2xsGrid) || !magnitudes_ok(tb::kIq2sGrid) ||
-      !magnitudes_ok(tb::kIq3xxsGrid) || !magnitudes_ok(tb::kIq3sGrid))
-    fail("cuda::matmul: internal error: an IQ2/IQ3 grid holds a magnitude outside 1..127");
-  uint2 sign_masks[256], ksign_masks[128];
-  fill_sign_masks(sign_masks, ksign_masks);
   std::vector<uint8_t> blob;
-  size_t offsets[8];
+  size_t offsets[6];
   offsets[0] = blob.size(), append_rows(blob, tb::kIq2xxsGrid);
   offsets[1] = blob.size(), append_rows(blob, tb::kIq2xsGrid);
   offsets[2] = blob.size(), append_rows(blob, tb::kIq2sGrid);
   offsets[3] = blob.size(), append_rows(blob, tb::kIq3xxsGrid);
   offsets[4] = blob.size(), append_rows(blob, tb::kIq3sGrid);
   offsets[5] = blob.size(), append_rows(blob, tb::kIq1sGrid);
-  offsets[6] = blob.size(), append_bytes(blob, sign_masks, sizeof sign_masks);
-  offsets[7] = blob.size(), append_bytes(blob, ksign_masks, sizeof ksign_masks);
   void* dev = nullptr;
   SPARSEMLA_CUDA_CHECK(cudaMalloc(&dev, blob.size()));
   SPARSEMLA_CUDA_CHECK(cudaMemcpy(dev, blob.data(), blob.size(), cudaMemcpyHostToDevice));
@@ -108,8 +86,6 @@ DeviceState upload_state(int device) {
   st.tables.iq3xxs = reinterpret_cast<const uint32_t*>(base + offsets[3]);
   st.tables.iq3s = reinterpret_cast<const uint32_t*>(base + offsets[4]);
   st.tables.iq1s = reinterpret_cast<const uint2*>(base + offsets[5]);
-  st.tables.sign_masks = reinterpret_cast<const uint2*>(base + offsets[6]);
-  st.tables.ksign_masks = reinterpret_cast<const uint2*>(base + offsets[7]);
   std::memcpy(st.tables.iq4nl, tb::kIq4nlValues, 16);
   std::memcpy(st.tables.mxfp4, tb::kMxfp4Values, 16);
   st.tables.iq1_delta = tb::kIq1Delta;
