@@ -4,16 +4,13 @@
 # time. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla, sparsemla_tests and
 # bench_cuda_matmul with scripts/device/pack.sh from a build configured with
 # -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
-# (default all: "tests sanitizer kernels model ncu").
+# (default all: "tests sanitizer model ncu").
 #
 #  tests      the GPU model with session 32's automatic absorption path (the bf16 tensor-core kernel
 #             at 2-8 tokens, cuBLAS from 9) and its Q4_0 test in its final form (dense layers), the
-#             IQ2/IQ3 int8 units with session 33's sign masks (CudaMatmulQ8 typed suites), and the
-#             router tests on the shared case table (router_cases.h);
+#             int8 decode kernels' shared block start (start_rows, block32_x: CudaMatmulQ8 typed
+#             suites), and the router tests on the shared case table (router_cases.h);
 #  sanitizer  compute-sanitizer memcheck on the int8 decode tests (small shapes);
-#  kernels    the one-token and 2-8-token lines of the five IQ types whose signs session 33 changed,
-#             against their figures in docs/PERFORMANCE.md (sessions 29 and 32: same command, same
-#             kind of GPU; a change under ~3% is within the spread between machines);
 #  model      GLM-5-width 2-layer IQ2_XS and IQ3_XXS models at batch 1 (session 32: IQ2_XS
 #             0.680 / 0.708 ms per step at --prompt 512 --gen 48), and the batch-8 Q4_K_M step with
 #             the absorption products' tensor-core kernel on and off (SPARSEMLA_ABSORB_TC=1 / 0,
@@ -22,15 +19,13 @@
 #             copy in session 32): whether the L1/shared data path (the grid gathers, each lane's 128
 #             bytes of activations per unit, the staged weights) or instruction issue bounds them, the
 #             question that decides the next step for the IQ types.
-# What to do with the figures: docs/PERFORMANCE.md "Session 33" (if the sign masks lost, go back to
-# the arithmetic form: q8_units.cuh's negate_where comment names it).
+# What to do with the figures: docs/PERFORMANCE.md "Session 33".
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-tests sanitizer kernels model ncu}
+PHASES=${PHASES:-tests sanitizer model ncu}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-SIGN_TYPES="iq2_xxs iq2_xs iq2_s iq3_xxs iq3_s"
 
 if has tests; then
   F='*GpuModel*:CudaAttention.*:*CudaMatmulQ8*:CudaRouter.*:CudaSmallOps.*'  # (typed suites: Types/..., Fixtures/...)
@@ -44,17 +39,6 @@ if has sanitizer && [ -x "$SAN" ]; then
     "$BIN/sparsemla_tests" --gtest_filter='*CudaMatmulQ8*' >"$OUT/memcheck.log" 2>&1
   echo "compute-sanitizer memcheck: exit $?"
   grep -E "ERROR SUMMARY|FAILED" "$OUT/memcheck.log" | tail -3
-fi
-
-if has kernels; then
-  for t in $SIGN_TYPES; do
-    timeout 60 "$BIN/bench_cuda_matmul" --quick --decode --tokens 1 --type "$t" >"$OUT/decode1_$t.log" 2>&1
-    echo "== $t one token (exit $?)"
-    grep -E " q8x2?:1 " "$OUT/decode1_$t.log" | head -12
-    timeout 90 "$BIN/bench_cuda_matmul" --quick --decode --type "$t" >"$OUT/decode_$t.log" 2>&1
-    echo "== $t 2-8 tokens (exit $?)"
-    grep -E " q8x2:[248] " "$OUT/decode_$t.log" | head -16
-  done
 fi
 
 if has model; then
