@@ -1361,7 +1361,7 @@ TEST(CudaAttention, AbsorptionProductsMatchTheCpu) {
     d_out.zero();
     cuda::to_bf16(d_w32.as<float>(), int64_t(w.size()), d_w.get(), nullptr);
     cuda::HeadBatchedGemm g{d_w.get(), heads, rows, cols};
-    // Every path (forced where it takes the shape; else the automatic choice): the head GEMV, the
+    // Every path (forced where it takes the shape; else the GEMV or cuBLAS): the head GEMV, the
     // tensor-core kernel (head_mma_kernel.cuh: whole 32-column chunks, up to 16 tokens), cuBLAS.
     using Path = cuda::Blas::Path;
     for (const auto& [path, name] : {std::pair{Path::Auto, "auto"}, std::pair{Path::Kernel, "gemv"},

@@ -286,7 +286,8 @@ class Blas {
   const void* scratch() const { return xbf_.get(); }
   const void* weight_scratch() const { return wbf_.get(); }
   // The path of a product: Auto the measured choice (absorb.cu: head_path); the others force one
-  // where it takes the shape, else Auto's (tests and bench_cuda_matmul --absorb time each):
+  // where it takes the shape, else the head GEMV where that fits, else cuBLAS (tests and
+  // bench_cuda_matmul --absorb time each):
   // Kernel the head GEMVs (head_gemv; head_gemv_q8 for quantized rows), TensorCore the bf16
   // tensor-core kernel (head_mma_kernel.cuh), Gemm cuBLAS.
   enum class Path { Auto, Kernel, TensorCore, Gemm };
