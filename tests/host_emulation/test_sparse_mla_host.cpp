@@ -30,6 +30,7 @@
 
 #include "ops/cpu/attention.h"
 #include "ops/cuda/sparse_mla_kernels.cuh"
+#include "../unit/mla_test_inputs.h"
 #include "../unit/paged_test_util.h"
 #include "util/half.h"
 
@@ -208,14 +209,7 @@ HostCache make_cache(const std::vector<float>& rows, int64_t n_slots, int kv_lor
   return c;
 }
 
-struct MlaCase {
-  int heads, kv_lora, rope;
-  std::vector<int> ctx;  // per query token
-  int top_k;             // 0: dense
-  int n_seq;
-  int block_size;
-  float growth = 0.0f;  // > 0: scores rising along the positions (as the GPU test's rescaling cases)
-};
+using test_paged::MlaCase;
 
 // A problem of `c` (as check_mla builds it) and the kernels' output for it.
 struct Problem {
@@ -228,36 +222,14 @@ struct Problem {
   AttentionArgs a;
   std::vector<float> out;
 
-  Problem(const MlaCase& c_, KvDtype d, std::mt19937& rng) : c(c_), dtype(d), pg(lens(c_), c_.block_size, rng) {
-    const int T = int(c.ctx.size()), D = c.kv_lora + c.rope;
-    for (int t = 0; t < T; ++t) {
-      seq.push_back(t % c.n_seq);
-      n_ctx.push_back(c.ctx[size_t(t)]);
-    }
-    std::vector<float> rows = random_vec(size_t(pg.n_slots() * D), rng);
-    q = random_vec(size_t(T) * c.heads * D, rng, 0.3f);
-    if (c.growth > 0.0f) {
-      const std::vector<int> len = lens(c);
-      const std::vector<float> u = random_vec(size_t(D), rng);
-      for (int s = 0; s < c.n_seq; ++s)
-        for (int p = 0; p < len[size_t(s)]; ++p) {
-          const float g = std::exp(c.growth * float(p) / float(len[size_t(s)]));
-          float* r = rows.data() + pg.slot(s, p) * D;
-          for (int i = 0; i < D; ++i) r[i] = g * (u[size_t(i)] + 0.5f * r[i]);
-        }
-      for (size_t i = 0; i < q.size(); ++i) q[i] = round_bf16(0.05f * (u[i % size_t(D)] + q[i] / 0.3f));
-    }
-    cache = make_cache(rows, pg.n_slots(), c.kv_lora, c.rope, dtype);
-    if (c.top_k > 0) {  // distinct random positions < n_ctx in random order, -1 entries among them
-      sel.assign(size_t(T) * c.top_k, -1);
-      for (int t = 0; t < T; ++t) {
-        std::vector<int32_t> all(size_t(n_ctx[size_t(t)]));
-        std::iota(all.begin(), all.end(), 0);
-        std::shuffle(all.begin(), all.end(), rng);
-        for (int i = 0; i < std::min(c.top_k, n_ctx[size_t(t)]); ++i) sel[size_t(t) * c.top_k + i] = all[size_t(i)];
-        std::shuffle(sel.begin() + int64_t(t) * c.top_k, sel.begin() + int64_t(t + 1) * c.top_k, rng);
-      }
-    }
+  Problem(const MlaCase& c_, KvDtype d, std::mt19937& rng) : c(c_), dtype(d), pg(test_paged::mla_lens(c_), c_.block_size, rng) {
+    test_paged::MlaInputs in = test_paged::mla_inputs(c, pg, rng);
+    seq = std::move(in.seq);
+    n_ctx = std::move(in.n_ctx);
+    sel = std::move(in.sel);
+    q = std::move(in.q);
+    cache = make_cache(in.rows, pg.n_slots(), c.kv_lora, c.rope, dtype);
+    const int T = int(c.ctx.size());
     a.q = q.data();
     a.T = T;
     a.heads = c.heads;
@@ -268,14 +240,9 @@ struct Problem {
     a.n_ctx = n_ctx.data();
     a.selected = c.top_k > 0 ? sel.data() : nullptr;
     a.top_k = c.top_k;
-    a.max_ctx = *std::max_element(n_ctx.begin(), n_ctx.end());
+    a.max_ctx = in.max_ctx;
     a.latent = {cache.bytes.data(), cache.row_bytes, pg.tables.data(), pg.max_blocks, pg.block_size};
     a.dtype = dtype;
-  }
-  static std::vector<int> lens(const MlaCase& c) {
-    std::vector<int> l(size_t(c.n_seq), 1);
-    for (size_t t = 0; t < c.ctx.size(); ++t) l[t % size_t(c.n_seq)] = std::max(l[t % size_t(c.n_seq)], c.ctx[t]);
-    return l;
   }
 
   // The largest error of out against the CPU (q rounded to bf16 for the tensor-core kernel).
@@ -375,7 +342,7 @@ const std::vector<MlaCase> kCases = {
     {4, 256, 32, {40}, 12, 1, 16},               // glm_q4_k
     {4, 32, 8, {15, 9}, 0, 2, 16},               // dsv32_groups, dense
     {2, 16, 8, {50}, 12, 1, 16},                 // dsv32_pub
-    {16, 512, 64, {300}, 0, 1, 16, 3.0f},        // dense, scores rising (the lazy maximum moves)
+    {16, 512, 64, {300}, 0, 1, 16, false, 3.0f}, // dense, scores rising (the lazy maximum moves)
 };
 
 TEST(SparseMlaOnTheHost, MmaKernelMatchesTheCpuReference) {

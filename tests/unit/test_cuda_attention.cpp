@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "gpu_test_util.h"
+#include "mla_test_inputs.h"
 #include "util/half.h"
 
 // FP8 E4M3 conversions on the CPU are the reference for the fp8 caches: run them everywhere.
@@ -971,66 +972,18 @@ TEST(CudaAttention, Fp8IndexerTopKRecallAgainstExactScores) {
   }
 }
 
-struct MlaCase {
-  int heads, kv_lora, rope;
-  std::vector<int> ctx;  // per query token
-  int top_k;             // 0: dense
-  int n_seq;
-  int block_size;
-  // Selections in top_k's order (positions ascending, then the -1 entries) and launched with
-  // AttentionArgs::selected_front; else in random order with the -1 entries among them.
-  bool front = false;
-  // > 0: rows along one direction u with magnitudes growing as exp(growth * pos / len) and every
-  // head's query along u, so that in position order a row's scores keep rising far past the lazy
-  // softmax maximum's slack and the fp8 group scales past their lazy bound (sparse_mla_tile.cuh,
-  // sparse_mla_fp8.cu): the rescaling those make rare is taken tile after tile. Else i.i.d. rows.
-  float growth = 0.0f;
-};
+using cuda::test_paged::MlaCase;
 
 // ws (if given): the workspace to launch with (its pairs switch, a preset device limit), which keeps
 // what the launch did (last_cluster); else a fresh one.
 void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, int splits, std::mt19937& rng,
                int heads_per_block = 0, cuda::AttentionWorkspace* ws_in = nullptr) {
   const int T = int(c.ctx.size()), D = c.kv_lora + c.rope;
-  std::vector<int> lens(size_t(c.n_seq), 1);
-  std::vector<int32_t> seq(static_cast<size_t>(T)), n_ctx(static_cast<size_t>(T));
-  for (int t = 0; t < T; ++t) {
-    seq[size_t(t)] = t % c.n_seq;
-    n_ctx[size_t(t)] = c.ctx[size_t(t)];
-    lens[size_t(t % c.n_seq)] = std::max(lens[size_t(t % c.n_seq)], c.ctx[size_t(t)]);
-  }
-  Paged pg(lens, c.block_size, rng);
-  std::vector<float> rows = random_vec(size_t(pg.n_slots() * D), rng);
-  std::vector<float> q = random_vec(size_t(T) * c.heads * D, rng, 0.3f);
-  if (c.growth > 0.0f) {
-    const std::vector<float> u = random_vec(size_t(D), rng);
-    for (int s = 0; s < c.n_seq; ++s)
-      for (int p = 0; p < lens[size_t(s)]; ++p) {
-        const float g = std::exp(c.growth * float(p) / float(lens[size_t(s)]));
-        float* r = rows.data() + pg.slot(s, p) * D;
-        for (int i = 0; i < D; ++i) r[i] = g * (u[size_t(i)] + 0.5f * r[i]);
-      }
-    // bf16 values (exact in fp16 too), so that every kernel's query is the reference's: at scores of
-    // ~55 log2 units the kernels' own roundings of q (bf16, or fp16 in the fp8-row kernel) would
-    // move P by more than the test's tolerance.
-    for (size_t i = 0; i < q.size(); ++i) q[i] = round_bf16(0.05f * (u[i % size_t(D)] + q[i] / 0.3f));
-  }
-  GpuCache cache = make_cache(rows, pg.n_slots(), c.kv_lora, c.rope, dtype, true);
-  // Selections: distinct random positions < n_ctx, -1 padded when the context is shorter than top-k.
-  std::vector<int32_t> sel;
-  if (c.top_k > 0) {
-    sel.assign(size_t(T) * c.top_k, -1);
-    for (int t = 0; t < T; ++t) {
-      std::vector<int32_t> all(size_t(n_ctx[size_t(t)]));
-      std::iota(all.begin(), all.end(), 0);
-      std::shuffle(all.begin(), all.end(), rng);
-      const int n_sel = std::min(c.top_k, n_ctx[size_t(t)]);
-      for (int i = 0; i < n_sel; ++i) sel[size_t(t) * c.top_k + i] = all[size_t(i)];
-      if (c.front) std::sort(sel.begin() + int64_t(t) * c.top_k, sel.begin() + int64_t(t) * c.top_k + n_sel);
-      else std::shuffle(sel.begin() + int64_t(t) * c.top_k, sel.begin() + int64_t(t + 1) * c.top_k, rng);
-    }
-  }
-  const int64_t max_ctx = *std::max_element(n_ctx.begin(), n_ctx.end());
+  Paged pg(cuda::test_paged::mla_lens(c), c.block_size, rng);
+  const cuda::test_paged::MlaInputs in = cuda::test_paged::mla_inputs(c, pg, rng);
+  const std::vector<int32_t>&seq = in.seq, &n_ctx = in.n_ctx, &sel = in.sel;
+  const std::vector<float>& q = in.q;
+  GpuCache cache = make_cache(in.rows, pg.n_slots(), c.kv_lora, c.rope, dtype, true);
   DeviceBuffer d_q = cuda::to_device(q), d_seq = cuda::to_device(seq), d_n = cuda::to_device(n_ctx),
                d_out(size_t(T) * c.heads * c.kv_lora * 4);
   DeviceBuffer d_sel = c.top_k > 0 ? cuda::to_device(sel) : DeviceBuffer();
@@ -1045,7 +998,7 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   a.n_ctx = d_n.as<int32_t>();
   a.selected = c.top_k > 0 ? d_sel.as<int32_t>() : nullptr;
   a.top_k = c.top_k;
-  a.max_ctx = max_ctx;
+  a.max_ctx = in.max_ctx;
   a.selected_front = c.front;
   a.latent = pg.rows(cache.data, cache.row_bytes);
   a.dtype = dtype;
