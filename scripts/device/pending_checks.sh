@@ -9,7 +9,8 @@
 #  tests      the GPU model with session 32's automatic absorption path (the bf16 tensor-core kernel
 #             at 2-8 tokens, cuBLAS from 9) and its Q4_0 test in its final form (dense layers), the
 #             int8 decode kernels' shared block start (start_rows, block32_x: CudaMatmulQ8 typed
-#             suites), and the router tests on the shared case table (router_cases.h);
+#             suites), the router tests on the shared case table (router_cases.h) and the attention
+#             tests on the shared inputs (mla_test_inputs.h, CudaAttention.*);
 #  sanitizer  compute-sanitizer memcheck on the int8 decode tests (small shapes);
 #  model      GLM-5-width 2-layer IQ2_XS and IQ3_XXS models at batch 1 (session 32: IQ2_XS
 #             0.680 / 0.708 ms per step at --prompt 512 --gen 48), and the batch-8 Q4_K_M step with
