@@ -26,6 +26,20 @@ using mla_smem::kRows;
 using mla_smem::nv_tiles;
 using Geometry = MlaGeometry;
 
+// A thread's 16-byte pieces 0, STEP, 2 STEP, ... below n of a gathered row: copied from src to dst
+// (cp.async) where the row exists, else zeros. The addresses advance by a constant (the copy loop
+// with each piece's address computed from its index, 64-bit, was ~30% of the kernel's instructions
+// at one token: H100, Nsight).
+template <int STEP, class T>
+__device__ __forceinline__ void copy_row_pieces(T* dst, const uint8_t* src, int n, bool exists) {
+  uint8_t* d = reinterpret_cast<uint8_t*>(dst);
+  if (exists) {
+    for (int c = 0; c < n; c += STEP, d += 16 * STEP, src += 16 * STEP) cp_async16(d, src);
+  } else {
+    for (int c = 0; c < n; c += STEP, d += 16 * STEP) *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+  }
+}
+
 template <int NV, bool FP8, int HG, int STAGES, int KS>
 __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geometry geo, float* part) {
   constexpr int THREADS = HG * 64;
@@ -57,26 +71,30 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
       *reinterpret_cast<uint4*>(sKbuf + (i / pad) * stride + D + (i % pad) * 8) = make_uint4(0, 0, 0, 0);
   }
   // Queries, four values at a time, many loads in flight; pad columns and missing heads are zero.
-  // Called once the first tile's copy is under way.
+  // Called once the first tile's copy is under way. A block has 4 threads per head row (THREADS =
+  // 4 x HG x 16): thread tid takes row tid / 4 and its columns (tid % 4) x 4 + 16 k, so a warp's
+  // loads of a round are 8 rows' 64 contiguous bytes, and no index is divided (the runtime division
+  // of a flat index by the row's float4s was ~40% of the kernel's instructions at one token: H100,
+  // Nsight, 5,000 warp instructions per warp for 272 mma).
   auto load_q = [&]() {
     constexpr int kInFlight = 12;
-    const float* q = a.q + int64_t(t) * a.heads * D;
-    const int qch = stride / 4, total = HG * 16 * qch;
-    for (int i0 = 0; i0 < total; i0 += kInFlight * THREADS) {
+    static_assert(THREADS == 4 * HG * 16, "4 threads per head row");
+    const int r = tid / 4, h = h0 + r;
+    const float* q = a.q + (int64_t(t) * a.heads + min(h, a.heads - 1)) * D;
+    __nv_bfloat16* dst = sQ + r * stride;
+    for (int c0 = (tid % 4) * 4; c0 < stride; c0 += 16 * kInFlight) {
       float4 v[kInFlight];
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
-        const int i = i0 + u * THREADS + tid;
-        const int r = i / qch, c = (i % qch) * 4, h = h0 + r;
+        const int c = c0 + 16 * u;
         v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (i < total && h < a.heads && c < D) v[u] = *reinterpret_cast<const float4*>(q + int64_t(h) * D + c);
+        if (h < a.heads && c < D) v[u] = *reinterpret_cast<const float4*>(q + c);
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
-        const int i = i0 + u * THREADS + tid;
-        const int r = i / qch, c = (i % qch) * 4;
-        if (i < total)
-          *reinterpret_cast<uint2*>(sQ + r * stride + c) = make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+        const int c = c0 + 16 * u;
+        if (c < stride)
+          *reinterpret_cast<uint2*>(dst + c) = make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
       }
     }
   };
@@ -103,25 +121,17 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
       if constexpr (!FP8) {
         __nv_bfloat16* dstK = sKbuf + (STAGES == 2 ? (j & 1) : 0) * kRows * stride;
         constexpr int PER_ROW = THREADS / kRows;  // threads per row
-        const int r = tid / PER_ROW, ch = D / 8;
+        const int r = tid / PER_ROW, c0 = tid % PER_ROW;
         const uint32_t slot = r < valid ? slots[r] : kNoSlot;
-        const uint8_t* src = base + int64_t(slot) * row_bytes;
-        __nv_bfloat16* dst = dstK + r * stride;
-        for (int c = tid % PER_ROW; c < ch; c += PER_ROW) {
-          if (slot != kNoSlot) cp_async16(dst + c * 8, src + c * 16);
-          else *reinterpret_cast<uint4*>(dst + c * 8) = make_uint4(0, 0, 0, 0);
-        }
+        copy_row_pieces<PER_ROW>(dstK + r * stride + c0 * 8, base + int64_t(slot) * row_bytes + c0 * 16, D / 8 - c0,
+                                 slot != kNoSlot);
       } else if constexpr (STAGES == 2) {
         uint8_t* dstR = sRaw + (j & 1) * raw_stage;
         constexpr int PER_ROW = THREADS / kRows;
-        const int r = tid / PER_ROW, ch = int(row_bytes / 16);
+        const int r = tid / PER_ROW, c0 = tid % PER_ROW;
         const uint32_t slot = r < valid ? slots[r] : kNoSlot;
-        const uint8_t* src = base + int64_t(slot) * row_bytes;
-        uint8_t* dst = dstR + r * row_bytes;
-        for (int c = tid % PER_ROW; c < ch; c += PER_ROW) {
-          if (slot != kNoSlot) cp_async16(dst + c * 16, src + c * 16);
-          else *reinterpret_cast<uint4*>(dst + c * 16) = make_uint4(0, 0, 0, 0);
-        }
+        copy_row_pieces<PER_ROW>(dstR + r * row_bytes + c0 * 16, base + int64_t(slot) * row_bytes + c0 * 16,
+                                 int(row_bytes / 16) - c0, slot != kNoSlot);
       } else {
         const int ch = a.kv_lora / 8;
         for (int i = tid; i < kRows * ch; i += THREADS) {
@@ -272,17 +282,25 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
 }
 
 // Merges the splits of one (token, head): out = sum_s 2^(m_s - M) o_s / sum_s 2^(m_s - M) l_s.
-// A block takes kCombineDims output dims of one (token, head): its first warp turns the splits'
-// maxima and denominators (one load each per lane) into weights in shared memory, then every
-// thread sums its dim over the splits with independent loads.
+// A block takes kCombineDims output dims of one (token, head). Every thread first loads its dim of
+// the first kCombineEarly splits (independent of the weights, so these loads and the weights' are in
+// flight together: one round trip to L2 where there were three at 32 splits); its first warp turns
+// the splits' maxima and denominators (one load each per lane) into weights in shared memory; then
+// every thread sums its dim over the splits in order.
 constexpr int kMaxSplits = 128;
 constexpr int kCombineDims = 128;
+constexpr int kCombineEarly = 32;  // splits whose values a thread loads before the weights
 __global__ void __launch_bounds__(kCombineDims) mla_combine_kernel(AttentionArgs a, int splits, const float* part) {
   __shared__ float s_w[kMaxSplits];
   const int t = blockIdx.z, h = blockIdx.y, tid = threadIdx.x;
   const int64_t stride = a.kv_lora + 2;
   const int64_t split_step = int64_t(a.heads) * stride;
   const float* p = part + (int64_t(t) * splits * a.heads + h) * stride;
+  const int c = blockIdx.x * kCombineDims + tid;
+  const int n_early = min(splits, kCombineEarly);
+  float early[kCombineEarly];
+#pragma unroll
+  for (int sp = 0; sp < kCombineEarly; ++sp) early[sp] = sp < n_early && c < a.kv_lora ? p[sp * split_step + c] : 0.0f;
   if (tid < 32) {
     constexpr int kPerLane = kMaxSplits / 32;
     float ms[kPerLane], ls[kPerLane];
@@ -309,11 +327,13 @@ __global__ void __launch_bounds__(kCombineDims) mla_combine_kernel(AttentionArgs
       if (tid + 32 * j < splits) s_w[tid + 32 * j] = ms[j] * inv;
   }
   __syncthreads();
-  const int c = blockIdx.x * kCombineDims + tid;
   if (c >= a.kv_lora) return;
   float acc = 0.0f;
+#pragma unroll
+  for (int sp = 0; sp < kCombineEarly; ++sp)
+    if (sp < n_early) acc += s_w[sp] * early[sp];
 #pragma unroll 16
-  for (int sp = 0; sp < splits; ++sp) acc += s_w[sp] * p[sp * split_step + c];
+  for (int sp = n_early; sp < splits; ++sp) acc += s_w[sp] * p[sp * split_step + c];
   a.out[(int64_t(t) * a.heads + h) * a.kv_lora + c] = acc;
 }
 
