@@ -49,6 +49,12 @@ struct QuantTables {
   uint32_t iq4nl[4] = {};            // 16 int8 levels
   uint32_t mxfp4[4] = {};            // 16 int8 doubled E2M1 values
   float iq1_delta = 0.0f;
+  // A grid entry (the IQ units read their tables through this: SharedTables, q8_units.cuh, reads
+  // a block's copy in shared memory instead).
+  template <class T>
+  __device__ static T ld(const T* p) {
+    return __ldg(p);
+  }
 };
 
 namespace dq {

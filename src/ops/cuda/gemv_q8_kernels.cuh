@@ -17,6 +17,7 @@
 #include "ops/cuda/pdl.cuh"
 #include "ops/cuda/q8_quantize.cuh"
 #include "ops/cuda/q8_units.cuh"
+#include "util/env.h"
 
 namespace sparsemla::cuda::q8gemv {
 
@@ -125,9 +126,9 @@ __device__ __forceinline__ void staged_copy(uint8_t* dst, const BlockView& v, in
 }
 
 // acc[r] += this lane's unit (unit iu0 + lane of each row) from a landed chunk src ([R][kChunkBytes]).
-template <class V, int R, int L>
+template <class V, int R, int L, class TB>
 __device__ __forceinline__ void staged_unit(const uint8_t* src, const typename V::template X<L>& xu, int lane,
-                                            float (&acc)[R][1], const QuantTables& tb) {
+                                            float (&acc)[R][1], const TB& tb) {
   const int u = lane % V::kUnitsPerBlock;
   src += (lane / V::kUnitsPerBlock) * V::kBytes;
   typename V::W wu[R];
@@ -196,9 +197,9 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_staged_kernel(const Mat
 // Groups k < n of R rows in turn, from byte `off` of rows row_of(k) .. into buf ([2][R][kChunkBytes],
 // this warp's): group k + 1's copy in flight while group k is decoded, its sums (this lane's unit)
 // handed to done(k, acc).
-template <class V, int R, int L, class RowOf, class Done>
+template <class V, int R, int L, class RowOf, class Done, class TB>
 __device__ __forceinline__ void staged_groups(uint8_t* buf, const BlockView& v, int64_t off, int n, RowOf&& row_of,
-                                              const typename V::template X<L>& xu, int lane, const QuantTables& tb,
+                                              const typename V::template X<L>& xu, int lane, const TB& tb,
                                               Done&& done) {
   constexpr int kBuf = R * Staged<V>::kChunkBytes;
   if (n > 0) staged_copy<V, R>(buf, v, row_of(0), off, lane);
@@ -211,7 +212,7 @@ __device__ __forceinline__ void staged_groups(uint8_t* buf, const BlockView& v, 
     float acc[R][1];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r][0] = 0.0f;
-    staged_unit<V, R, L>(buf + cur * kBuf, xu, lane, acc, tb);
+    staged_unit<V, R, L, TB>(buf + cur * kBuf, xu, lane, acc, tb);
     __syncwarp();  // every lane's reads of this buffer are done before it is filled again
     done(k, acc);
   }
@@ -254,11 +255,13 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_staged_groups_kernel(co
 // head's 6144; wider rows' two buffers per warp pass kStagedMaxSmem), where gemv_q8_staged_kernel
 // copies, waits, decodes and leaves once per block. Here a block takes G row groups in turn, each warp's
 // chunk of group k + 1 in flight while group k is decoded (two buffers per warp); each group is
-// summed and reduced as gemv_q8_staged_kernel sums and reduces its one: the same bits.
-template <class V, int R, int L>
+// summed and reduced as gemv_q8_staged_kernel sums and reduces its one: the same bits. SG: the IQ
+// unit's grid table is first copied into shared memory after the chunk buffers and read from there
+// (grid_in_shared below); the same entries, so the same bits.
+template <class V, int R, int L, bool SG = false>
 __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_staged_runs_kernel(const MatArgs a, int G) {
   using S = Staged<V>;
-  SPARSEMLA_DYNAMIC_SMEM(stage);  // per warp: [2][R][kChunkBytes]
+  SPARSEMLA_DYNAMIC_SMEM(stage);  // per warp: [2][R][kChunkBytes]; then (SG) the grid table
   __shared__ float partial[kQ8MaxThreads / 32][R];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const BlockMat m = block_mat(a);
@@ -275,9 +278,19 @@ __global__ void __launch_bounds__(kQ8MaxThreads) gemv_q8_staged_runs_kernel(cons
   int n = 0;  // the block's groups (the same for every warp: the barriers below are the block's)
   while (n < G && first + int64_t(n) * R < v.n_rows) ++n;
   const auto row_of = [&](int k) { return first + int64_t(k) * R; };
-  staged_groups<V, R, L>(buf, v, off, n, row_of, xu, lane, a.tables, [&](int k, const float (&acc)[R][1]) {
-    block_sum_store(acc, partial, row_of(k), v.n_rows, 0, 1, v.y);
-  });
+  const auto done = [&](int k, const float (&acc)[R][1]) { block_sum_store(acc, partial, row_of(k), v.n_rows, 0, 1, v.y); };
+  if constexpr (SG && GridOf<V>::kBytes > 0) {  // the IQ grid table read from the block's copy (SharedTables)
+    uint8_t* grid = stage + size_t(blockDim.x / 32) * 2 * R * S::kChunkBytes;
+    const uint4* src = static_cast<const uint4*>(V::grid(a.tables));
+    for (int i = threadIdx.x; i < GridOf<V>::kBytes / 16; i += blockDim.x) reinterpret_cast<uint4*>(grid)[i] = __ldg(src + i);
+    __syncthreads();
+    SharedTables tb;
+    static_cast<QuantTables&>(tb) = a.tables;
+    V::set_grid(tb, grid);
+    staged_groups<V, R, L>(buf, v, off, n, row_of, xu, lane, tb, done);
+  } else {
+    staged_groups<V, R, L>(buf, v, off, n, row_of, xu, lane, a.tables, done);
+  }
 }
 
 // Row groups per warp for the row-group kernels: the most, up to 4, that still leave every
@@ -342,6 +355,19 @@ struct Q8Plan {
   int groups = 0;  // G of the row-group kernels
 };
 
+// Whether the row-runs kernel of G row groups per block reads V's grid table from a copy in shared
+// memory (SPARSEMLA_Q8_SMEM_GRID=0: never, for A/B): tables up to 8 KB always; IQ1's 16 KB only where
+// a block has 4 groups or more to spread its copy over. H100, one token, two levels, us (global table
+// -> shared copy): head 154880 x 6144 (4 groups per block) IQ3_XXS 249.3 -> 210.4, IQ2_XXS 186.7 ->
+// 176.3, IQ1_S 172.8 -> 162.4, IQ2_XS 191.3 -> 185.5; 2048 x 6144 IQ2_XXS 6.6 -> 6.1, IQ3_XXS 7.2 ->
+// 7.0, IQ2_XS 7.3 -> 6.8, IQ1_S 6.2 -> 6.7 (its copy costs more than it saves there).
+template <class V>
+bool grid_in_shared(int groups_per_block) {
+  static const bool off = env_off("SPARSEMLA_Q8_SMEM_GRID");
+  constexpr int bytes = GridOf<V>::kBytes;
+  return bytes > 0 && !off && (bytes <= 8192 || groups_per_block >= 4);
+}
+
 template <class V, int L>
 Q8Plan plan_q8(const MatArgs& a, bool staged) {
   constexpr int R = kQ8Rows;
@@ -369,6 +395,12 @@ Q8Plan plan_q8(const MatArgs& a, bool staged) {
         p.group_kernel = gemv_q8_staged_runs_kernel<V, R, L>;
         p.grid = dim3(unsigned(ceil_div(groups, int64_t(p.groups))), y, z);
         p.smem = Staged<V>::smem_of(p.threads, 2, R);
+        if constexpr (GridOf<V>::kBytes > 0) {
+          if (grid_in_shared<V>(p.groups)) {
+            p.group_kernel = gemv_q8_staged_runs_kernel<V, R, L, true>;
+            p.smem += GridOf<V>::kBytes;
+          }
+        }
       } else {
         p.path = Q8Plan::kStaged;
         p.kernel = gemv_q8_staged_kernel<V, R, L>;

@@ -6,11 +6,38 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/dequant.cuh"
 #include "ops/cuda/quant_matmul_q8.h"
 
 namespace sparsemla::cuda::q8units {
+
+// The IQ units read their grid tables (QuantTables) through TB::ld: QuantTables's from global
+// memory, SharedTables's from a block's copy in shared memory (gemv_q8_staged_runs_kernel: a warp's
+// 32 gathers of a grid entry touch ~30 sectors of the table through L1, where from shared memory
+// they take a few wavefronts; H100, Nsight, one-token IQ1_S / IQ2_XXS heads: L1/TEX 80-83% busy,
+// 64-70% of the global sectors excess). GridTable names a unit's table and its size.
+struct SharedTables : QuantTables {
+  template <class T>
+  __device__ static T ld(const T* p) {
+    return *p;
+  }
+};
+template <class V, class = void>
+struct GridOf {  // (units without a table)
+  static constexpr int kBytes = 0;
+};
+template <class V>
+struct GridOf<V, std::void_t<decltype(V::kGridBytes)>> {
+  static constexpr int kBytes = V::kGridBytes;
+};
+template <class T, const T* QuantTables::*Field, int N>
+struct GridTable {
+  static constexpr int kGridBytes = N * int(sizeof(T));
+  __device__ static const void* grid(const QuantTables& t) { return t.*Field; }
+  __device__ static void set_grid(QuantTables& t, const void* p) { t.*Field = static_cast<const T*>(p); }
+};
 
 using dq::half_to_f;
 using dq::int_to_f;
@@ -241,14 +268,15 @@ __device__ __forceinline__ void group_pair_bytes8(const uint8_t* p, int k, uint3
 // (g ^ 0xFF f) + f per word, no carry between bytes. H200, one token, two levels, us (session 29):
 // output head 186.9 against 422.4 for the fp32 kernel, 8 experts 2048 x 6144 25.6 against 58.5;
 // at 2-8 tokens 1.0-1.6x.
-struct IQ2XXSUnit : GroupPairUnit {
+struct IQ2XXSUnit : GroupPairUnit, GridTable<uint2, &QuantTables::iq2xxs, 256> {
   static constexpr int kBytes = 66, kUnroll = 1;
   // 4 magnitudes of a grid entry with the low 4 bits of `signs` applied (bit j negates byte j).
   __device__ static uint32_t signed4(uint32_t g, uint32_t signs) {
     const uint32_t f = ((signs & 0x0F) * 0x00204081u) & 0x01010101u;  // bit j -> byte j's low bit
     return (g ^ (f * 0xFFu)) + f;
   }
-  __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
+  template <class TB>
+  __device__ static W load(const uint8_t* b, int k, const TB& tb) {
     W w;
     const float d = half_to_f(ld16(b));
     // Groups 2k, 2k + 1: {indices, aux} each (ld64_a2 reads no byte past them; ld128_a2's fifth
@@ -261,7 +289,7 @@ struct IQ2XXSUnit : GroupPairUnit {
       w.sc[r] = __fmul_rn(__fmul_rn(d, __fadd_rn(0.5f, int_to_f(int(aux[r] >> 28)))), 0.25f);
 #pragma unroll
       for (int l = 0; l < 4; ++l) {
-        const uint2 g = __ldg(tb.iq2xxs + ((idx[r] >> (8 * l)) & 0xFF));
+        const uint2 g = TB::ld(tb.iq2xxs + ((idx[r] >> (8 * l)) & 0xFF));
         const uint32_t signs = dq::iq_signs((aux[r] >> (7 * l)) & 127);
         w.v[r][l / 2][2 * (l % 2)] = signed4(g.x, signs);
         w.v[r][l / 2][2 * (l % 2) + 1] = signed4(g.y, signs >> 4);
@@ -281,9 +309,10 @@ struct IQ2XXSUnit : GroupPairUnit {
 // (bits 28..31). Element = d (0.5 + s) / 2 * magnitude * sign (gguf/quants.cpp). Quarter k (unit
 // u = k) holds groups 2k and 2k + 1, as IQ2_XXS's; the magnitudes (4..62) enter the dot products
 // as signed bytes, negated as IQ2XXSUnit::signed4 negates them.
-struct IQ3XXSUnit : GroupPairUnit {
+struct IQ3XXSUnit : GroupPairUnit, GridTable<uint32_t, &QuantTables::iq3xxs, 256> {
   static constexpr int kBytes = 98, kUnroll = 1;
-  __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
+  template <class TB>
+  __device__ static W load(const uint8_t* b, int k, const TB& tb) {
     W w;
     const float d = half_to_f(ld16(b));
     // Groups 2k, 2k + 1: their 8 grid indices each, and their two aux words (ld64_a2 reads bytes
@@ -298,7 +327,7 @@ struct IQ3XXSUnit : GroupPairUnit {
 #pragma unroll
       for (int l = 0; l < 4; ++l) {
         const uint32_t i2 = idx[r][l / 2] >> (16 * (l % 2));  // indices 2l, 2l + 1 in its low 16 bits
-        const uint32_t g1 = __ldg(tb.iq3xxs + (i2 & 0xFF)), g2 = __ldg(tb.iq3xxs + ((i2 >> 8) & 0xFF));
+        const uint32_t g1 = TB::ld(tb.iq3xxs + (i2 & 0xFF)), g2 = TB::ld(tb.iq3xxs + ((i2 >> 8) & 0xFF));
         const uint32_t signs = dq::iq_signs((au[r] >> (7 * l)) & 127);
         w.v[r][l / 2][2 * (l % 2)] = IQ2XXSUnit::signed4(g1, signs);
         w.v[r][l / 2][2 * (l % 2) + 1] = IQ2XXSUnit::signed4(g2, signs >> 4);
@@ -313,9 +342,10 @@ struct IQ3XXSUnit : GroupPairUnit {
 // byte per 8 elements (entries 2m, 2m + 1 of a group: byte m, bits 0..3 and 4..7) | scales[4]: a
 // nibble s per group. Element = d (1 + 2s) * magnitude * sign (gguf/quants.cpp). Quarter k holds
 // groups 2k and 2k + 1, as IQ3_XXS's; magnitudes (1..15) as signed bytes.
-struct IQ3SUnit : GroupPairUnit {
+struct IQ3SUnit : GroupPairUnit, GridTable<uint32_t, &QuantTables::iq3s, 512> {
   static constexpr int kBytes = 110, kUnroll = 1;
-  __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
+  template <class TB>
+  __device__ static W load(const uint8_t* b, int k, const TB& tb) {
     W w;
     const float d = half_to_f(ld16(b));
     uint32_t idx[2][2];
@@ -332,7 +362,7 @@ struct IQ3SUnit : GroupPairUnit {
       for (int e = 0; e < 8; ++e) {  // entry e: elements 4e .. 4e + 4 of the group
         const uint32_t i = ((idx[r][e / 4] >> (8 * (e % 4))) & 0xFF) | (((h9 >> e) & 1) << 8);
         const uint32_t sb = (signs[r] >> (8 * (e / 2) + 4 * (e % 2))) & 0x0F;
-        w.v[r][e / 4][e % 4] = IQ2XXSUnit::signed4(__ldg(tb.iq3s + i), sb);
+        w.v[r][e / 4][e % 4] = IQ2XXSUnit::signed4(TB::ld(tb.iq3s + i), sb);
       }
     }
     return w;
@@ -379,9 +409,10 @@ __device__ __forceinline__ void signed_entry8(uint2 g, uint32_t signs, uint32_t*
 // IQ2_XS, 74 bytes (2-byte aligned): fp16 d | u16 qs[32]: per 8 elements a 9-bit grid index (8
 // magnitudes) and a 7-bit sign index (bits 9..15) | scales[8]: a nibble s per 16 elements (group
 // g's byte, low nibble first). Element = d (0.5 + s) / 4 * magnitude * sign.
-struct IQ2XSUnit : GroupPair16Unit {
+struct IQ2XSUnit : GroupPair16Unit, GridTable<uint2, &QuantTables::iq2xs, 512> {
   static constexpr int kBytes = 74, kUnroll = 1;
-  __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
+  template <class TB>
+  __device__ static W load(const uint8_t* b, int k, const TB& tb) {
     W w;
     const float d = half_to_f(ld16(b));
     uint32_t q[2][2];  // groups 2k, 2k + 1: their four u16 entries
@@ -397,7 +428,7 @@ struct IQ2XSUnit : GroupPair16Unit {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const uint32_t e = (two >> (16 * j)) & 0xFFFF;
-          signed_entry8(__ldg(tb.iq2xs + (e & 511)), dq::iq_signs(e >> 9), &w.v[r][h][2 * j]);
+          signed_entry8(TB::ld(tb.iq2xs + (e & 511)), dq::iq_signs(e >> 9), &w.v[r][h][2 * j]);
         }
       }
     return w;
@@ -407,9 +438,10 @@ struct IQ2XSUnit : GroupPair16Unit {
 // IQ2_S, 82 bytes (2-byte aligned): fp16 d | qs[32]: low 8 bits of a grid index per 8 elements |
 // signs[32]: a sign byte per 8 elements | qh[8]: the indices' top 2 bits (group g's byte, bits 2l) |
 // scales[8]: a nibble s per 16 elements. Element = d (0.5 + s) / 4 * magnitude * sign.
-struct IQ2SUnit : GroupPair16Unit {
+struct IQ2SUnit : GroupPair16Unit, GridTable<uint2, &QuantTables::iq2s, 1024> {
   static constexpr int kBytes = 82, kUnroll = 1;
-  __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
+  template <class TB>
+  __device__ static W load(const uint8_t* b, int k, const TB& tb) {
     W w;
     const float d = half_to_f(ld16(b));
     const uint2 qs = dq::ld64_a2(b + 2 + 8 * k), sg = dq::ld64_a2(b + 34 + 8 * k);  // .x group 2k, .y 2k + 1
@@ -425,7 +457,7 @@ struct IQ2SUnit : GroupPair16Unit {
         for (int j = 0; j < 2; ++j) {
           const int l = 2 * h + j;  // entry l: elements 8l .. 8l + 8 of the group
           const uint32_t i = ((lo >> (8 * l)) & 0xFF) | (((hi >> (2 * l)) & 3) << 8);
-          signed_entry8(__ldg(tb.iq2s + i), (sgn >> (8 * l)) & 0xFF, &w.v[r][h][2 * j]);
+          signed_entry8(TB::ld(tb.iq2s + i), (sgn >> (8 * l)) & 0xFF, &w.v[r][h][2 * j]);
         }
       }
     }
@@ -439,13 +471,14 @@ struct IQ2SUnit : GroupPair16Unit {
 // signed bytes (gguf/quants.cpp). The dp4a dots take the grid bytes as they are and the delta
 // through the activation block's sum: sum (g + delta) x = sum g x + delta sum x. Quarter k holds
 // groups 2k and 2k + 1, as IQ2_XXS's.
-struct IQ1SUnit : GroupPairUnit {
+struct IQ1SUnit : GroupPairUnit, GridTable<uint2, &QuantTables::iq1s, 2048> {
   static constexpr int kBytes = 50, kUnroll = 1;
   struct W {
     uint32_t v[2][2][4];  // [group 2k + r][elements 0..15 / 16..31][word]: signed bytes
     float sc[2], delta[2];
   };
-  __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
+  template <class TB>
+  __device__ static W load(const uint8_t* b, int k, const TB& tb) {
     W w;
     const float d = half_to_f(ld16(b));
     const uint2 qs = dq::ld64_a2(b + 2 + 8 * k);        // .x: group 2k's 4 index bytes, .y: 2k + 1's
@@ -457,7 +490,7 @@ struct IQ1SUnit : GroupPairUnit {
       w.delta[r] = qh & 0x8000 ? -tb.iq1_delta : tb.iq1_delta;
 #pragma unroll
       for (int l = 0; l < 4; ++l) {  // entry l: elements 8l .. 8l + 8 of the group
-        const uint2 g = __ldg(tb.iq1s + (((lo >> (8 * l)) & 0xFF) | (((qh >> (3 * l)) & 7) << 8)));
+        const uint2 g = TB::ld(tb.iq1s + (((lo >> (8 * l)) & 0xFF) | (((qh >> (3 * l)) & 7) << 8)));
         w.v[r][l / 2][2 * (l % 2)] = g.x;
         w.v[r][l / 2][2 * (l % 2) + 1] = g.y;
       }
@@ -480,14 +513,15 @@ struct IQ1SUnit : GroupPairUnit {
 // half's dot takes the grid bytes as they are plus, per entry, its delta times the entry's
 // activation sum (dp4a against ones): sum g x + delta_a S_a + delta_b S_b, exact in fp32 (integers
 // and eighths under 2^21).
-struct IQ1MUnit : GroupPairUnit {
+struct IQ1MUnit : GroupPairUnit, GridTable<uint2, &QuantTables::iq1s, 2048> {
   static constexpr int kBytes = 56, kUnroll = 1;
   struct W {
     uint32_t v[2][2][4];  // [group 2k + r][elements 0..15 / 16..31][word]: signed bytes
     float sc[2][2];       // [group][half]: d (2s + 1)
     float delta[2][4];    // [group][entry]: ± delta
   };
-  __device__ static W load(const uint8_t* b, int k, const QuantTables& tb) {
+  template <class TB>
+  __device__ static W load(const uint8_t* b, int k, const TB& tb) {
     W w;
     const uint2 s4 = dq::ld64(b + 48);  // scales[0..1] in x, [2..3] in y
     const uint32_t d_bits =
@@ -505,7 +539,7 @@ struct IQ1MUnit : GroupPairUnit {
 #pragma unroll
       for (int l = 0; l < 4; ++l) {  // entry l: elements 8l .. 8l + 8 of the group
         const uint32_t nib = (qh >> (16 * r + 4 * l)) & 0x0F;
-        const uint2 g = __ldg(tb.iq1s + (((lo >> (8 * l)) & 0xFF) | ((nib & 7) << 8)));
+        const uint2 g = TB::ld(tb.iq1s + (((lo >> (8 * l)) & 0xFF) | ((nib & 7) << 8)));
         w.v[r][l / 2][2 * (l % 2)] = g.x;
         w.v[r][l / 2][2 * (l % 2) + 1] = g.y;
         w.delta[r][l] = nib & 8 ? -tb.iq1_delta : tb.iq1_delta;
