@@ -172,6 +172,16 @@ void check_levels(GgmlType type, int64_t n_cols, uint32_t seed) {
     if (V::kBlock == 256 && n_cols == 4096 && V::kUnroll == 1) EXPECT_EQ(path, Q8Plan::kStagedRuns);
     if (V::kBlock == 32) EXPECT_EQ(path, n_cols >= 4096 ? Q8Plan::kStaged : Q8Plan::kPlain);
   }
+  // The IQ types' runs read their grid table from a copy in shared memory (grid_in_shared: here 4 row
+  // groups per block, so IQ1's too), and that is the kernel whose bits are compared below.
+  if constexpr (GridOf<V>::kBytes > 0) {
+    if (path == Q8Plan::kStagedRuns) {
+      const Q8Plan p = plan_q8<V, L>(a, true);
+      const bool shared = p.group_kernel == &gemv_q8_staged_runs_kernel<V, kQ8Rows, L, true>;
+      EXPECT_EQ(shared, grid_in_shared<V>(p.groups));
+      if (env_switch("SPARSEMLA_Q8_SMEM_GRID") != 0) EXPECT_TRUE(shared) << p.groups << " row groups per block";
+    }
+  }
   a.y = one_plain.data();
   EXPECT_EQ((run<V, L>(a, false, {one_plain.data()}, {one_plain.size()})), Q8Plan::kPlain);
   EXPECT_EQ(one, one_plain) << "staged and plain kernels differ";
