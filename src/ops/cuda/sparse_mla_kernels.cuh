@@ -28,8 +28,8 @@ using Geometry = MlaGeometry;
 
 // A thread's 16-byte pieces 0, STEP, 2 STEP, ... below n of a gathered row: copied from src to dst
 // (cp.async) where the row exists, else zeros. The addresses advance by a constant (the copy loop
-// with each piece's address computed from its index, 64-bit, was ~30% of the kernel's instructions
-// at one token: H100, Nsight).
+// with each piece's address computed from its index, 64-bit, was 32% of the kernel's instructions
+// at one token: H100, Nsight; not yet timed in this form).
 template <int STEP, class T>
 __device__ __forceinline__ void copy_row_pieces(T* dst, const uint8_t* src, int n, bool exists) {
   uint8_t* d = reinterpret_cast<uint8_t*>(dst);
@@ -73,9 +73,9 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
   // Queries, four values at a time, many loads in flight; pad columns and missing heads are zero.
   // Called once the first tile's copy is under way. A block has 4 threads per head row (THREADS =
   // 4 x HG x 16): thread tid takes row tid / 4 and its columns (tid % 4) x 4 + 16 k, so a warp's
-  // loads of a round are 8 rows' 64 contiguous bytes, and no index is divided (the runtime division
-  // of a flat index by the row's float4s was ~40% of the kernel's instructions at one token: H100,
-  // Nsight, 5,000 warp instructions per warp for 272 mma).
+  // loads of a round are 8 rows' 64 contiguous bytes, and no index is divided (with the merge's
+  // change, taking out the runtime division of a flat index by the row's float4s cut the kernel's
+  // warp instructions at one token by 26%: H100, Nsight, GLM-5 at 1K, 638 K -> 470 K for 272 mma per warp).
   auto load_q = [&]() {
     constexpr int kInFlight = 12;
     static_assert(THREADS == 4 * HG * 16, "4 threads per head row");
