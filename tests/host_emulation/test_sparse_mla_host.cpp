@@ -291,14 +291,14 @@ void run_both_orders(Problem& p, const Launch& launch) {
   ASSERT_EQ(std::memcmp(first.data(), p.out.data(), n * sizeof(float)), 0) << "the two thread orders differ";
 }
 
-// The mma kernel with hg head groups per block, `stages` tiles in flight and at most `splits`
-// splits, then the combine kernel where there are several, as sparse_mla() launches them; returns
-// the geometry's splits.
-int run_mma(Problem& p, int hg, int stages, int splits) {
+// The mma kernel with hg head groups per block, `stages` tiles in flight, at most `splits` splits
+// and `tile_pairs` sets of warps per head group, then the combine kernel where there are several
+// splits, as sparse_mla() launches them; returns the geometry's splits.
+int run_mma(Problem& p, int hg, int stages, int splits, int tile_pairs = 1) {
   const AttentionArgs& a = p.a;
   const int64_t rows = a.selected ? a.top_k : a.max_ctx;  // (selections in any order)
   const int tiles = std::max(1, ceil_div(rows, kRows));
-  const MlaGeometry geo = mma_geometry(a, hg, stages, tiles, splits);
+  const MlaGeometry geo = mma_geometry(a, hg, stages, tiles, splits, tile_pairs);
   const MmaLaunch l = mma_launch(a, geo);
   std::vector<float> part(geo.splits > 1 ? size_t(a.T) * geo.splits * a.heads * (a.kv_lora + 2) : 0, NAN);
   run_both_orders(p, [&](emu::Order order) {
@@ -354,25 +354,30 @@ TEST(SparseMlaOnTheHost, MmaKernelMatchesTheCpuReference) {
       // and four (where there is more than one tile: the combine kernel merges them); on the GLM-5
       // shapes at tensor parallel 8 and dense, and the small shapes, also 16, 32 and 64 heads per
       // block with one stage and two (the launch takes any of them when asked, or on smaller
-      // devices).
+      // devices). bf16 rows also with two tile pairs (16 heads, two stages) in one split and four:
+      // the splits' tiles in steps of two, the last step of an odd count (or of a single tile)
+      // with one set of warps idle.
       const int own = c.heads > 32 ? 4 : 2;
-      std::vector<std::tuple<int, int, int>> shapes = {{own, 2, 1}, {own, 2, 4}};
+      std::vector<std::tuple<int, int, int, int>> shapes = {{own, 2, 1, 1}, {own, 2, 4, 1}};
       if (ci == 2 || ci == 3 || c.kv_lora < 512)
         for (int hg : {1, 2, 4})
           for (int stages : {1, 2})
-            if (hg != own || stages != 2) shapes.emplace_back(hg, stages, 4);
-      for (auto [hg, stages, splits] : shapes) {
+            if (hg != own || stages != 2) shapes.emplace_back(hg, stages, 4, 1);
+      if (d == KvDtype::BF16)
+        for (int splits : {1, 4}) shapes.emplace_back(1, 2, splits, 2);
+      for (auto [hg, stages, splits, tile_pairs] : shapes) {
         Problem p(c, d, rng);
         const auto t0 = std::chrono::steady_clock::now();
-        const int got_splits = run_mma(p, hg, stages, splits);
+        const int got_splits = run_mma(p, hg, stages, splits, tile_pairs);
         if (HasFailure()) return;
         const double err = p.error(true);
-        std::printf("  mma %s heads %d latent %d+%d top-k %d: %d heads/block, %d stages, %d splits: max error %.2e "
-                    "(%.2f s)\n",
-                    dtype_name(d), c.heads, c.kv_lora, c.rope, c.top_k, hg * 16, stages, got_splits, err,
-                    seconds_since(t0));
+        std::printf("  mma %s heads %d latent %d+%d top-k %d: %d heads/block, %d stages, %d splits, %d tile pair%s: "
+                    "max error %.2e (%.2f s)\n",
+                    dtype_name(d), c.heads, c.kv_lora, c.rope, c.top_k, hg * 16, stages, got_splits, tile_pairs,
+                    tile_pairs == 1 ? "" : "s", err, seconds_since(t0));
         EXPECT_LE(err, 1e-2) << dtype_name(d) << " heads " << c.heads << " latent " << c.kv_lora << " heads/block "
-                             << hg * 16 << " stages " << stages << " splits " << got_splits;
+                             << hg * 16 << " stages " << stages << " splits " << got_splits << " tile pairs "
+                             << tile_pairs;
         if (HasFailure()) return;
       }
     }

@@ -36,10 +36,10 @@ inline size_t fp8_stage_bytes(int hg, int64_t row_bytes) {
 }
 
 // Bytes of one block: q (hg * 16 heads), the bf16 tile(s), the fp8 staging tiles (which hold the
-// scores too), else the scores, slots. 16 heads with two stages fit 99 KB for bf16 (99,712 bytes)
-// and fp8 (100,096) rows of 576.
-inline size_t bytes(int hg, int stages, bool fp8, int row_stride, int64_t row_bytes) {
-  const size_t staged = fp8 && stages == 2 ? 2 * fp8_stage_bytes(hg, row_bytes) : score_bytes(hg);
+// scores too), else the scores (of each set of warps: tile_pairs), slots. 16 heads with two stages
+// fit 99 KB for bf16 (99,712 bytes) and fp8 (100,096) rows of 576; with two tile pairs (bf16) 104,832.
+inline size_t bytes(int hg, int stages, bool fp8, int row_stride, int64_t row_bytes, int tile_pairs = 1) {
+  const size_t staged = fp8 && stages == 2 ? 2 * fp8_stage_bytes(hg, row_bytes) : score_bytes(hg * tile_pairs);
   return size_t(hg) * 16 * row_stride * 2 + size_t(fp8 ? 1 : stages) * kRows * row_stride * 2 + staged +
          size_t(kChunk) * 4;
 }

@@ -147,8 +147,17 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     splits = blocks >= ws.sm_count ? 1 : int(std::min<int64_t>((2 * ws.sm_count + blocks - 1) / blocks, max_splits));
     splits = std::max(1, splits);
   }
+  // Tile pairs (bf16 rows, 16 heads, two stages, two tiles or more per split): the two tiles in
+  // flight are computed at once by two sets of warps, which halves the chain of a block's work where
+  // blocks are few (batch 1).
+  static const bool tile_pairs_off = env_off("SPARSEMLA_MLA_TILE_PAIRS");
   Geometry geo = mma_geometry(a, fit.hg, fit.stages, tiles, splits);
-  if (ws.smem_per_sm > 0) geo.launch_smem = emulated_smem(ws.smem_per_sm, bytes_of(geo.hg, geo.stages));
+  const size_t tp_bytes = mla_smem::bytes(1, 2, false, stride, a.latent.row_bytes, 2);
+  if (k == AttentionKernel::Mma && !fp8 && geo.hg == 1 && geo.stages == 2 && geo.tiles_per_split >= 2 &&
+      ws.tile_pairs && !tile_pairs_off && tp_bytes <= size_t(ws.smem_optin))
+    geo = mma_geometry(a, 1, 2, tiles, splits, 2);
+  if (ws.smem_per_sm > 0)
+    geo.launch_smem = emulated_smem(ws.smem_per_sm, geo.tile_pairs == 2 ? tp_bytes : bytes_of(geo.hg, geo.stages));
   float* part = nullptr;
   if (geo.splits > 1) {
     const size_t need = size_t(a.T) * geo.splits * a.heads * (a.kv_lora + 2) * sizeof(float);
@@ -156,7 +165,11 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     part = ws.partial.as<float>();
   }
   static const bool pairs_off = env_off("SPARSEMLA_MLA_PAIRS");
-  ws.last = {k == AttentionKernel::Wgmma ? "wgmma" : fp8_rows ? "mma fp8 rows" : "mma", geo.hg * 16,
+  ws.last = {k == AttentionKernel::Wgmma ? "wgmma"
+             : fp8_rows                    ? "mma fp8 rows"
+             : geo.tile_pairs == 2         ? "mma tile pairs"
+                                           : "mma",
+             geo.hg * 16,
              k == AttentionKernel::Wgmma ? 2 : geo.stages, geo.splits};
   if (k == AttentionKernel::Wgmma)
     ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, ws.pairs && !pairs_off, st);

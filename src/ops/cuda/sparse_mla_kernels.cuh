@@ -40,9 +40,14 @@ __device__ __forceinline__ void copy_row_pieces(T* dst, const uint8_t* src, int 
   }
 }
 
-template <int NV, bool FP8, int HG, int STAGES, int KS>
-__global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geometry geo, float* part) {
-  constexpr int THREADS = HG * 64;
+// TP: tile pairs. 1: the block's pairs of warps take every tile together. 2 (bf16 rows, 16 heads,
+// two stages): a second set of pairs takes every other tile, so that the two tiles in flight are
+// computed at once, each set with its own running maximum, denominator and output, merged at the end
+// through shared memory (MlaGeometry::tile_pairs: where the launch takes it).
+template <int NV, bool FP8, int HG, int STAGES, int KS, int TP = 1>
+__global__ void __launch_bounds__(HG * 64 * TP) mla_mma_kernel(AttentionArgs a, Geometry geo, float* part) {
+  static_assert(TP == 1 || (TP == 2 && !FP8 && STAGES == 2 && HG == 1), "tile pairs: bf16 rows, 16 heads, two stages");
+  constexpr int THREADS = HG * 64 * TP;
   SPARSEMLA_DYNAMIC_SMEM(smem);
   const int stride = geo.stride, D = geo.d;
   const int64_t row_bytes = a.latent.row_bytes;
@@ -60,7 +65,8 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
   uint32_t* sSlot = reinterpret_cast<uint32_t*>(sp);  // [kChunk] cache slots (32 bits: GpuCache checks)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q4 = lane % 4;
-  const int pair = warp / 2, half = warp % 2;
+  const int tp = warp / (2 * HG);  // the warp's set of pairs: tiles it + tp of each step of TP tiles
+  const int pair = (warp % (2 * HG)) / 2, half = warp % 2;
   const int h0 = blockIdx.x * HG * 16;
   const BlockRows br = block_rows(a, geo);
   const int t = br.t, split = br.split, r_begin = br.r_begin, r_end = br.r_end;
@@ -71,28 +77,28 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
       *reinterpret_cast<uint4*>(sKbuf + (i / pad) * stride + D + (i % pad) * 8) = make_uint4(0, 0, 0, 0);
   }
   // Queries, four values at a time, many loads in flight; pad columns and missing heads are zero.
-  // Called once the first tile's copy is under way. A block has 4 threads per head row (THREADS =
-  // 4 x HG x 16): thread tid takes row tid / 4 and its columns (tid % 4) x 4 + 16 k, so a warp's
-  // loads of a round are 8 rows' 64 contiguous bytes, and no index is divided (with the merge's
+  // Called once the first tile's copy is under way. A block has 4 TP threads per head row (THREADS =
+  // 4 TP x HG x 16): thread tid takes row tid / 4 TP and its columns (tid % 4 TP) x 4 + 16 TP k, so a
+  // warp's loads of a round are 8 / TP rows' 64 TP contiguous bytes, and no index is divided (with the merge's
   // change, taking out the runtime division of a flat index by the row's float4s cut the kernel's
   // warp instructions at one token by 26%: H100, Nsight, GLM-5 at 1K, 638 K -> 470 K for 272 mma per warp).
   auto load_q = [&]() {
-    constexpr int kInFlight = 12;
-    static_assert(THREADS == 4 * HG * 16, "4 threads per head row");
-    const int r = tid / 4, h = h0 + r;
+    constexpr int kInFlight = 12, PER_HEAD = 4 * TP;
+    static_assert(THREADS == PER_HEAD * HG * 16, "4 TP threads per head row");
+    const int r = tid / PER_HEAD, h = h0 + r;
     const float* q = a.q + (int64_t(t) * a.heads + min(h, a.heads - 1)) * D;
     __nv_bfloat16* dst = sQ + r * stride;
-    for (int c0 = (tid % 4) * 4; c0 < stride; c0 += 16 * kInFlight) {
+    for (int c0 = (tid % PER_HEAD) * 4; c0 < stride; c0 += 4 * PER_HEAD * kInFlight) {
       float4 v[kInFlight];
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
-        const int c = c0 + 16 * u;
+        const int c = c0 + 4 * PER_HEAD * u;
         v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (h < a.heads && c < D) v[u] = *reinterpret_cast<const float4*>(q + c);
       }
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
-        const int c = c0 + 16 * u;
+        const int c = c0 + 4 * PER_HEAD * u;
         if (c < stride)
           *reinterpret_cast<uint2*>(dst + c) = make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
       }
@@ -160,13 +166,19 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
     };
 
     issue(0);
+    if constexpr (TP == 2) {
+      if (n_tiles > 1) issue(1);
+    }
     cp_async_commit();
     if (!q_loaded) {
       load_q();  // visible to all warps after the barrier at the top of the tile loop
       q_loaded = true;
     }
-    for (int it = 0; it < n_tiles; ++it) {
-      if constexpr (STAGES == 2) {
+    for (int it0 = 0; it0 < n_tiles; it0 += TP) {
+      const int it = it0 + tp;  // this warp's tile (TP = 2: it may be past the chunk's last)
+      if constexpr (TP == 2) {
+        cp_async_wait_group<0>();
+      } else if constexpr (STAGES == 2) {
         if (it + 1 < n_tiles) issue(it + 1);
         cp_async_commit();
         cp_async_wait_group<1>();
@@ -194,7 +206,8 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
         __syncthreads();
       }
       const uint32_t* slots = sSlot + it * kRows;
-      const int valid = min(kRows, chunk_rows - it * kRows);
+      const int valid = max(0, min(kRows, chunk_rows - it * kRows));
+      const bool computes = TP == 1 || valid > 0;  // (warp-uniform; a set without a tile still meets the barriers)
       float* sS = reinterpret_cast<float*>(sRaw + (FP8 && STAGES == 2 ? (it & 1) * raw_stage : 0));
 
       // S = Q K^T over this warp's half of the dims: [16 heads][32 rows]
@@ -207,13 +220,15 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
         // (+16 for the second pair of n-tiles), columns (mi % 2) * 8.
         const __nv_bfloat16* qa = sQ + (pair * 16 + (mi % 2) * 8 + ri) * stride + half * ksteps * 16 + (mi / 2) * 8;
         const __nv_bfloat16* kb = sK + ((mi / 2) * 8 + ri) * stride + half * ksteps * 16 + (mi % 2) * 8;
+        if (computes) {
 #pragma unroll(KS > 0 ? KS : 1)
-        for (int ks = 0; ks < ksteps; ++ks) {
-          score_kstep(s, qa + ks * 16, kb + ks * 16, kb + 16 * stride + ks * 16);
+          for (int ks = 0; ks < ksteps; ++ks) {
+            score_kstep(s, qa + ks * 16, kb + ks * 16, kb + 16 * stride + ks * 16);
+          }
         }
       }
       float alpha[2];
-      pair_softmax(s, sS, pair, half, lane, slots, valid, sl2, m, l, alpha);
+      pair_softmax(s, sS, tp * HG + pair, half, lane, slots, valid, sl2, m, l, alpha);
       if (warp_rescales(alpha[0], alpha[1])) {
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
@@ -226,7 +241,7 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
 
       // O += P V over this warp's half of the output dims
 #pragma unroll
-      for (int kk = 0; kk < 2; ++kk) {
+      for (int kk = 0; kk < (computes ? 2 : 0); ++kk) {
         const uint32_t fa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
                                 pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                 pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
@@ -241,7 +256,13 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
         }
       }
       __syncthreads();  // this tile's buffers and S are free again
-      if constexpr (STAGES == 1) {
+      if constexpr (TP == 2) {
+        if (it0 + 2 < n_tiles) {
+          issue(it0 + 2);
+          if (it0 + 3 < n_tiles) issue(it0 + 3);
+          cp_async_commit();
+        }
+      } else if constexpr (STAGES == 1) {
         if (it + 1 < n_tiles) {
           issue(it + 1);
           cp_async_commit();
@@ -251,6 +272,39 @@ __global__ void __launch_bounds__(HG * 64) mla_mma_kernel(AttentionArgs a, Geome
   }
 
   pair_denominators(l);
+  if constexpr (TP == 2) {
+    // The second set hands its output, maxima and denominators to the first through the tile buffers
+    // (free since the loop's last barrier; tile_pair_merge_bytes); the first merges them into its own.
+    float4* xo = reinterpret_cast<float4*>(sKbuf);  // [2 HG warps][NV][32 lanes]
+    float4* xm = xo + 2 * HG * NV * 32;             // [2 HG warps][32 lanes]: m, l of rows g and g + 8
+    const int w = warp % (2 * HG);
+    if (tp == 1) {
+#pragma unroll
+      for (int j = 0; j < NV; ++j) xo[(w * NV + j) * 32 + lane] = make_float4(o[j][0], o[j][1], o[j][2], o[j][3]);
+      xm[w * 32 + lane] = make_float4(m[0], m[1], l[0], l[1]);
+    }
+    __syncthreads();
+    if (tp == 1) return;
+    const float4 x = xm[w * 32 + lane];
+    const float xms[2] = {x.x, x.y}, xls[2] = {x.z, x.w};
+    float f[2], fx[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const float M = fmaxf(m[rr], xms[rr]);
+      f[rr] = m[rr] == -INFINITY ? 0.0f : exp2f(m[rr] - M);
+      fx[rr] = xms[rr] == -INFINITY ? 0.0f : exp2f(xms[rr] - M);
+      l[rr] = l[rr] * f[rr] + xls[rr] * fx[rr];
+      m[rr] = M;
+    }
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const float4 v = xo[(w * NV + j) * 32 + lane];
+      o[j][0] = o[j][0] * f[0] + v.x * fx[0];
+      o[j][1] = o[j][1] * f[0] + v.y * fx[0];
+      o[j][2] = o[j][2] * f[1] + v.z * fx[1];
+      o[j][3] = o[j][3] * f[1] + v.w * fx[1];
+    }
+  }
   // Output: normalized when unsplit, else the split's unnormalized sum with its max and denominator.
   // Pairs of dims as one 8-byte store (kv_lora is even): a warp's store fills whole 32-byte sectors.
 #pragma unroll
@@ -412,8 +466,9 @@ __global__ void __launch_bounds__(kFmaThreads) mla_fma_kernel(AttentionArgs a) {
 
 // The geometry of an mma kernel launch with hg head groups of 16 per block and `stages` tiles in
 // flight (sparse_mla() chooses both), over the `tiles` tiles of kRows of a token's rows (at least
-// one) in at most `splits` (>= 1) splits of whole tiles: fewer where the tiles do not fill them.
-inline MlaGeometry mma_geometry(const AttentionArgs& a, int hg, int stages, int tiles, int splits) {
+// one) in at most `splits` (>= 1) splits of whole tiles: fewer where the tiles do not fill them;
+// tile_pairs 2: two sets of warps per head group (the kernel's TP; bf16 rows, hg 1, two stages).
+inline MlaGeometry mma_geometry(const AttentionArgs& a, int hg, int stages, int tiles, int splits, int tile_pairs = 1) {
   MlaGeometry geo;
   geo.d = a.kv_lora + a.rope;
   geo.d_pad = (geo.d + 31) / 32 * 32;
@@ -421,7 +476,13 @@ inline MlaGeometry mma_geometry(const AttentionArgs& a, int hg, int stages, int 
   geo.hg = hg;
   geo.stages = stages;
   geo.raw_stage = int(mla_smem::fp8_stage_bytes(hg, a.latent.row_bytes));
-  geo.score_bytes = int(mla_smem::score_bytes(hg));
+  geo.tile_pairs = tile_pairs;
+  geo.score_bytes = int(mla_smem::score_bytes(hg * tile_pairs));
+  if (tile_pairs != 1 && (tile_pairs != 2 || a.dtype != KvDtype::BF16 || hg != 1 || stages != 2))
+    fail("sparse_mla: tile pairs take bf16 rows, 16 heads per block and two stages");
+  // (The merge's hand-over, (NV + 1) KB per warp pair, fits in the two tiles: NV x 16 < stride.)
+  if (tile_pairs == 2 && (mla_smem::nv_tiles(a.kv_lora) + 1) * 1024 > 2 * mla_smem::kRows * geo.stride * 2)
+    fail("sparse_mla: the tile pairs' merge does not fit the tiles");
   splits = std::min({splits, tiles, kMaxSplits});
   geo.tiles_per_split = ceil_div(tiles, splits);
   geo.splits = ceil_div(tiles, geo.tiles_per_split);
@@ -438,20 +499,23 @@ struct MmaLaunch {
   size_t smem = 0;
 };
 
-template <int NV, bool FP8, int HG, int STAGES>
+template <int NV, bool FP8, int HG, int STAGES, int TP = 1>
 MmaLaunch mma_launch_of(const AttentionArgs& a, const Geometry& geo) {
   MmaLaunch l;
-  l.smem = std::max(mla_smem::bytes(HG, STAGES, FP8, geo.stride, a.latent.row_bytes), geo.launch_smem);
+  l.smem = std::max(mla_smem::bytes(HG, STAGES, FP8, geo.stride, a.latent.row_bytes, TP), geo.launch_smem);
   // GLM-5 / DeepSeek rows (512 + 64) get the k-loop unrolled: 18 k-steps of 16 per half of 288.
-  l.kernel = NV == 32 && geo.d_pad == 576 ? mla_mma_kernel<NV, FP8, HG, STAGES, (NV == 32 ? 18 : 0)>
-                                          : mla_mma_kernel<NV, FP8, HG, STAGES, 0>;
+  l.kernel = NV == 32 && geo.d_pad == 576 ? mla_mma_kernel<NV, FP8, HG, STAGES, (NV == 32 ? 18 : 0), TP>
+                                          : mla_mma_kernel<NV, FP8, HG, STAGES, 0, TP>;
   l.grid = dim3(unsigned(ceil_div(a.heads, HG * 16)), unsigned(a.T), unsigned(geo.splits));
-  l.threads = HG * 64;
+  l.threads = HG * 64 * TP;
   return l;
 }
 
 template <int NV, bool FP8>
 MmaLaunch mma_launch_variant(const AttentionArgs& a, const Geometry& geo) {
+  if constexpr (!FP8) {
+    if (geo.tile_pairs == 2) return mma_launch_of<NV, false, 1, 2, 2>(a, geo);
+  }
   if (geo.hg == 4) {
     if (geo.stages == 2) return mma_launch_of<NV, FP8, 4, 2>(a, geo);
     return mma_launch_of<NV, FP8, 4, 1>(a, geo);

@@ -22,6 +22,7 @@ struct MlaGeometry {
   int tiles_per_split;
   int hg;                  // head groups of 16 per block (1, 2 or 4)
   int stages;              // tiles in flight
+  int tile_pairs = 1;      // sets of warps per head group taking alternate tiles (the mma kernel's TP)
   int raw_stage;           // bytes of a stage of fp8 rows as stored (mla_smem::fp8_stage_bytes)
   int score_bytes;         // bytes of the score exchange (mla_smem::score_bytes)
   size_t launch_smem = 0;  // > the block's bytes: asked for to emulate a smaller device (smem_per_sm)
