@@ -1241,10 +1241,11 @@ TEST(CudaAttention, SparseMlaTilePairsMatchTheCpuReference) {
     MlaCase c;
     int splits;
   };
+  const int ctx = small_mode() ? 4096 : 20000;
   const std::vector<Case> cases = {
-      {{64, 512, 64, {20000}, 2048, 1, 64}, 0},   // the launch's split of 64 tiles
-      {{64, 512, 64, {20000}, 2048, 1, 64}, 16},  // 4 tiles per split: two steps
-      {{64, 512, 64, {20000}, 2048, 1, 64}, 24},  // 3 tiles per split, the last split's 1 tile alone
+      {{64, 512, 64, {ctx}, 2048, 1, 64}, 0},   // the launch's split of 64 tiles
+      {{64, 512, 64, {ctx}, 2048, 1, 64}, 16},  // 4 tiles per split: two steps
+      {{64, 512, 64, {ctx}, 2048, 1, 64}, 24},  // 3 tiles per split, the last split's 1 tile alone
       {{64, 512, 64, {1000}, 2048, 1, 64, true}, 0},  // front selection: 32 tiles, the last short
       {{64, 512, 64, {2100, 40}, 2048, 2, 16}, 1},    // two tokens, all 64 tiles in one split
       {{8, 512, 64, {2100}, 2048, 1, 16}, 3},         // tensor parallel 8: one head group, 8 heads
@@ -1266,7 +1267,7 @@ TEST(CudaAttention, SparseMlaTilePairsMatchTheCpuReference) {
     }
   // fp8 rows keep one set.
   cuda::AttentionWorkspace ws;
-  check_mla({64, 512, 64, {20000}, 2048, 1, 64}, KvDtype::FP8, mma, 16, rng, 16, &ws);
+  check_mla({64, 512, 64, {ctx}, 2048, 1, 64}, KvDtype::FP8, mma, 16, rng, 16, &ws);
   EXPECT_STRNE(ws.last.kernel, "mma tile pairs");
 }
 
