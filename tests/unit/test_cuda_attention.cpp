@@ -1228,47 +1228,51 @@ TEST(CudaAttention, SparseMlaBatchOneManySplits) {
   check_mla({8, 512, 64, {2100}, 2048, 1, 16}, KvDtype::BF16, cuda::AttentionKernel::Mma, 0, rng);
 }
 
-// Two sets of warps per head group taking alternate tiles (bf16 rows, 16 heads per block, two stages,
-// two tiles or more per split: the launch's choice at batch 1 where shared memory allows), and one
-// set (ws.tile_pairs off): GLM-5 at one token split evenly, unevenly and not at all, with contexts
-// whose last tile is short or alone (one set idle on the last step); the small fixture shapes
-// (kv_lora 24: one output tile pair per warp); dense rows.
+// Two sets of warps per head group taking alternate tiles (the bf16-tile kernel with 16 heads per
+// block and two stages, two tiles or more per split: the launch's choice at batch 1 where shared
+// memory allows), and one set (ws.tile_pairs off): GLM-5 at one token split evenly, unevenly and not
+// at all, with contexts whose last tile is short or alone (one set idle on the last step); the
+// small fixture shapes (kv_lora 24: one output tile pair per warp); dense rows. fp8 rows with the
+// launch's own shape (forced shapes take the fp8-row kernel where it fits).
 TEST(CudaAttention, SparseMlaTilePairsMatchTheCpuReference) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(23);
   const auto mma = cuda::AttentionKernel::Mma;
   struct Case {
     MlaCase c;
-    int splits;
+    KvDtype dtype;
+    int splits, heads_per_block;
   };
   const int ctx = small_mode() ? 4096 : 20000;
+  const auto bf16 = KvDtype::BF16, fp8 = KvDtype::FP8;
   const std::vector<Case> cases = {
-      {{64, 512, 64, {ctx}, 2048, 1, 64}, 0},   // the launch's split of 64 tiles
-      {{64, 512, 64, {ctx}, 2048, 1, 64}, 16},  // 4 tiles per split: two steps
-      {{64, 512, 64, {ctx}, 2048, 1, 64}, 24},  // 3 tiles per split, the last split's 1 tile alone
-      {{64, 512, 64, {1000}, 2048, 1, 64, true}, 0},  // front selection: 32 tiles, the last short
-      {{64, 512, 64, {2100, 40}, 2048, 2, 16}, 1},    // two tokens, all 64 tiles in one split
-      {{8, 512, 64, {2100}, 2048, 1, 16}, 3},         // tensor parallel 8: one head group, 8 heads
-      {{2, 24, 8, {300, 30}, 96, 2, 16}, 1},          // glm_pub shape: 3 tiles
-      {{16, 512, 64, {700}, 0, 1, 16}, 5},            // dense: 22 tiles in 5 splits
+      {{64, 512, 64, {ctx}, 2048, 1, 64}, bf16, 0, 0},            // the launch's shape: 64 tiles
+      {{64, 512, 64, {ctx}, 2048, 1, 64}, bf16, 16, 16},          // 4 tiles per split: two steps
+      {{64, 512, 64, {ctx}, 2048, 1, 64}, bf16, 24, 16},          // 3 tiles per split, the last split's 1 tile alone
+      {{64, 512, 64, {1000}, 2048, 1, 64, true}, bf16, 0, 16},    // front selection: 32 tiles, the last short
+      {{64, 512, 64, {2100, 40}, 2048, 2, 16}, bf16, 1, 16},      // two tokens, all 64 tiles in one split
+      {{8, 512, 64, {2100}, 2048, 1, 16}, bf16, 3, 16},           // tensor parallel 8: 8 heads
+      {{2, 24, 8, {300, 30}, 96, 2, 16}, bf16, 1, 16},            // glm_pub shape: 3 tiles
+      {{16, 512, 64, {700}, 0, 1, 16}, bf16, 5, 16},              // dense: 22 tiles in 5 splits
+      {{64, 512, 64, {ctx}, 2048, 1, 64}, fp8, 0, 0},             // fp8 rows, the launch's shape
+      {{64, 512, 64, {1000}, 2048, 1, 64, true}, fp8, 0, 0},      // the last tile short
+      {{8, 512, 64, {2100}, 2048, 1, 16}, fp8, 0, 0},             // 8 heads
   };
   for (const Case& tc : cases)
     for (bool tile_pairs : {true, false}) {
       cuda::AttentionWorkspace ws;
       ws.tile_pairs = tile_pairs;
-      check_mla(tc.c, KvDtype::BF16, mma, tc.splits, rng, 16, &ws);
+      check_mla(tc.c, tc.dtype, mma, tc.splits, rng, tc.heads_per_block, &ws);
       if (HasFatalFailure()) return;
       // (Tile pairs need two tiles per split, which every case here has, and their bytes.)
       const int stride = cuda::mla_smem::stride(tc.c.kv_lora, tc.c.rope);
-      const size_t bytes = cuda::mla_smem::bytes(1, 2, false, stride, 2 * (tc.c.kv_lora + tc.c.rope), 2);
+      const int64_t row_bytes = cuda::latent_row_bytes(tc.dtype, tc.c.kv_lora, tc.c.rope);
+      const size_t bytes = cuda::mla_smem::bytes(1, 2, tc.dtype == fp8, stride, row_bytes, 2);
       const bool taken = tile_pairs && bytes <= size_t(ws.smem_optin);
-      EXPECT_STREQ(ws.last.kernel, taken ? "mma tile pairs" : "mma") << "heads " << tc.c.heads << " splits " << tc.splits;
+      EXPECT_STREQ(ws.last.kernel, taken ? "mma tile pairs" : "mma")
+          << cuda::kv_dtype_name(tc.dtype) << " heads " << tc.c.heads << " splits " << tc.splits;
       EXPECT_EQ(ws.last.heads_per_block, 16);
     }
-  // fp8 rows keep one set.
-  cuda::AttentionWorkspace ws;
-  check_mla({64, 512, 64, {ctx}, 2048, 1, 64}, KvDtype::FP8, mma, 16, rng, 16, &ws);
-  EXPECT_STRNE(ws.last.kernel, "mma tile pairs");
 }
 
 // Devices with 99 KB of shared memory per block (SM86, SM89, SM120, SM121: the RTX 30/40/50 and RTX

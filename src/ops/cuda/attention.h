@@ -232,9 +232,10 @@ struct AttentionWorkspace {
   // launched another kernel, or nothing).
   bool pairs = true;
   int last_cluster = 0;
-  // The mma kernel over bf16 rows with 16 heads per block and two stages runs two sets of warps per
-  // head group, each taking every other tile of the split, where the device has the shared memory
-  // (sparse_mla_kernels.cuh, TP); false: one set (tests, A/B). SPARSEMLA_MLA_TILE_PAIRS=0 as well.
+  // The mma kernel's bf16 tiles (bf16 or fp8 rows) with 16 heads per block and two stages: two sets
+  // of warps per head group, each taking every other tile of the split, where a split has two tiles
+  // or more and the device has the shared memory (sparse_mla_kernels.cuh, TP); false: one set
+  // (tests, A/B). SPARSEMLA_MLA_TILE_PAIRS=0 turns them off as well.
   bool tile_pairs = true;
   // What the last call launched, for benchmarks: the kernel ("mma", "mma fp8 rows", "wgmma", "fma"),
   // heads per block, tiles in flight and split-KV blocks per token (0 where they do not apply).

@@ -30,18 +30,21 @@ inline int stride(int kv_lora, int rope) {
 inline size_t score_bytes(int hg) { return size_t(hg) * 2 * 16 * kSStride * 4; }
 
 // One stage of fp8 rows as stored (two stages): a tile's stage is free once it has been widened, so
-// the tile's score exchange lives there too; 16-byte multiple.
+// the tile's score exchange (of hg pairs of warps: with tile pairs, of both sets) lives there too;
+// 16-byte multiple.
 inline size_t fp8_stage_bytes(int hg, int64_t row_bytes) {
   return (std::max(size_t(kRows) * size_t(row_bytes), score_bytes(hg)) + 15) / 16 * 16;
 }
 
 // Bytes of one block: q (hg * 16 heads), the bf16 tile(s), the fp8 staging tiles (which hold the
 // scores too), else the scores (of each set of warps: tile_pairs), slots. 16 heads with two stages
-// fit 99 KB for bf16 (99,712 bytes) and fp8 (100,096) rows of 576; with two tile pairs (bf16) 104,832.
+// fit 99 KB for bf16 (99,712 bytes) and fp8 (100,096) rows of 576; with two tile pairs 104,832 and
+// 137,472 (fp8 rows: two bf16 tiles).
 inline size_t bytes(int hg, int stages, bool fp8, int row_stride, int64_t row_bytes, int tile_pairs = 1) {
-  const size_t staged = fp8 && stages == 2 ? 2 * fp8_stage_bytes(hg, row_bytes) : score_bytes(hg * tile_pairs);
-  return size_t(hg) * 16 * row_stride * 2 + size_t(fp8 ? 1 : stages) * kRows * row_stride * 2 + staged +
-         size_t(kChunk) * 4;
+  const size_t staged =
+      fp8 && stages == 2 ? 2 * fp8_stage_bytes(hg * tile_pairs, row_bytes) : score_bytes(hg * tile_pairs);
+  return size_t(hg) * 16 * row_stride * 2 + size_t(fp8 && tile_pairs == 1 ? 1 : stages) * kRows * row_stride * 2 +
+         staged + size_t(kChunk) * 4;
 }
 
 // The fp8-row kernel (sparse_mla_fp8.cu; latent 512 + rope 64): q as fp16 (latent, 520 per head)

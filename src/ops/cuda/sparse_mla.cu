@@ -147,13 +147,13 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     splits = blocks >= ws.sm_count ? 1 : int(std::min<int64_t>((2 * ws.sm_count + blocks - 1) / blocks, max_splits));
     splits = std::max(1, splits);
   }
-  // Tile pairs (bf16 rows, 16 heads, two stages, two tiles or more per split): the two tiles in
-  // flight are computed at once by two sets of warps, which halves the chain of a block's work where
-  // blocks are few (batch 1).
+  // Tile pairs (the bf16-tile kernel with 16 heads and two stages, two tiles or more per split): the
+  // two tiles in flight are computed at once by two sets of warps, which halves the chain of a
+  // block's work where blocks are few (batch 1).
   static const bool tile_pairs_off = env_off("SPARSEMLA_MLA_TILE_PAIRS");
   Geometry geo = mma_geometry(a, fit.hg, fit.stages, tiles, splits);
-  const size_t tp_bytes = mla_smem::bytes(1, 2, false, stride, a.latent.row_bytes, 2);
-  if (k == AttentionKernel::Mma && !fp8 && geo.hg == 1 && geo.stages == 2 && geo.tiles_per_split >= 2 &&
+  const size_t tp_bytes = mla_smem::bytes(1, 2, fp8, stride, a.latent.row_bytes, 2);
+  if (k == AttentionKernel::Mma && !fp8_rows && geo.hg == 1 && geo.stages == 2 && geo.tiles_per_split >= 2 &&
       ws.tile_pairs && !tile_pairs_off && tp_bytes <= size_t(ws.smem_optin))
     geo = mma_geometry(a, 1, 2, tiles, splits, 2);
   if (ws.smem_per_sm > 0)

@@ -40,22 +40,24 @@ __device__ __forceinline__ void copy_row_pieces(T* dst, const uint8_t* src, int 
   }
 }
 
-// TP: tile pairs. 1: the block's pairs of warps take every tile together. 2 (bf16 rows, 16 heads,
-// two stages): a second set of pairs takes every other tile, so that the two tiles in flight are
-// computed at once, each set with its own running maximum, denominator and output, merged at the end
-// through shared memory (MlaGeometry::tile_pairs: where the launch takes it).
+// TP: tile pairs. 1: the block's pairs of warps take every tile together. 2 (16 heads, two stages):
+// a second set of pairs takes every other tile, so that the two tiles in flight are computed at
+// once, each set with its own running maximum, denominator and output, merged at the end through
+// shared memory (MlaGeometry::tile_pairs: where the launch takes it); fp8 rows then have two bf16
+// tiles to be widened into.
 template <int NV, bool FP8, int HG, int STAGES, int KS, int TP = 1>
 __global__ void __launch_bounds__(HG * 64 * TP) mla_mma_kernel(AttentionArgs a, Geometry geo, float* part) {
-  static_assert(TP == 1 || (TP == 2 && !FP8 && STAGES == 2 && HG == 1), "tile pairs: bf16 rows, 16 heads, two stages");
+  static_assert(TP == 1 || (TP == 2 && STAGES == 2 && HG == 1), "tile pairs: 16 heads, two stages");
   constexpr int THREADS = HG * 64 * TP;
+  constexpr int NBUF = FP8 && TP == 1 ? 1 : STAGES;  // bf16 tiles (fp8 rows with one set widen into one)
   SPARSEMLA_DYNAMIC_SMEM(smem);
   const int stride = geo.stride, D = geo.d;
   const int64_t row_bytes = a.latent.row_bytes;
   unsigned char* sp = smem;
   __nv_bfloat16* sQ = reinterpret_cast<__nv_bfloat16*>(sp);  // [HG * 16][stride]
   sp += size_t(HG) * 16 * stride * 2;
-  __nv_bfloat16* sKbuf = reinterpret_cast<__nv_bfloat16*>(sp);  // [STAGES or 1][32][stride]
-  sp += size_t(FP8 ? 1 : STAGES) * kRows * stride * 2;
+  __nv_bfloat16* sKbuf = reinterpret_cast<__nv_bfloat16*>(sp);  // [NBUF][32][stride]
+  sp += size_t(NBUF) * kRows * stride * 2;
   // fp8 rows as stored, double-buffered ([2][32][row_bytes], each stage padded to fp8_stage_bytes);
   // the scores [HG pairs][2 halves][16][33] go in the stage of the tile being computed (widened by
   // then), or after the tiles without fp8 stages.
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(HG * 64 * TP) mla_mma_kernel(AttentionArgs a, 
   const int t = br.t, split = br.split, r_begin = br.r_begin, r_end = br.r_end;
 
   {  // the row tiles' pad columns (D .. stride) are zero; the copies never write them
-    const int pad = (stride - D) / 8, rows = (FP8 ? 1 : STAGES) * kRows;
+    const int pad = (stride - D) / 8, rows = NBUF * kRows;
     for (int i = tid; i < rows * pad; i += THREADS)
       *reinterpret_cast<uint4*>(sKbuf + (i / pad) * stride + D + (i % pad) * 8) = make_uint4(0, 0, 0, 0);
   }
@@ -186,22 +188,28 @@ __global__ void __launch_bounds__(HG * 64 * TP) mla_mma_kernel(AttentionArgs a, 
         cp_async_wait_group<0>();
       }
       __syncthreads();
-      const __nv_bfloat16* sK = sKbuf + (STAGES == 2 && !FP8 ? (it & 1) : 0) * kRows * stride;
-      if constexpr (FP8 && STAGES == 2) {  // widen the landed fp8 tile into the bf16 buffer
-        const uint8_t* raw = sRaw + (it & 1) * raw_stage;
-        const int ch = a.kv_lora / 8;
-        for (int i = tid; i < kRows * ch; i += THREADS) {
-          const int r = i / ch, c = i % ch;
-          const uint8_t* row = raw + r * row_bytes;
-          const uint2 v = *reinterpret_cast<const uint2*>(row + c * 8);
-          const float sc = reinterpret_cast<const float*>(row + a.kv_lora)[c * 8 / kFp8Group];
-          *reinterpret_cast<uint4*>(sKbuf + r * stride + c * 8) = widen_fp8x8(v, sc);
-        }
-        const int rope_words = a.rope / 2;
-        for (int i = tid; i < kRows * rope_words; i += THREADS) {
-          const int r = i / rope_words, c = i % rope_words;
-          *reinterpret_cast<uint32_t*>(sKbuf + r * stride + a.kv_lora + 2 * c) =
-              reinterpret_cast<const uint32_t*>(raw + r * row_bytes + a.kv_lora + 4 * groups)[c];
+      const __nv_bfloat16* sK = sKbuf + (NBUF == 2 ? (it & 1) : 0) * kRows * stride;
+      if constexpr (FP8 && STAGES == 2) {  // widen the landed fp8 tile(s) into the bf16 buffer(s)
+#pragma unroll
+        for (int u = 0; u < TP; ++u) {
+          const int tile = it0 + u;
+          if (tile >= n_tiles) break;
+          const uint8_t* raw = sRaw + (tile & 1) * raw_stage;
+          __nv_bfloat16* dstK = sKbuf + (NBUF == 2 ? (tile & 1) : 0) * kRows * stride;
+          const int ch = a.kv_lora / 8;
+          for (int i = tid; i < kRows * ch; i += THREADS) {
+            const int r = i / ch, c = i % ch;
+            const uint8_t* row = raw + r * row_bytes;
+            const uint2 v = *reinterpret_cast<const uint2*>(row + c * 8);
+            const float sc = reinterpret_cast<const float*>(row + a.kv_lora)[c * 8 / kFp8Group];
+            *reinterpret_cast<uint4*>(dstK + r * stride + c * 8) = widen_fp8x8(v, sc);
+          }
+          const int rope_words = a.rope / 2;
+          for (int i = tid; i < kRows * rope_words; i += THREADS) {
+            const int r = i / rope_words, c = i % rope_words;
+            *reinterpret_cast<uint32_t*>(dstK + r * stride + a.kv_lora + 2 * c) =
+                reinterpret_cast<const uint32_t*>(raw + r * row_bytes + a.kv_lora + 4 * groups)[c];
+          }
         }
         __syncthreads();
       }
@@ -467,7 +475,7 @@ __global__ void __launch_bounds__(kFmaThreads) mla_fma_kernel(AttentionArgs a) {
 // The geometry of an mma kernel launch with hg head groups of 16 per block and `stages` tiles in
 // flight (sparse_mla() chooses both), over the `tiles` tiles of kRows of a token's rows (at least
 // one) in at most `splits` (>= 1) splits of whole tiles: fewer where the tiles do not fill them;
-// tile_pairs 2: two sets of warps per head group (the kernel's TP; bf16 rows, hg 1, two stages).
+// tile_pairs 2: two sets of warps per head group (the kernel's TP; hg 1, two stages).
 inline MlaGeometry mma_geometry(const AttentionArgs& a, int hg, int stages, int tiles, int splits, int tile_pairs = 1) {
   MlaGeometry geo;
   geo.d = a.kv_lora + a.rope;
@@ -475,11 +483,11 @@ inline MlaGeometry mma_geometry(const AttentionArgs& a, int hg, int stages, int 
   geo.stride = mla_smem::stride(a.kv_lora, a.rope);
   geo.hg = hg;
   geo.stages = stages;
-  geo.raw_stage = int(mla_smem::fp8_stage_bytes(hg, a.latent.row_bytes));
+  geo.raw_stage = int(mla_smem::fp8_stage_bytes(hg * tile_pairs, a.latent.row_bytes));
   geo.tile_pairs = tile_pairs;
   geo.score_bytes = int(mla_smem::score_bytes(hg * tile_pairs));
-  if (tile_pairs != 1 && (tile_pairs != 2 || a.dtype != KvDtype::BF16 || hg != 1 || stages != 2))
-    fail("sparse_mla: tile pairs take bf16 rows, 16 heads per block and two stages");
+  if (tile_pairs != 1 && (tile_pairs != 2 || hg != 1 || stages != 2))
+    fail("sparse_mla: tile pairs take 16 heads per block and two stages");
   // (The merge's hand-over, (NV + 1) KB per warp pair, fits in the two tiles: NV x 16 < stride.)
   if (tile_pairs == 2 && (mla_smem::nv_tiles(a.kv_lora) + 1) * 1024 > 2 * mla_smem::kRows * geo.stride * 2)
     fail("sparse_mla: the tile pairs' merge does not fit the tiles");
@@ -513,9 +521,7 @@ MmaLaunch mma_launch_of(const AttentionArgs& a, const Geometry& geo) {
 
 template <int NV, bool FP8>
 MmaLaunch mma_launch_variant(const AttentionArgs& a, const Geometry& geo) {
-  if constexpr (!FP8) {
-    if (geo.tile_pairs == 2) return mma_launch_of<NV, false, 1, 2, 2>(a, geo);
-  }
+  if (geo.tile_pairs == 2) return mma_launch_of<NV, FP8, 1, 2, 2>(a, geo);
   if (geo.hg == 4) {
     if (geo.stages == 2) return mma_launch_of<NV, FP8, 4, 2>(a, geo);
     return mma_launch_of<NV, FP8, 4, 1>(a, geo);
