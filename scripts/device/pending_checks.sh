@@ -1,79 +1,84 @@
 #!/usr/bin/env bash
-# On the GPU machine: the checks that session 34 left for the next session with a device (its H100's
-# device time ended before them), in one run of ~8 minutes of device time. Binaries in $BIN
-# (libraries in $LIBS: env.sh; pack sparsemla, sparsemla_tests and bench_cuda_matmul with
-# scripts/device/pack.sh from a build configured with -DCMAKE_CUDA_ARCHITECTURES=90-real); everything
-# is logged under $OUT. PHASES picks phases (default all: "tests sanitizer attention model ncu").
+# On the GPU machine: the checks owed by the sessions without a device (sessions 34-35), in one run
+# of ~9 minutes of device time. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla,
+# sparsemla_tests and bench_cuda_matmul with scripts/device/pack.sh from a build configured with
+# -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
+# (default all: "attention tests sanitizer model ncu").
 #
-#  tests      the sparse MLA kernel's tile copy at advancing addresses (copy_row_pieces, f083015) and
-#             the IQ grid tables in shared memory (976345d) inside the whole GPU model (GpuModel*, the
-#             fixtures) and the attention and int8 product suites;
+#  attention  the sparse MLA kernel's tile pairs (session 35: two sets of warps per head group taking
+#             alternate tiles) on and off (SPARSEMLA_MLA_TILE_PAIRS=1 / 0, two rounds interleaved)
+#             at batch 1 and 2, 1K / 4K / 128K, bf16 and fp8 rows; the "on" column also gives session
+#             34's tile copy at advancing addresses (copy_row_pieces) against its "after" column on
+#             the same kind of device;
+#  tests      the tile pairs' test first, then the attention, whole-GPU-model (GpuModel*, the
+#             fixtures: the IQ grid tables in shared memory, session 34) and int8 product suites;
 #  sanitizer  memcheck on the sparse MLA and staged-product tests (small shapes), racecheck on the
-#             sparse MLA test;
-#  attention  batch 1 and 8 attention at 1K / 4K / 128K (session 34's table, "after" column: the copy
-#             loop's effect, on the same kind of device);
-#  model      GLM-5-width 2-layer IQ2_XS, IQ3_XXS and IQ1_S steps at batch 1 with the grid tables in
-#             shared memory and without (SPARSEMLA_Q8_SMEM_GRID=1 / 0, rounds interleaved), and the
-#             Q4_K_M 2- and 3-layer steps;
-#  ncu        Nsight Compute's instruction mix of the batch-1 attention kernel at 1K (what is left
-#             after the copy loop).
-# What to do with the figures: docs/PERFORMANCE.md "Session 34".
+#             tile pairs' test (their hand-over through shared memory) and the sparse MLA test;
+#  model      GLM-5-width 2-layer IQ2_XS and IQ1_S steps at batch 1 with the grid tables in shared
+#             memory and without (SPARSEMLA_Q8_SMEM_GRID=1 / 0), and the Q4_K_M 2-layer step at 1K
+#             with tile pairs on and off (rounds interleaved);
+#  ncu        Nsight Compute's instruction mix of the batch-1 attention kernel at 1K (with tile pairs).
+# What to do with the figures: docs/PERFORMANCE.md "Session 35".
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-tests sanitizer attention model ncu}
+PHASES=${PHASES:-attention tests sanitizer model ncu}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+step() { awk -F'|' '{print $1 "|" $4 "|" $5 "|" $6 "|" $7}'; }
+
+if has attention; then
+  for round in 1 2; do
+    for p in 1 0; do
+      SPARSEMLA_MLA_TILE_PAIRS=$p timeout 70 "$BIN/sparsemla" bench attention --shapes glm5 dsv32 --kv bf16 fp8 \
+        --batch 1 2 --context 1024 4096 131072 --kernel mma >"$OUT/attention_${round}_$p.log" 2>&1
+      echo "== round $round, tile pairs $p (columns: idx+top-k | attention | step | kernels)"
+      grep -E "^(glm5|dsv32) " "$OUT/attention_${round}_$p.log" | step
+    done
+  done
+fi
 
 if has tests; then
-  F='*GpuModel*:CudaAttention.*:*CudaMatmulQ8*'  # (typed suites: Types/..., Fixtures/...)
-  timeout 420 "$BIN/sparsemla_tests" --gtest_filter="$F" >"$OUT/tests.log" 2>&1
+  F='CudaAttention.SparseMlaTilePairs*:CudaAttention.*:*GpuModel*:*CudaMatmulQ8*'  # (typed suites: Types/..., Fixtures/...)
+  timeout 330 "$BIN/sparsemla_tests" --gtest_filter="$F" >"$OUT/tests.log" 2>&1
   echo "tests: exit $?"
-  grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/tests.log" | tail -12
+  grep -E "^\[  FAILED|PASSED|tests ran|OK \] CudaAttention.SparseMlaTile" "$OUT/tests.log" | tail -12
 fi
 
 if has sanitizer && [ -x "$SAN" ]; then
-  SPARSEMLA_GPU_TEST_SMALL=1 timeout 150 "$SAN" --tool memcheck --report-api-errors no --error-exitcode 9 \
+  SPARSEMLA_GPU_TEST_SMALL=1 timeout 140 "$SAN" --tool memcheck --report-api-errors no --error-exitcode 9 \
     "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMla*:CudaAttention.Front*:*CudaMatmulQ8.StagedLoads*' \
     >"$OUT/memcheck.log" 2>&1
   echo "compute-sanitizer memcheck: exit $?"
-  SPARSEMLA_GPU_TEST_SMALL=1 timeout 200 "$SAN" --tool racecheck --error-exitcode 9 \
-    "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMlaMatchesTheCpuReference' >"$OUT/racecheck.log" 2>&1
+  SPARSEMLA_GPU_TEST_SMALL=1 timeout 150 "$SAN" --tool racecheck --error-exitcode 9 "$BIN/sparsemla_tests" \
+    --gtest_filter='CudaAttention.SparseMlaTilePairs*:CudaAttention.SparseMlaMatchesTheCpuReference' >"$OUT/racecheck.log" 2>&1
   echo "compute-sanitizer racecheck: exit $?"
-  grep -hE "ERROR SUMMARY|RACECHECK SUMMARY|FAILED" "$OUT/memcheck.log" "$OUT/racecheck.log" | tail -4
-fi
-
-if has attention; then
-  timeout 90 "$BIN/sparsemla" bench attention --shapes glm5 dsv32 --kv bf16 fp8 --batch 1 8 --context 1024 4096 131072 \
-    --kernel mma >"$OUT/attention.log" 2>&1
-  grep -E "^(glm5|dsv32) " "$OUT/attention.log" | awk -F'|' '{print $1 "|" $5 "|" $6}'
+  grep -hE "ERROR SUMMARY|RACECHECK SUMMARY|FAILED|PASSED" "$OUT/memcheck.log" "$OUT/racecheck.log" | tail -6
 fi
 
 if has model; then
-  for t in iq2_xs iq3_xxs iq1_s; do
-    timeout 90 "$BIN/sparsemla" make-model --preset glm5-width --layers 2 --type $t --zeros -o /tmp/m_$t.gguf \
+  for t in iq2_xs iq1_s; do
+    timeout 60 "$BIN/sparsemla" make-model --preset glm5-width --layers 2 --type $t --zeros -o /tmp/m_$t.gguf \
       >/dev/null 2>&1 || { echo "make-model $t failed"; continue; }
-    for round in 1 2; do
-      for g in 1 0; do
-        line=$(SPARSEMLA_Q8_SMEM_GRID=$g timeout 90 "$BIN/sparsemla" bench -m /tmp/m_$t.gguf --device cuda --prompt 512 \
-          --gen 48 --batch 1 2>&1 | grep '^decode' | grep -o '[0-9.]* ms per step')
-        echo "$t round $round, SMEM_GRID=$g: $line" | tee -a "$OUT/model.log"
-      done
+    for g in 1 0; do
+      line=$(SPARSEMLA_Q8_SMEM_GRID=$g timeout 40 "$BIN/sparsemla" bench -m /tmp/m_$t.gguf --device cuda --prompt 512 \
+        --gen 48 --batch 1 2>&1 | grep '^decode' | grep -o '[0-9.]* ms per step')
+      echo "$t SMEM_GRID=$g: $line" | tee -a "$OUT/model.log"
     done
     rm -f /tmp/m_$t.gguf
   done
-  for n in 2 3; do
-    timeout 90 "$BIN/sparsemla" make-model --preset glm5-width --layers $n --type q4_k_m --zeros -o /tmp/g$n.gguf \
-      >/dev/null 2>&1 || echo "make-model q4_k_m failed"
-    for round in 1 2; do
-      line=$(timeout 90 "$BIN/sparsemla" bench -m /tmp/g$n.gguf --device cuda --prompt 1024 --gen 64 --batch 1 2>&1 \
-        | grep '^decode' | grep -o '[0-9.]* ms per step')
-      echo "q4_k_m $n layers round $round: $line" | tee -a "$OUT/model.log"
+  timeout 60 "$BIN/sparsemla" make-model --preset glm5-width --layers 2 --type q4_k_m --zeros -o /tmp/g2.gguf \
+    >/dev/null 2>&1 || echo "make-model q4_k_m failed"
+  for round in 1 2; do
+    for p in 1 0; do
+      line=$(SPARSEMLA_MLA_TILE_PAIRS=$p timeout 40 "$BIN/sparsemla" bench -m /tmp/g2.gguf --device cuda --prompt 1024 \
+        --gen 64 --batch 1 2>&1 | grep '^decode' | grep -o '[0-9.]* ms per step')
+      echo "q4_k_m 2 layers, tile pairs $p, round $round: $line" | tee -a "$OUT/model.log"
     done
   done
 fi
 
 if has ncu; then
-  KERNEL=mla_mma_kernel SKIP=3 bash "$(dirname "$0")/ncu_sass.sh" "$BIN/sparsemla" bench attention --shapes glm5 \
-    --kv bf16 --batch 1 --context 1024 2>&1 | head -30 | tee "$OUT/ncu.log"
+  KERNEL=mla_mma_kernel SKIP=3 timeout 80 bash "$(dirname "$0")/ncu_sass.sh" "$BIN/sparsemla" bench attention \
+    --shapes glm5 --kv bf16 --batch 1 --context 1024 2>&1 | head -30 | tee "$OUT/ncu.log"
 fi
