@@ -3,7 +3,7 @@
 # of ~9 minutes of device time. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla,
 # sparsemla_tests and bench_cuda_matmul with scripts/device/pack.sh from a build configured with
 # -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
-# (default all: "attention tests sanitizer model ncu").
+# (default all: "attention tests sanitizer model ncu"); ROUNDS the attention phase's rounds (2).
 #
 #  attention  the sparse MLA kernel's tile pairs (session 35: two sets of warps per head group taking
 #             alternate tiles) on and off (SPARSEMLA_MLA_TILE_PAIRS=1 / 0, two rounds interleaved)
@@ -28,7 +28,7 @@ SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer
 step() { awk -F'|' '{print $1 "|" $4 "|" $5 "|" $6 "|" $7}'; }
 
 if has attention; then
-  for round in 1 2; do
+  for round in $(seq 1 "${ROUNDS:-2}"); do
     for p in 1 0; do
       SPARSEMLA_MLA_TILE_PAIRS=$p timeout 70 "$BIN/sparsemla" bench attention --shapes glm5 dsv32 --kv bf16 fp8 \
         --batch 1 2 --context 1024 4096 131072 --kernel mma >"$OUT/attention_${round}_$p.log" 2>&1
