@@ -354,9 +354,9 @@ TEST(SparseMlaOnTheHost, MmaKernelMatchesTheCpuReference) {
       // and four (where there is more than one tile: the combine kernel merges them); on the GLM-5
       // shapes at tensor parallel 8 and dense, and the small shapes, also 16, 32 and 64 heads per
       // block with one stage and two (the launch takes any of them when asked, or on smaller
-      // devices). Also with two tile pairs (16 heads, two stages) in one split and four: the
-      // splits' tiles in steps of two, the last step of an odd count (or of a single tile) with
-      // one set of warps idle.
+      // devices). Also with two tile pairs (16 heads, two stages) in one split and four, and at 32
+      // heads in four: the splits' tiles in steps of two, the last step of an odd count (or of a
+      // single tile) with one set of warps idle.
       const int own = c.heads > 32 ? 4 : 2;
       std::vector<std::tuple<int, int, int, int>> shapes = {{own, 2, 1, 1}, {own, 2, 4, 1}};
       if (ci == 2 || ci == 3 || c.kv_lora < 512)
@@ -364,6 +364,7 @@ TEST(SparseMlaOnTheHost, MmaKernelMatchesTheCpuReference) {
           for (int stages : {1, 2})
             if (hg != own || stages != 2) shapes.emplace_back(hg, stages, 4, 1);
       for (int splits : {1, 4}) shapes.emplace_back(1, 2, splits, 2);
+      if (mla_smem::tile_pairs_fit(2, c.kv_lora, mla_smem::stride(c.kv_lora, c.rope))) shapes.emplace_back(2, 2, 4, 2);
       for (auto [hg, stages, splits, tile_pairs] : shapes) {
         Problem p(c, d, rng);
         const auto t0 = std::chrono::steady_clock::now();

@@ -1228,12 +1228,13 @@ TEST(CudaAttention, SparseMlaBatchOneManySplits) {
   check_mla({8, 512, 64, {2100}, 2048, 1, 16}, KvDtype::BF16, cuda::AttentionKernel::Mma, 0, rng);
 }
 
-// Two sets of warps per head group taking alternate tiles (the bf16-tile kernel with 16 heads per
-// block and two stages, two tiles or more per split: the launch's choice at batch 1 where shared
-// memory allows), and one set (ws.tile_pairs off): GLM-5 at one token split evenly, unevenly and not
-// at all, with contexts whose last tile is short or alone (one set idle on the last step); the
-// small fixture shapes (kv_lora 24: one output tile pair per warp); dense rows. fp8 rows with the
-// launch's own shape (forced shapes take the fp8-row kernel where it fits).
+// Two sets of warps per head group taking alternate tiles (the bf16-tile kernel with 16 or 32 heads
+// per block and two stages, two tiles or more per split: the launch's choice at batch 1 and 2 where
+// shared memory allows), and one set (ws.tile_pairs off): GLM-5 at one token split evenly, unevenly
+// and not at all, with contexts whose last tile is short or alone (one set idle on the last step);
+// 32 heads per block (DeepSeek-V3.2 and GLM-5 at two tokens with the launch's shape; asked for);
+// the small fixture shapes (kv_lora 24: one output tile pair per warp); dense rows. fp8 rows with
+// the launch's own shape (forced shapes take the fp8-row kernel where it fits).
 TEST(CudaAttention, SparseMlaTilePairsMatchTheCpuReference) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(23);
@@ -1254,6 +1255,10 @@ TEST(CudaAttention, SparseMlaTilePairsMatchTheCpuReference) {
       {{8, 512, 64, {2100}, 2048, 1, 16}, bf16, 3, 16},           // tensor parallel 8: 8 heads
       {{2, 24, 8, {300, 30}, 96, 2, 16}, bf16, 1, 16},            // glm_pub shape: 3 tiles
       {{16, 512, 64, {700}, 0, 1, 16}, bf16, 5, 16},              // dense: 22 tiles in 5 splits
+      {{128, 512, 64, {ctx}, 2048, 1, 64}, bf16, 0, 0},           // DeepSeek-V3.2, the launch's shape
+      {{64, 512, 64, {ctx, 3000}, 2048, 2, 64}, bf16, 0, 0},      // GLM-5 at two tokens
+      {{64, 512, 64, {2100}, 2048, 1, 64}, bf16, 3, 32},          // 32 heads asked for: 22 tiles per split
+      {{128, 512, 64, {ctx}, 2048, 1, 64}, fp8, 0, 0},
       {{64, 512, 64, {ctx}, 2048, 1, 64}, fp8, 0, 0},             // fp8 rows, the launch's shape
       {{64, 512, 64, {1000}, 2048, 1, 64, true}, fp8, 0, 0},      // the last tile short
       {{8, 512, 64, {2100}, 2048, 1, 16}, fp8, 0, 0},             // 8 heads
@@ -1264,14 +1269,17 @@ TEST(CudaAttention, SparseMlaTilePairsMatchTheCpuReference) {
       ws.tile_pairs = tile_pairs;
       check_mla(tc.c, tc.dtype, mma, tc.splits, rng, tc.heads_per_block, &ws);
       if (HasFatalFailure()) return;
-      // (Tile pairs need two tiles per split, which every case here has, and their bytes.)
-      const int stride = cuda::mla_smem::stride(tc.c.kv_lora, tc.c.rope);
+      // Tile pairs need 16 or 32 heads per block with two stages, two tiles per split (which every
+      // case here has), their bytes and room for the hand-over.
+      const int hg = ws.last.heads_per_block / 16, stride = cuda::mla_smem::stride(tc.c.kv_lora, tc.c.rope);
       const int64_t row_bytes = cuda::latent_row_bytes(tc.dtype, tc.c.kv_lora, tc.c.rope);
-      const size_t bytes = cuda::mla_smem::bytes(1, 2, tc.dtype == fp8, stride, row_bytes, 2);
-      const bool taken = tile_pairs && bytes <= size_t(ws.smem_optin);
+      const bool taken = tile_pairs && hg <= 2 && ws.last.stages == 2 &&
+                         cuda::mla_smem::bytes(hg, 2, tc.dtype == fp8, stride, row_bytes, 2) <= size_t(ws.smem_optin) &&
+                         cuda::mla_smem::tile_pairs_fit(hg, tc.c.kv_lora, stride);
       EXPECT_STREQ(ws.last.kernel, taken ? "mma tile pairs" : "mma")
           << cuda::kv_dtype_name(tc.dtype) << " heads " << tc.c.heads << " splits " << tc.splits;
-      EXPECT_EQ(ws.last.heads_per_block, 16);
+      if (tc.heads_per_block) EXPECT_EQ(ws.last.heads_per_block, tc.heads_per_block);
+      else EXPECT_LE(ws.last.heads_per_block, 32) << "batch 1 and 2 take 16 or 32 heads per block";
     }
 }
 

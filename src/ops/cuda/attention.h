@@ -232,7 +232,7 @@ struct AttentionWorkspace {
   // launched another kernel, or nothing).
   bool pairs = true;
   int last_cluster = 0;
-  // The mma kernel's bf16 tiles (bf16 or fp8 rows) with 16 heads per block and two stages: two sets
+  // The mma kernel's bf16 tiles (bf16 or fp8 rows) with 16 or 32 heads per block and two stages: two sets
   // of warps per head group, each taking every other tile of the split, where a split has two tiles
   // or more and the device has the shared memory (sparse_mla_kernels.cuh, TP); false: one set
   // (tests, A/B). SPARSEMLA_MLA_TILE_PAIRS=0 turns them off as well.

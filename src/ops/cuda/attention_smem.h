@@ -39,7 +39,7 @@ inline size_t fp8_stage_bytes(int hg, int64_t row_bytes) {
 // Bytes of one block: q (hg * 16 heads), the bf16 tile(s), the fp8 staging tiles (which hold the
 // scores too), else the scores (of each set of warps: tile_pairs), slots. 16 heads with two stages
 // fit 99 KB for bf16 (99,712 bytes) and fp8 (100,096) rows of 576; with two tile pairs 104,832 and
-// 137,472 (fp8 rows: two bf16 tiles).
+// 137,472 (fp8 rows: two bf16 tiles), at 32 heads 134,656 and 156,160.
 inline size_t bytes(int hg, int stages, bool fp8, int row_stride, int64_t row_bytes, int tile_pairs = 1) {
   const size_t staged =
       fp8 && stages == 2 ? 2 * fp8_stage_bytes(hg * tile_pairs, row_bytes) : score_bytes(hg * tile_pairs);
@@ -54,6 +54,13 @@ constexpr int kFp8RowStride = 704;
 inline size_t fp8_rows_bytes(int hg, int stages) {
   return size_t(hg) * 16 * (520 + 72) * 2 + size_t(stages) * kRows * kFp8RowStride + score_bytes(hg) +
          size_t(kChunk) * 4;
+}
+
+// Whether the mma kernel's tile pairs (hg head groups, two stages) can hand the second set's output
+// over through the two bf16 tiles at the end: (nv + 1) KB per head group (each warp's output
+// fragments and its rows' maxima and denominators) against the tiles' 2 x 32 rows of row_stride.
+inline bool tile_pairs_fit(int hg, int kv_lora, int row_stride) {
+  return size_t(hg) * size_t(nv_tiles(kv_lora) + 1) * 1024 <= size_t(2) * kRows * size_t(row_stride) * 2;
 }
 
 // Whether an SM of `per_sm` bytes holds two fp8-row blocks of 32 heads with two stages (1 KB of

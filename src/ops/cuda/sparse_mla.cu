@@ -147,15 +147,16 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     splits = blocks >= ws.sm_count ? 1 : int(std::min<int64_t>((2 * ws.sm_count + blocks - 1) / blocks, max_splits));
     splits = std::max(1, splits);
   }
-  // Tile pairs (the bf16-tile kernel with 16 heads and two stages, two tiles or more per split): the
-  // two tiles in flight are computed at once by two sets of warps, which halves the chain of a
-  // block's work where blocks are few (batch 1).
+  // Tile pairs (the bf16-tile kernel with 16 or 32 heads and two stages, two tiles or more per
+  // split): the two tiles in flight are computed at once by two sets of warps, which halves the chain
+  // of a block's work where blocks are few (batch 1 and 2).
   static const bool tile_pairs_off = env_off("SPARSEMLA_MLA_TILE_PAIRS");
   Geometry geo = mma_geometry(a, fit.hg, fit.stages, tiles, splits);
-  const size_t tp_bytes = mla_smem::bytes(1, 2, fp8, stride, a.latent.row_bytes, 2);
-  if (k == AttentionKernel::Mma && !fp8_rows && geo.hg == 1 && geo.stages == 2 && geo.tiles_per_split >= 2 &&
-      ws.tile_pairs && !tile_pairs_off && tp_bytes <= size_t(ws.smem_optin))
-    geo = mma_geometry(a, 1, 2, tiles, splits, 2);
+  const size_t tp_bytes = mla_smem::bytes(geo.hg, 2, fp8, stride, a.latent.row_bytes, 2);
+  if (k == AttentionKernel::Mma && !fp8_rows && geo.hg <= 2 && geo.stages == 2 && geo.tiles_per_split >= 2 &&
+      ws.tile_pairs && !tile_pairs_off && tp_bytes <= size_t(ws.smem_optin) &&
+      mla_smem::tile_pairs_fit(geo.hg, a.kv_lora, stride))
+    geo = mma_geometry(a, geo.hg, 2, tiles, splits, 2);
   if (ws.smem_per_sm > 0)
     geo.launch_smem = emulated_smem(ws.smem_per_sm, geo.tile_pairs == 2 ? tp_bytes : bytes_of(geo.hg, geo.stages));
   float* part = nullptr;

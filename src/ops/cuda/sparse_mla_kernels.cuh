@@ -40,14 +40,14 @@ __device__ __forceinline__ void copy_row_pieces(T* dst, const uint8_t* src, int 
   }
 }
 
-// TP: tile pairs. 1: the block's pairs of warps take every tile together. 2 (16 heads, two stages):
+// TP: tile pairs. 1: the block's pairs of warps take every tile together. 2 (16 or 32 heads, two stages):
 // a second set of pairs takes every other tile, so that the two tiles in flight are computed at
 // once, each set with its own running maximum, denominator and output, merged at the end through
 // shared memory (MlaGeometry::tile_pairs: where the launch takes it); fp8 rows then have two bf16
 // tiles to be widened into.
 template <int NV, bool FP8, int HG, int STAGES, int KS, int TP = 1>
 __global__ void __launch_bounds__(HG * 64 * TP) mla_mma_kernel(AttentionArgs a, Geometry geo, float* part) {
-  static_assert(TP == 1 || (TP == 2 && STAGES == 2 && HG == 1), "tile pairs: 16 heads, two stages");
+  static_assert(TP == 1 || (TP == 2 && STAGES == 2 && HG <= 2), "tile pairs: 16 or 32 heads, two stages");
   constexpr int THREADS = HG * 64 * TP;
   constexpr int NBUF = FP8 && TP == 1 ? 1 : STAGES;  // bf16 tiles (fp8 rows with one set widen into one)
   SPARSEMLA_DYNAMIC_SMEM(smem);
@@ -475,7 +475,7 @@ __global__ void __launch_bounds__(kFmaThreads) mla_fma_kernel(AttentionArgs a) {
 // The geometry of an mma kernel launch with hg head groups of 16 per block and `stages` tiles in
 // flight (sparse_mla() chooses both), over the `tiles` tiles of kRows of a token's rows (at least
 // one) in at most `splits` (>= 1) splits of whole tiles: fewer where the tiles do not fill them;
-// tile_pairs 2: two sets of warps per head group (the kernel's TP; hg 1, two stages).
+// tile_pairs 2: two sets of warps per head group (the kernel's TP; hg 1 or 2, two stages).
 inline MlaGeometry mma_geometry(const AttentionArgs& a, int hg, int stages, int tiles, int splits, int tile_pairs = 1) {
   MlaGeometry geo;
   geo.d = a.kv_lora + a.rope;
@@ -486,10 +486,9 @@ inline MlaGeometry mma_geometry(const AttentionArgs& a, int hg, int stages, int 
   geo.raw_stage = int(mla_smem::fp8_stage_bytes(hg * tile_pairs, a.latent.row_bytes));
   geo.tile_pairs = tile_pairs;
   geo.score_bytes = int(mla_smem::score_bytes(hg * tile_pairs));
-  if (tile_pairs != 1 && (tile_pairs != 2 || hg != 1 || stages != 2))
-    fail("sparse_mla: tile pairs take 16 heads per block and two stages");
-  // (The merge's hand-over, (NV + 1) KB per warp pair, fits in the two tiles: NV x 16 < stride.)
-  if (tile_pairs == 2 && (mla_smem::nv_tiles(a.kv_lora) + 1) * 1024 > 2 * mla_smem::kRows * geo.stride * 2)
+  if (tile_pairs != 1 && (tile_pairs != 2 || hg > 2 || stages != 2))
+    fail("sparse_mla: tile pairs take 16 or 32 heads per block and two stages");
+  if (tile_pairs == 2 && !mla_smem::tile_pairs_fit(hg, a.kv_lora, geo.stride))
     fail("sparse_mla: the tile pairs' merge does not fit the tiles");
   splits = std::min({splits, tiles, kMaxSplits});
   geo.tiles_per_split = ceil_div(tiles, splits);
@@ -521,7 +520,10 @@ MmaLaunch mma_launch_of(const AttentionArgs& a, const Geometry& geo) {
 
 template <int NV, bool FP8>
 MmaLaunch mma_launch_variant(const AttentionArgs& a, const Geometry& geo) {
-  if (geo.tile_pairs == 2) return mma_launch_of<NV, FP8, 1, 2, 2>(a, geo);
+  if (geo.tile_pairs == 2) {
+    if (geo.hg == 2) return mma_launch_of<NV, FP8, 2, 2, 2>(a, geo);
+    return mma_launch_of<NV, FP8, 1, 2, 2>(a, geo);
+  }
   if (geo.hg == 4) {
     if (geo.stages == 2) return mma_launch_of<NV, FP8, 4, 2>(a, geo);
     return mma_launch_of<NV, FP8, 4, 1>(a, geo);
