@@ -1232,9 +1232,10 @@ TEST(CudaAttention, SparseMlaBatchOneManySplits) {
 // per block and two stages, two tiles or more per split: the launch's choice at batch 1 and 2 where
 // shared memory allows), and one set (ws.tile_pairs off): GLM-5 at one token split evenly, unevenly
 // and not at all, with contexts whose last tile is short or alone (one set idle on the last step);
-// 32 heads per block (DeepSeek-V3.2 and GLM-5 at two tokens with the launch's shape; asked for);
-// the small fixture shapes (kv_lora 24: one output tile pair per warp); dense rows. fp8 rows with
-// the launch's own shape (forced shapes take the fp8-row kernel where it fits).
+// DeepSeek-V3.2 and GLM-5 at two tokens with the launch's shape (bf16 rows: 16 heads per block up
+// to 512 (token, head) rows where tile pairs fit); 32 heads per block asked for; the small fixture
+// shapes (kv_lora 24: one output tile pair per warp); dense rows. fp8 rows with the launch's own
+// shape (DeepSeek-V3.2: 32 heads per block; forced shapes take the fp8-row kernel where it fits).
 TEST(CudaAttention, SparseMlaTilePairsMatchTheCpuReference) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(23);
@@ -1280,6 +1281,10 @@ TEST(CudaAttention, SparseMlaTilePairsMatchTheCpuReference) {
           << cuda::kv_dtype_name(tc.dtype) << " heads " << tc.c.heads << " splits " << tc.splits;
       if (tc.heads_per_block) EXPECT_EQ(ws.last.heads_per_block, tc.heads_per_block);
       else EXPECT_LE(ws.last.heads_per_block, 32) << "batch 1 and 2 take 16 or 32 heads per block";
+      const bool fit16 = cuda::mla_smem::bytes(1, 2, tc.dtype == fp8, stride, row_bytes, 2) <= size_t(ws.smem_optin) &&
+                         cuda::mla_smem::tile_pairs_fit(1, tc.c.kv_lora, stride);
+      if (!tc.heads_per_block && tc.dtype == bf16 && tile_pairs && fit16 && tc.c.ctx.size() * tc.c.heads <= 512)
+        EXPECT_EQ(ws.last.heads_per_block, 16) << "bf16 rows with tile pairs: 16 heads per block up to 512 rows";
     }
 }
 

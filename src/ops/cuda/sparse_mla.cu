@@ -7,7 +7,9 @@
 // of q . row over the 576 dims, add the halves through shared memory, and then each accumulates half
 // of the 512 output dims (P in bf16 on the tensor cores, fp32 accumulators). Long selections are
 // split over blocks (split-KV) and merged by a second kernel. Two tiles in flight where shared
-// memory allows (attention_smem.h: at 16 heads also within the 99 KB of SM86, SM89 and SM12x).
+// memory allows (attention_smem.h: at 16 heads also within the 99 KB of SM86, SM89 and SM12x); at
+// 16 or 32 heads with two tiles in flight, two sets of such pairs take alternate tiles ("tile
+// pairs", small batches, where shared memory allows) and merge at the end.
 // Fma kernel: one block per token and head, any shape; the reference the selector falls back to.
 #include <algorithm>
 #include <cmath>
@@ -103,6 +105,11 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     if (splits <= 0)
       splits = int(std::clamp<int64_t>(ws.sm_count / (int64_t(ceil_div(a.heads, 64)) * a.T), 1, max_splits));
   }
+  // Tile pairs (below): where they are allowed and 16 heads per block hold them.
+  static const bool tile_pairs_off = env_off("SPARSEMLA_MLA_TILE_PAIRS");
+  const bool tile_pairs_16 = k == AttentionKernel::Mma && ws.tile_pairs && !tile_pairs_off &&
+                             mla_smem::bytes(1, 2, fp8, stride, a.latent.row_bytes, 2) <= size_t(ws.smem_optin) &&
+                             mla_smem::tile_pairs_fit(1, a.kv_lora, stride);
   int hg = 0;  // head groups of 16 per block
   if (heads_per_block > 0) {
     hg = heads_per_block / 16;
@@ -110,6 +117,13 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     hg = a.heads > 32 ? 4 : 2;
     // Fewer heads per block until the blocks come near one per SM (most of a wave is as good as all).
     while (hg > 1 && int64_t(ceil_div(a.heads, hg * 16)) * a.T * max_splits < ws.sm_count * 3 / 4) hg /= 2;
+    // With tile pairs, bf16 rows take 16 heads per block up to 512 (token, head) rows: more,
+    // shorter blocks beat blocks that share each gathered row among more heads (H100, bench
+    // attention at 4K-128K, us, 16 heads with tile pairs vs the rule above: GLM-5 batch 2 18.6 vs
+    // 19.0, 4 25.1 vs 31.5, 8 39.3 vs 59.8; DeepSeek-V3.2 batch 1 18.6 vs 19.1, 2 25.3 vs 30.0, 4 39.2
+    // vs 57.5, but 8 84.0 vs 72.2). Not fp8 rows, which each block widens: 16 heads lost there beyond
+    // GLM-5 at batch 1 (GLM-5 batch 2 26.0 vs 22.7, 4 40.0 vs 32.2; DeepSeek-V3.2 batch 1 26.5 vs 22.5).
+    if (tile_pairs_16 && !fp8 && int64_t(a.T) * a.heads <= 512) hg = 1;
   }
   // fp8 rows of 512 + 64 go to the kernel that reads them as stored (sparse_mla_fp8.cu), unless
   // SPARSEMLA_MLA_FP8_ROWS=0 (A/B), or for small batches where the bf16-tile kernel keeps two stages
@@ -149,8 +163,7 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
   }
   // Tile pairs (the bf16-tile kernel with 16 or 32 heads and two stages, two tiles or more per
   // split): the two tiles in flight are computed at once by two sets of warps, which halves the chain
-  // of a block's work where blocks are few (batch 1 and 2).
-  static const bool tile_pairs_off = env_off("SPARSEMLA_MLA_TILE_PAIRS");
+  // of a block's work where blocks are few (small batches).
   Geometry geo = mma_geometry(a, fit.hg, fit.stages, tiles, splits);
   const size_t tp_bytes = mla_smem::bytes(geo.hg, 2, fp8, stride, a.latent.row_bytes, 2);
   if (k == AttentionKernel::Mma && !fp8_rows && geo.hg <= 2 && geo.stages == 2 && geo.tiles_per_split >= 2 &&
