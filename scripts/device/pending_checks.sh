@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine: the checks owed by the sessions without a device (sessions 34-35), in one run
-# of ~9 minutes of device time. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla,
+# On the GPU machine: the checks session 35 leaves (its H100 ran most of them: PERFORMANCE.md,
+# "Session 35"; still owed: the tile pairs' test in its final form, with the launch's 16-heads rule
+# for bf16 rows asserted, and every figure on an H200), in one run of ~9 minutes of device time. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla,
 # sparsemla_tests and bench_cuda_matmul with scripts/device/pack.sh from a build configured with
 # -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
 # (default all: "attention tests sanitizer model ncu"); ROUNDS the attention phase's rounds (2).
