@@ -129,14 +129,15 @@ TEST(BackendSelect, TheMmaAttentionKernelSaysWhichBlockThisDeviceGets) {
     uint64_t block, sm;
     bool fp8;
     const char* shape;
+    bool tile_pairs;  // 16 heads with two tiles and a second set of warps fit (104,832 / 137,472 bytes)
   } cases[] = {
-      {12, 0, 101376, 102400, false, "32 heads per block, 1 tile in flight"},  // RTX PRO 6000: bf16
-      {12, 0, 101376, 102400, true, "32 heads per block, 2 tiles in flight"},  // fp8 rows as stored
-      {8, 6, 101376, 102400, true, "32 heads per block, 2 tiles in flight"},
-      {8, 0, 166912, 167936, false, "64 heads per block, 1 tile in flight"},   // A100
-      {8, 0, 166912, 167936, true, "64 heads per block, 3 tiles in flight"},
-      {10, 0, 232448, 233472, false, "64 heads per block, 2 tiles in flight"},  // B200
-      {10, 0, 232448, 233472, true, "32 heads per block, 2 tiles in flight, two blocks per SM"},
+      {12, 0, 101376, 102400, false, "32 heads per block, 1 tile in flight", false},  // RTX PRO 6000: bf16
+      {12, 0, 101376, 102400, true, "32 heads per block, 2 tiles in flight", false},  // fp8 rows as stored
+      {8, 6, 101376, 102400, true, "32 heads per block, 2 tiles in flight", false},
+      {8, 0, 166912, 167936, false, "64 heads per block, 1 tile in flight", true},   // A100
+      {8, 0, 166912, 167936, true, "64 heads per block, 3 tiles in flight", true},
+      {10, 0, 232448, 233472, false, "64 heads per block, 2 tiles in flight", true},  // B200
+      {10, 0, 232448, 233472, true, "32 heads per block, 2 tiles in flight, two blocks per SM", true},
   };
   for (const auto& c : cases) {
     AttentionProblem p = gpu(c.major, c.minor, c.block, 64, 512, 64, 32, 128, c.fp8);
@@ -146,6 +147,7 @@ TEST(BackendSelect, TheMmaAttentionKernelSaysWhichBlockThisDeviceGets) {
     const std::string& why = candidate(plan.get("attention"), "cuda-mma").reason;
     EXPECT_NE(why.find(c.shape), std::string::npos) << c.major << "." << c.minor << ": " << why;
     EXPECT_EQ(why.find("read as stored") != std::string::npos, c.fp8) << why;
+    EXPECT_EQ(why.find("tile pairs") != std::string::npos, c.tile_pairs) << why;
   }
   // fp8 rows of other shapes are widened into bf16 tiles.
   const BackendPlan plan = select_backends(gpu(12, 0, 101376, 4, 256, 32, 0, 0, true));

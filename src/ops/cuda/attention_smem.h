@@ -13,6 +13,13 @@ constexpr int kChunk = 512;   // slots of a chunk of rows (32-bit each), looked 
 constexpr int kSStride = 40;  // row stride of the score exchange, in floats (8 mod 32: float2 rows without bank conflicts)
 constexpr uint32_t kNoSlot = 0xffffffffu;  // a chunk entry without a row
 
+// Bytes of an fp8 latent row as the cache stores it (cache_write.cu: latent_row_bytes): kv_lora e4m3
+// values, an fp32 scale per 128 of them, rope bf16 values, padded to 16 bytes.
+inline int64_t fp8_latent_row_bytes(int kv_lora, int rope) {
+  const int64_t b = kv_lora + 4 * int64_t((kv_lora + 127) / 128) + 2 * int64_t(rope);
+  return (b + 15) / 16 * 16;
+}
+
 // Output tiles of 8 dims per warp half: the smallest power of 2 (>= 2) whose 16 * n covers kv_lora.
 inline int nv_tiles(int kv_lora) {
   int nv = 2;

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_smem.h"
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
@@ -18,8 +19,8 @@ static int fp8_groups(int n) { return (n + kFp8Group - 1) / kFp8Group; }
 int64_t latent_row_bytes(KvDtype d, int kv_lora, int rope) {
   if (d == KvDtype::BF16) return 2 * int64_t(kv_lora + rope);
   if (d == KvDtype::F32) return 4 * int64_t(kv_lora + rope);
-  const int64_t b = kv_lora + 4 * int64_t(fp8_groups(kv_lora)) + 2 * int64_t(rope);
-  return (b + 15) / 16 * 16;
+  static_assert(kFp8Group == 128, "mla_smem::fp8_latent_row_bytes groups 128 values");
+  return mla_smem::fp8_latent_row_bytes(kv_lora, rope);
 }
 
 int64_t index_key_row_bytes(KvDtype d, int dim) {

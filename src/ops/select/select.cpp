@@ -69,17 +69,26 @@ std::string attn_mma_detail(const AttentionProblem& p) {
     return fmt::format("{} heads per block, {} tile{} in flight", f.hg * 16, f.stages, f.stages > 1 ? "s" : "");
   };
   const int stride = cuda::mla_smem::stride(p.kv_lora, p.rope);
+  // Small batches: two sets of warps per head group where 16 heads with two tiles hold them.
+  const int64_t row_bytes = p.fp8_cache ? cuda::mla_smem::fp8_latent_row_bytes(p.kv_lora, p.rope)
+                                        : 2 * int64_t(p.kv_lora + p.rope);
+  const std::string tile_pairs =
+      cuda::mla_smem::bytes(1, 2, p.fp8_cache, stride, row_bytes, 2) <= p.smem_optin &&
+              cuda::mla_smem::tile_pairs_fit(1, p.kv_lora, stride)
+          ? "; small batches: two sets of warps per 16 heads taking alternate tiles (tile pairs)"
+          : "";
   if (p.fp8_cache && p.kv_lora == 512 && p.rope == 64 &&
       cuda::mla_smem::fp8_rows_bytes(1, 2) <= p.smem_optin)
     return "; fp8 rows read as stored and widened in registers; on this device " +
            (cuda::mla_smem::fp8_rows_two_per_sm(p.smem_per_sm)
                 ? std::string("32 heads per block, 2 tiles in flight, two blocks per SM")
                 : "up to " + fit([](int hg, int st) { return cuda::mla_smem::fp8_rows_bytes(hg, st); }, 3, 2)) +
-           " (under 8 or 64 tokens the bf16-tile kernel where it keeps two tiles)";
-  if (p.fp8_cache) return "; fp8 rows widened into bf16 tiles";
+           " (under 8 or 64 tokens the bf16-tile kernel where it keeps two tiles" + tile_pairs + ")";
+  if (p.fp8_cache) return "; fp8 rows widened into bf16 tiles" + tile_pairs;
   return "; on this device up to " +
          fit([&](int hg, int st) { return cuda::mla_smem::bytes(hg, st, false, stride, 2 * int64_t(p.kv_lora + p.rope)); },
-             2, 1);
+             2, 1) +
+         tile_pairs;
 }
 std::string attn_wgmma(const AttentionProblem& p) {
   if (auto r = need_cuda(p); !r.empty()) return r;
