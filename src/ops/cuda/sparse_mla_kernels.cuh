@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(HG * 64 * TP) mla_mma_kernel(AttentionArgs a, 
   pair_denominators(l);
   if constexpr (TP == 2) {
     // The second set hands its output, maxima and denominators to the first through the tile buffers
-    // (free since the loop's last barrier; tile_pair_merge_bytes); the first merges them into its own.
+    // (free since the loop's last barrier; mla_smem::tile_pairs_fit); the first merges them into its own.
     float4* xo = reinterpret_cast<float4*>(sKbuf);  // [2 HG warps][NV][32 lanes]
     float4* xm = xo + 2 * HG * NV * 32;             // [2 HG warps][32 lanes]: m, l of rows g and g + 8
     const int w = warp % (2 * HG);
