@@ -105,11 +105,16 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     if (splits <= 0)
       splits = int(std::clamp<int64_t>(ws.sm_count / (int64_t(ceil_div(a.heads, 64)) * a.T), 1, max_splits));
   }
-  // Tile pairs (below): where they are allowed and 16 heads per block hold them.
+  // Tile pairs (the bf16-tile kernel with 16 or 32 heads and two stages, two tiles or more per
+  // split): the two tiles in flight are computed at once by two sets of warps, which halves the chain
+  // of a block's work where blocks are few (small batches). Whether they are allowed and hg head
+  // groups per block hold them (shared memory and the hand-over through the tile buffers):
   static const bool tile_pairs_off = env_off("SPARSEMLA_MLA_TILE_PAIRS");
-  const bool tile_pairs_16 = k == AttentionKernel::Mma && ws.tile_pairs && !tile_pairs_off &&
-                             mla_smem::bytes(1, 2, fp8, stride, a.latent.row_bytes, 2) <= size_t(ws.smem_optin) &&
-                             mla_smem::tile_pairs_fit(1, a.kv_lora, stride);
+  auto tile_pairs_at = [&](int hg) {
+    return k == AttentionKernel::Mma && hg <= 2 && ws.tile_pairs && !tile_pairs_off &&
+           mla_smem::bytes(hg, 2, fp8, stride, a.latent.row_bytes, 2) <= size_t(ws.smem_optin) &&
+           mla_smem::tile_pairs_fit(hg, a.kv_lora, stride);
+  };
   int hg = 0;  // head groups of 16 per block
   if (heads_per_block > 0) {
     hg = heads_per_block / 16;
@@ -123,7 +128,7 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     // 19.0, 4 25.1 vs 31.5, 8 39.3 vs 59.8; DeepSeek-V3.2 batch 1 18.6 vs 19.1, 2 25.3 vs 30.0, 4 39.2
     // vs 57.5, but 8 84.0 vs 72.2). Not fp8 rows, which each block widens: 16 heads lost there beyond
     // GLM-5 at batch 1 (GLM-5 batch 2 26.0 vs 22.7, 4 40.0 vs 32.2; DeepSeek-V3.2 batch 1 26.5 vs 22.5).
-    if (tile_pairs_16 && !fp8 && int64_t(a.T) * a.heads <= 512) hg = 1;
+    if (!fp8 && int64_t(a.T) * a.heads <= 512 && tile_pairs_at(1)) hg = 1;
   }
   // fp8 rows of 512 + 64 go to the kernel that reads them as stored (sparse_mla_fp8.cu), unless
   // SPARSEMLA_MLA_FP8_ROWS=0 (A/B), or for small batches where the bf16-tile kernel keeps two stages
@@ -161,17 +166,13 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     splits = blocks >= ws.sm_count ? 1 : int(std::min<int64_t>((2 * ws.sm_count + blocks - 1) / blocks, max_splits));
     splits = std::max(1, splits);
   }
-  // Tile pairs (the bf16-tile kernel with 16 or 32 heads and two stages, two tiles or more per
-  // split): the two tiles in flight are computed at once by two sets of warps, which halves the chain
-  // of a block's work where blocks are few (small batches).
   Geometry geo = mma_geometry(a, fit.hg, fit.stages, tiles, splits);
-  const size_t tp_bytes = mla_smem::bytes(geo.hg, 2, fp8, stride, a.latent.row_bytes, 2);
-  if (k == AttentionKernel::Mma && !fp8_rows && geo.hg <= 2 && geo.stages == 2 && geo.tiles_per_split >= 2 &&
-      ws.tile_pairs && !tile_pairs_off && tp_bytes <= size_t(ws.smem_optin) &&
-      mla_smem::tile_pairs_fit(geo.hg, a.kv_lora, stride))
+  if (!fp8_rows && geo.stages == 2 && geo.tiles_per_split >= 2 && tile_pairs_at(geo.hg))
     geo = mma_geometry(a, geo.hg, 2, tiles, splits, 2);
   if (ws.smem_per_sm > 0)
-    geo.launch_smem = emulated_smem(ws.smem_per_sm, geo.tile_pairs == 2 ? tp_bytes : bytes_of(geo.hg, geo.stages));
+    geo.launch_smem = emulated_smem(ws.smem_per_sm, geo.tile_pairs == 2
+                                                        ? mla_smem::bytes(geo.hg, 2, fp8, stride, a.latent.row_bytes, 2)
+                                                        : bytes_of(geo.hg, geo.stages));
   float* part = nullptr;
   if (geo.splits > 1) {
     const size_t need = size_t(a.T) * geo.splits * a.heads * (a.kv_lora + 2) * sizeof(float);
