@@ -41,18 +41,23 @@ __global__ void inverse_perm_kernel(const int32_t* __restrict__ perm, int64_t n,
 constexpr int kMaxSlots = 64;  // moe_route takes at most 64 experts per token
 
 // blockIdx.x the token, blockIdx.y a chunk of kColumnThreads columns. The token's slots, ordered by
-// expert id (insertion sort by one thread; k is small), with their rows and weights, go to shared
-// memory first; then each thread adds the slots to its column in that order (every chunk the same
-// order: the sum's bits do not depend on the chunking). The slots' ids, positions and weights are
-// read in one round (a slot per thread) and the column's starting value before that, so the sort
-// reads shared memory only, not a chain of global round trips (H200, one token, Nsight Compute:
-// 5.7 -> 5.2 us, within a run's spread).
+// expert id, with their rows and weights, go to shared memory first; then each thread adds the
+// slots to its column in that order (every chunk the same order: the sum's bits do not depend on
+// the chunking). The slots' ids, positions and weights are read in one round (a slot per thread)
+// and the column's starting value before that; each slot's thread then counts its own place in the
+// order (its rank: the slots of lower id, or of equal id and lower slot), all at once, where one
+// thread used to insertion-sort them; and the column's values are loaded 8 slots at a time before
+// they are added (the adds are a chain; loads between them went out one by one). The same sums in
+// the same order as the sort and the interleaved loads gave; H100, GLM-5-width Q4_K_M, one token
+// (SPARSEMLA_STEP_PROFILE, 2 MoE layers): the routed experts' section 203.5 -> 199.9 us per step,
+// the 3-layer step 0.905 -> 0.9025 ms (medians of 6 interleaved rounds; docs/PERFORMANCE.md,
+// "Session 36").
 __global__ void moe_combine_kernel(const float* __restrict__ expert_out, const int32_t* __restrict__ ids,
                                    const float* __restrict__ weights, const int32_t* __restrict__ inv, int k,
                                    int64_t n_routed, int64_t width, const float* __restrict__ first,
                                    float* __restrict__ out) {
   cuda::pdl::launch_dependents();  // the next decode product may prefetch its weights (pdl.cuh)
-  __shared__ int32_t id[kMaxSlots], pos[kMaxSlots], order[kMaxSlots], row[kMaxSlots];
+  __shared__ int32_t id[kMaxSlots], pos[kMaxSlots], row[kMaxSlots];
   __shared__ float slot_weight[kMaxSlots], weight[kMaxSlots];
   const int64_t t = blockIdx.x;
   const int64_t c = int64_t(blockIdx.y) * kColumnThreads + threadIdx.x;
@@ -68,25 +73,26 @@ __global__ void moe_combine_kernel(const float* __restrict__ expert_out, const i
     slot_weight[threadIdx.x] = weights[j];
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < k; ++s) {
-      int i = s;
-      while (i > 0 && id[order[i - 1]] > id[s]) {
-        order[i] = order[i - 1];
-        --i;
-      }
-      order[i] = s;
-    }
-    for (int i = 0; i < k; ++i) {
-      row[i] = pos[order[i]];
-      weight[i] = slot_weight[order[i]];
-    }
+  if (int(threadIdx.x) < k) {
+    const int s = int(threadIdx.x);
+    const int32_t mine = id[s];
+    int rank = 0;
+    for (int j = 0; j < k; ++j) rank += id[j] < mine || (id[j] == mine && j < s);
+    row[rank] = pos[s];
+    weight[rank] = slot_weight[s];
   }
   __syncthreads();
   if (c >= width) return;
-#pragma unroll 4
-  for (int s = 0; s < k; ++s)
-    if (row[s] >= 0) acc += weight[s] * expert_out[int64_t(row[s]) * width + c];
+  constexpr int kBatch = 8;
+  for (int s0 = 0; s0 < k; s0 += kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      v[j] = s0 + j < k && row[s0 + j] >= 0 ? expert_out[int64_t(row[s0 + j]) * width + c] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      if (s0 + j < k && row[s0 + j] >= 0) acc = __fmaf_rn(weight[s0 + j], v[j], acc);
+  }
   dst[c] = acc;
 }
 
