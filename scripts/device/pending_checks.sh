@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine: the checks session 35 leaves (its H100 ran most of them: PERFORMANCE.md,
-# "Session 35"; still owed: the tile pairs' test in its final form, with the launch's 16-heads rule
-# for bf16 rows asserted, and every figure on an H200), in one run of ~9 minutes of device time. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla,
+# On the GPU machine: the checks of sessions 34-35's kernels, in one run of ~9 minutes of device
+# time. Sessions 35 and 36 ran all of them on an H100 (PERFORMANCE.md, "Session 35" and "Session
+# 36"); still owed: the same figures on an H200. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla,
 # sparsemla_tests and bench_cuda_matmul with scripts/device/pack.sh from a build configured with
 # -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
 # (default all: "attention tests sanitizer model ncu"); ROUNDS the attention phase's rounds (2).
@@ -19,7 +19,7 @@
 #             memory and without (SPARSEMLA_Q8_SMEM_GRID=1 / 0), and the Q4_K_M 2-layer step at 1K
 #             with tile pairs on and off (rounds interleaved);
 #  ncu        Nsight Compute's instruction mix of the batch-1 attention kernel at 1K (with tile pairs).
-# What to do with the figures: docs/PERFORMANCE.md "Session 35".
+# What to do with the figures: docs/PERFORMANCE.md "Session 35" and "Session 36" (the H100 tables to compare with).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
 PHASES=${PHASES:-attention tests sanitizer model ncu}
