@@ -4,7 +4,7 @@
 # 36"); still owed: the same figures on an H200. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla,
 # sparsemla_tests and bench_cuda_matmul with scripts/device/pack.sh from a build configured with
 # -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
-# (default all: "attention tests sanitizer model ncu"); ROUNDS the attention phase's rounds (2).
+# (default all: "attention tests sanitizer model ncu profile"); ROUNDS the attention phase's rounds (2).
 #
 #  attention  the sparse MLA kernel's tile pairs (session 35: two sets of warps per head group taking
 #             alternate tiles) on and off (SPARSEMLA_MLA_TILE_PAIRS=1 / 0, two rounds interleaved)
@@ -18,11 +18,16 @@
 #  model      GLM-5-width 2-layer IQ2_XS and IQ1_S steps at batch 1 with the grid tables in shared
 #             memory and without (SPARSEMLA_Q8_SMEM_GRID=1 / 0), and the Q4_K_M 2-layer step at 1K
 #             with tile pairs on and off (rounds interleaved);
-#  ncu        Nsight Compute's instruction mix of the batch-1 attention kernel at 1K (with tile pairs).
+#  ncu        Nsight Compute's instruction mix of the batch-1 attention kernel at 1K (with tile pairs);
+#  profile    why SPARSEMLA_STEP_PROFILE's "attention: W_UV, output projection" reads ~0.9 ms per step
+#             more than its kernels (session 36): the 3-layer Q4_K_M step profile with the hold that
+#             covers the host's enqueue at 20 ms (the default) and at 200 ms; if the section shrinks
+#             with the longer hold, the host fell behind the device there (a host-side cost in that
+#             part of the enqueue), else the device runs something there.
 # What to do with the figures: docs/PERFORMANCE.md "Session 35" and "Session 36" (the H100 tables to compare with).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-attention tests sanitizer model ncu}
+PHASES=${PHASES:-attention tests sanitizer model ncu profile}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -82,4 +87,15 @@ fi
 if has ncu; then
   KERNEL=mla_mma_kernel SKIP=3 timeout 80 bash "$(dirname "$0")/ncu_sass.sh" "$BIN/sparsemla" bench attention \
     --shapes glm5 --kv bf16 --batch 1 --context 1024 2>&1 | head -30 | tee "$OUT/ncu.log"
+fi
+
+if has profile; then
+  timeout 60 "$BIN/sparsemla" make-model --preset glm5-width --layers 3 --type q4_k_m --zeros -o /tmp/g3p.gguf \
+    >/dev/null 2>&1 || echo "make-model q4_k_m 3 layers failed"
+  for hold in 20000 200000; do
+    echo "== step profile, hold $hold us" | tee -a "$OUT/profile.log"
+    SPARSEMLA_STEP_PROFILE=1 SPARSEMLA_STEP_PROFILE_HOLD_US=$hold timeout 60 "$BIN/sparsemla" bench -m /tmp/g3p.gguf \
+      --device cuda --prompt 1024 --gen 32 --batch 1 2>&1 | grep -E "per step" | head -8 | tee -a "$OUT/profile.log"
+  done
+  rm -f /tmp/g3p.gguf
 fi
