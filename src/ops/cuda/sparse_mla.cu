@@ -19,6 +19,7 @@
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/sparse_mla_kernels.cuh"
+#include "ops/cuda/sparse_mla_plan.h"
 #include "util/env.h"
 
 namespace sparsemla::cuda {
@@ -48,23 +49,20 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
 bool mla_fp8_rows_take(const AttentionArgs& a);
 void mla_fp8_rows(const AttentionArgs& a, const MlaGeometry& geo, float* part, cudaStream_t st);
 
-void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits,
-                int heads_per_block) {
-  ws.last_cluster = 0;
-  ws.last = {};
-  if (a.T == 0) return;
-  auto st = static_cast<cudaStream_t>(s);
+namespace {
+
+// The mma / wgmma launch's shape (sparse_mla_plan.h), with the kernel's geometry and what the launch
+// needs besides: the device limits come from ws (filled in by sparse_mla() before).
+struct MmaPlan {
+  AttentionKernel k;
+  bool fp8_rows = false;
+  Geometry geo{};
+  size_t smem = 0;  // the block's shared memory
+};
+
+MmaPlan plan_mma(const AttentionArgs& a, AttentionKernel k, const AttentionWorkspace& ws, int splits,
+                 int heads_per_block) {
   const bool fp8 = a.dtype == KvDtype::FP8;
-  if (k == AttentionKernel::Fma) {
-    if (a.kv_lora > kFmaThreads * kFmaMaxOut) fail("sparse_mla: kv_lora {} > {}", a.kv_lora, kFmaThreads * kFmaMaxOut);
-    const dim3 grid(unsigned(a.heads), unsigned(a.T));
-    if (fp8) mla_fma_kernel<KvDtype::FP8><<<grid, kFmaThreads, 0, st>>>(a);
-    else if (a.dtype == KvDtype::F32) mla_fma_kernel<KvDtype::F32><<<grid, kFmaThreads, 0, st>>>(a);
-    else mla_fma_kernel<KvDtype::BF16><<<grid, kFmaThreads, 0, st>>>(a);
-    SPARSEMLA_CUDA_LAUNCH_CHECK();
-    ws.last = {"fma", 1, 0, 1};
-    return;
-  }
   if (a.dtype == KvDtype::F32) fail("sparse_mla: the mma kernel takes bf16 or fp8 latent rows, not f32");
   // The Hopper kernel loses to the generic one on a few tokens over a bf16 cache (H200, batch 1:
   // 21.1 vs 14.0 us GLM-5, 22.4 vs 20.2 DeepSeek-V3.2; even with fp8): the selector cannot see the
@@ -74,17 +72,6 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
   if ((a.kv_lora + a.rope) % 8 != 0 || a.kv_lora % 8 != 0 || a.rope % 2 != 0)
     fail("sparse_mla: the mma kernel needs kv_lora and kv_lora + rope multiples of 8 (got {} + {})", a.kv_lora, a.rope);
   const int stride = mla_smem::stride(a.kv_lora, a.rope);
-  if (ws.sm_count == 0) {
-    int dev = 0;
-    SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
-    SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&ws.sm_count, cudaDevAttrMultiProcessorCount, dev));
-    SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&ws.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  }
-  if (ws.device_smem_per_sm == 0) {
-    int dev = 0;
-    SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
-    SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&ws.device_smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  }
   const int per_sm = ws.smem_per_sm > 0 ? ws.smem_per_sm : ws.device_smem_per_sm;
   // Heads per block: 64 where there are that many (each gathered row serves more heads), fewer when
   // the blocks of a small batch, even split as finely as the rows allow, would leave SMs idle.
@@ -169,10 +156,62 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
   Geometry geo = mma_geometry(a, fit.hg, fit.stages, tiles, splits);
   if (!fp8_rows && geo.stages == 2 && geo.tiles_per_split >= 2 && tile_pairs_at(geo.hg))
     geo = mma_geometry(a, geo.hg, 2, tiles, splits, 2);
-  if (ws.smem_per_sm > 0)
-    geo.launch_smem = emulated_smem(ws.smem_per_sm, geo.tile_pairs == 2
-                                                        ? mla_smem::bytes(geo.hg, 2, fp8, stride, a.latent.row_bytes, 2)
-                                                        : bytes_of(geo.hg, geo.stages));
+  MmaPlan p;
+  p.k = k;
+  p.fp8_rows = fp8_rows;
+  p.geo = geo;
+  p.smem = geo.tile_pairs == 2 ? mla_smem::bytes(geo.hg, 2, fp8, stride, a.latent.row_bytes, 2)
+                               : bytes_of(geo.hg, geo.stages);
+  return p;
+}
+
+}  // namespace
+
+MlaLaunchPlan plan_sparse_mla(const AttentionArgs& a, AttentionKernel k, const AttentionWorkspace& ws, int splits,
+                              int heads_per_block) {
+  if (k == AttentionKernel::Fma) return {AttentionKernel::Fma, false, 1, 0, 1, 0, 1, 0};
+  if (ws.sm_count <= 0 || ws.smem_optin <= 0 || (ws.smem_per_sm <= 0 && ws.device_smem_per_sm <= 0))
+    fail("plan_sparse_mla: the workspace holds no device limits (SM count, shared memory)");
+  const MmaPlan p = plan_mma(a, k, ws, splits, heads_per_block);
+  const bool wgmma = p.k == AttentionKernel::Wgmma;
+  return {p.k,          p.fp8_rows,           p.geo.hg * 16, wgmma ? 2 : p.geo.stages, p.geo.splits,
+          p.geo.tiles_per_split, p.geo.tile_pairs, wgmma ? 0 : p.smem};
+}
+
+void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits,
+                int heads_per_block) {
+  ws.last_cluster = 0;
+  ws.last = {};
+  if (a.T == 0) return;
+  auto st = static_cast<cudaStream_t>(s);
+  const bool fp8 = a.dtype == KvDtype::FP8;
+  if (k == AttentionKernel::Fma) {
+    if (a.kv_lora > kFmaThreads * kFmaMaxOut) fail("sparse_mla: kv_lora {} > {}", a.kv_lora, kFmaThreads * kFmaMaxOut);
+    const dim3 grid(unsigned(a.heads), unsigned(a.T));
+    if (fp8) mla_fma_kernel<KvDtype::FP8><<<grid, kFmaThreads, 0, st>>>(a);
+    else if (a.dtype == KvDtype::F32) mla_fma_kernel<KvDtype::F32><<<grid, kFmaThreads, 0, st>>>(a);
+    else mla_fma_kernel<KvDtype::BF16><<<grid, kFmaThreads, 0, st>>>(a);
+    SPARSEMLA_CUDA_LAUNCH_CHECK();
+    ws.last = {"fma", 1, 0, 1};
+    return;
+  }
+  if (a.dtype == KvDtype::F32) fail("sparse_mla: the mma kernel takes bf16 or fp8 latent rows, not f32");
+  if (ws.sm_count == 0) {
+    int dev = 0;
+    SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
+    SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&ws.sm_count, cudaDevAttrMultiProcessorCount, dev));
+    SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&ws.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  }
+  if (ws.device_smem_per_sm == 0) {
+    int dev = 0;
+    SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
+    SPARSEMLA_CUDA_CHECK(cudaDeviceGetAttribute(&ws.device_smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  }
+  const MmaPlan plan = plan_mma(a, k, ws, splits, heads_per_block);
+  k = plan.k;
+  const bool fp8_rows = plan.fp8_rows;
+  Geometry geo = plan.geo;
+  if (ws.smem_per_sm > 0) geo.launch_smem = emulated_smem(ws.smem_per_sm, plan.smem);
   float* part = nullptr;
   if (geo.splits > 1) {
     const size_t need = size_t(a.T) * geo.splits * a.heads * (a.kv_lora + 2) * sizeof(float);

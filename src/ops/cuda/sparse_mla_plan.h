@@ -1,0 +1,30 @@
+// The sparse MLA launch's plan (sparse_mla.cu): which kernel, how many heads per block, tiles in
+// flight, split-KV blocks and warp sets a call takes on a device, from the device's limits alone
+// (no GPU needed), so that the launch rule can be checked for every device where there is none.
+// Plain C++.
+#pragma once
+#include <cstddef>
+
+#include "ops/cuda/attention.h"
+
+namespace sparsemla::cuda {
+
+struct MlaLaunchPlan {
+  AttentionKernel kernel = AttentionKernel::Fma;  // Wgmma asked for falls back to Mma on small bf16 batches
+  bool fp8_rows = false;     // the mma kernel that reads fp8 rows as stored (sparse_mla_fp8.cu)
+  int heads_per_block = 0;   // 16, 32 or 64 (fma: 1)
+  int stages = 0;            // tiles in flight (fma: 0)
+  int splits = 1;            // split-KV blocks per token
+  int tiles_per_split = 0;   // tiles of 32 rows per split (fma: 0)
+  int tile_pairs = 1;        // sets of warps per head group (2: tile pairs)
+  size_t smem = 0;           // the mma kernel's shared memory per block (0: fma or wgmma)
+};
+
+// What sparse_mla(a, k, ws, s, splits, heads_per_block) launches on a device whose limits ws holds
+// (sm_count, smem_optin, and device_smem_per_sm or the emulated smem_per_sm; sparse_mla() fills
+// them in from the current device). Throws Error where sparse_mla() would (shapes no kernel takes,
+// limits missing).
+MlaLaunchPlan plan_sparse_mla(const AttentionArgs& a, AttentionKernel k, const AttentionWorkspace& ws, int splits = 0,
+                              int heads_per_block = 0);
+
+}  // namespace sparsemla::cuda

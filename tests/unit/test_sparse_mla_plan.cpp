@@ -1,0 +1,186 @@
+// The sparse MLA launch rule (plan_sparse_mla, sparse_mla.cu) on the limits of the devices the engine
+// targets, where there is no GPU: whatever the shape, batch, context and cache format, there is a
+// launch (never a refusal), it fits the device's shared memory, its splits cover the rows, and the
+// rule's documented choices hold (sparse_mla.cu, docs/PERFORMANCE.md sessions 20, 35): tile pairs
+// only for the bf16-tile kernel at 16 or 32 heads with two stages and two tiles per split, and never
+// on the 99 KB devices; 16 heads per block for bf16 rows up to 512 (token, head) rows where tile
+// pairs fit; the fp8-row kernel from 8 tokens where an SM holds two of its blocks; the Hopper kernel
+// handed back to the mma kernel for small bf16 batches. The properties are the rule's statement;
+// the GPU tests (CudaAttention.SparseMla*) check that what is launched computes the right thing.
+#include <gtest/gtest.h>
+
+#if SPARSEMLA_HAVE_CUDA
+
+#include <string>
+#include <vector>
+
+#include "ops/cuda/attention_smem.h"
+#include "ops/cuda/sparse_mla_plan.h"
+#include "util/error.h"
+
+namespace sparsemla::cuda {
+namespace {
+
+struct DeviceLimits {
+  std::string name;
+  int sms, optin, per_sm;
+  bool hopper;  // sm_90a: the wgmma kernel exists
+};
+
+// Published limits (CUDA programming guide, compute capabilities table): opt-in shared memory per
+// block and per SM; SM counts of the named parts.
+const std::vector<DeviceLimits> kDevices = {
+    {"H100 SXM (SM90)", 132, 227 * 1024, 228 * 1024, true}, {"H200 (SM90)", 132, 227 * 1024, 228 * 1024, true},
+    {"A100 (SM80)", 108, 163 * 1024, 164 * 1024, false},    {"B200 (SM100)", 148, 227 * 1024, 228 * 1024, false},
+    {"L40S (SM89)", 142, 99 * 1024, 100 * 1024, false},     {"RTX 3090 (SM86)", 82, 99 * 1024, 100 * 1024, false},
+    {"RTX PRO 6000 (SM120)", 188, 99 * 1024, 100 * 1024, false},
+};
+
+struct Shape {
+  std::string name;
+  int heads;
+};
+// GLM-5 (64 heads; 8-32 per GPU under tensor parallelism) and DeepSeek-V3.2 (128), latent 512 + 64.
+const std::vector<Shape> kShapes = {{"glm5", 64}, {"glm5/tp2", 32}, {"glm5/tp4", 16}, {"glm5/tp8", 8},
+                                    {"dsv32", 128}};
+
+AttentionArgs args(int heads, int64_t T, KvDtype d, int64_t ctx, bool sparse) {
+  AttentionArgs a;
+  a.T = T;
+  a.heads = heads;
+  a.kv_lora = 512;
+  a.rope = 64;
+  a.max_ctx = ctx;
+  static const int32_t dummy = 0;
+  a.selected = sparse ? &dummy : nullptr;  // (the plan reads no pointer)
+  a.top_k = sparse ? 2048 : 0;
+  a.selected_front = sparse;
+  a.dtype = d;
+  a.latent.row_bytes = d == KvDtype::FP8 ? mla_smem::fp8_latent_row_bytes(512, 64) : (512 + 64) * 2;
+  return a;
+}
+
+int64_t rows_of(const AttentionArgs& a) {
+  return a.selected ? std::min<int64_t>(a.top_k, a.max_ctx) : a.max_ctx;
+}
+
+TEST(SparseMlaPlan, EveryDeviceHasALaunchThatFitsAndFollowsTheRule) {
+  int plans = 0;
+  for (const DeviceLimits& dev : kDevices)
+    for (const Shape& sh : kShapes)
+      for (KvDtype d : {KvDtype::BF16, KvDtype::FP8})
+        for (int64_t T : {1, 2, 3, 4, 7, 8, 16, 64, 128})
+          for (int64_t ctx : {100, 1024, 4096, 131072})
+            for (bool sparse : {true, false})
+              for (bool pairs_allowed : {true, false})
+                for (AttentionKernel k : {AttentionKernel::Mma, AttentionKernel::Wgmma}) {
+                  if (k == AttentionKernel::Wgmma && (!dev.hopper || sh.heads % 64 != 0)) continue;
+                  if (!sparse && ctx > 4096) continue;  // (dense attention at 128K is not a decode shape)
+                  AttentionWorkspace ws;
+                  ws.sm_count = dev.sms;
+                  ws.smem_optin = dev.optin;
+                  ws.device_smem_per_sm = dev.per_sm;
+                  ws.tile_pairs = pairs_allowed;
+                  const AttentionArgs a = args(sh.heads, T, d, ctx, sparse);
+                  const std::string what = dev.name + " " + sh.name + (d == KvDtype::FP8 ? " fp8" : " bf16") +
+                                           " T=" + std::to_string(T) + " ctx=" + std::to_string(ctx) +
+                                           (sparse ? " sparse" : " dense") + (pairs_allowed ? "" : " no pairs") +
+                                           (k == AttentionKernel::Wgmma ? " wgmma" : "");
+                  MlaLaunchPlan p;
+                  ASSERT_NO_THROW(p = plan_sparse_mla(a, k, ws)) << what;
+                  ++plans;
+                  // A launch the device holds, over all the rows.
+                  ASSERT_TRUE(p.heads_per_block == 16 || p.heads_per_block == 32 || p.heads_per_block == 64) << what;
+                  ASSERT_GE(p.splits, 1) << what;
+                  const int64_t tiles = std::max<int64_t>(1, (rows_of(a) + 31) / 32);
+                  EXPECT_GE(int64_t(p.splits) * p.tiles_per_split, tiles) << what << ": rows left out";
+                  EXPECT_LT(int64_t(p.splits - 1) * p.tiles_per_split, tiles) << what << ": an empty split";
+                  if (p.kernel == AttentionKernel::Mma) {
+                    EXPECT_GT(p.smem, 0u) << what;
+                    EXPECT_LE(p.smem, size_t(dev.optin)) << what << ": more shared memory than a block may have";
+                  }
+                  // The Hopper kernel: small bf16 batches go to the mma kernel, the rest keep it.
+                  if (k == AttentionKernel::Wgmma)
+                    EXPECT_EQ(p.kernel, d == KvDtype::BF16 && T < 8 ? AttentionKernel::Mma : AttentionKernel::Wgmma)
+                        << what;
+                  else
+                    EXPECT_EQ(p.kernel, AttentionKernel::Mma) << what;
+                  // Tile pairs: where allowed, only for the bf16-tile kernel at 16 or 32 heads with two
+                  // stages and at least two tiles per split, and never within 99 KB.
+                  if (p.tile_pairs == 2) {
+                    EXPECT_TRUE(pairs_allowed) << what;
+                    EXPECT_EQ(p.kernel, AttentionKernel::Mma) << what;
+                    EXPECT_FALSE(p.fp8_rows) << what;
+                    EXPECT_EQ(p.stages, 2) << what;
+                    EXPECT_LE(p.heads_per_block, 32) << what;
+                    EXPECT_GE(p.tiles_per_split, 2) << what;
+                    EXPECT_GT(dev.optin, 99 * 1024) << what << ": tile pairs on a 99 KB device";
+                  } else {
+                    EXPECT_EQ(p.tile_pairs, 1) << what;
+                  }
+                  // 16 heads per block for bf16 rows up to 512 (token, head) rows where tile pairs fit
+                  // at 16 heads (the launch then takes them wherever a split has two tiles).
+                  const int stride = mla_smem::stride(512, 64);
+                  const bool pairs_fit_16 = mla_smem::bytes(1, 2, false, stride, a.latent.row_bytes, 2) <=
+                                                size_t(dev.optin) &&
+                                            mla_smem::tile_pairs_fit(1, 512, stride);
+                  if (p.kernel == AttentionKernel::Mma && d == KvDtype::BF16 && pairs_allowed && pairs_fit_16 &&
+                      T * sh.heads <= 512)
+                    EXPECT_EQ(p.heads_per_block, 16) << what << ": the 16-heads rule";
+                  // The fp8-row kernel from 8 tokens where an SM holds two of its 32-head blocks.
+                  if (p.kernel == AttentionKernel::Mma && d == KvDtype::FP8 &&
+                      mla_smem::fp8_rows_two_per_sm(uint64_t(dev.per_sm)))
+                    EXPECT_EQ(p.fp8_rows, T >= 8) << what;
+                  if (d == KvDtype::BF16) EXPECT_FALSE(p.fp8_rows) << what;
+                }
+  std::printf("  %d launch plans checked\n", plans);
+}
+
+// GLM-5 batch 1 at 128K (issue 6's headline shape) on each device: tile pairs at 16 heads where
+// they fit; on the 99 KB devices one set of warps, 16 heads with two stages where the SMs are many
+// enough for 128 blocks, else 32 heads (the SM count rule).
+TEST(SparseMlaPlan, BatchOneAtLongContextTakesTilePairsWhereTheyFit) {
+  for (const DeviceLimits& dev : kDevices) {
+    AttentionWorkspace ws;
+    ws.sm_count = dev.sms;
+    ws.smem_optin = dev.optin;
+    ws.device_smem_per_sm = dev.per_sm;
+    const MlaLaunchPlan p = plan_sparse_mla(args(64, 1, KvDtype::BF16, 131072, true), AttentionKernel::Mma, ws);
+    if (dev.optin > 99 * 1024) {
+      EXPECT_EQ(p.heads_per_block, 16) << dev.name << ": the 16-heads rule";
+      EXPECT_EQ(p.tile_pairs, 2) << dev.name;
+      EXPECT_EQ(p.splits, 32) << dev.name << ": 2 tiles per split";
+    } else {
+      EXPECT_EQ(p.tile_pairs, 1) << dev.name;
+      // Fewer heads per block until the blocks come near one per SM: 16 where 32 would leave more
+      // than a quarter of the SMs idle (64 blocks), else 32 (one stage within 99 KB).
+      EXPECT_EQ(p.heads_per_block, 64 < dev.sms * 3 / 4 ? 16 : 32) << dev.name;
+      if (p.heads_per_block == 16) EXPECT_EQ(p.stages, 2) << dev.name << ": two tiles in flight within 99 KB";
+    }
+  }
+}
+
+// Shapes no kernel takes, and a workspace without the device's limits, are refused with the reason.
+TEST(SparseMlaPlan, RefusesWhatNoKernelTakes) {
+  AttentionWorkspace ws;
+  AttentionArgs a = args(64, 1, KvDtype::BF16, 4096, true);
+  EXPECT_THROW(plan_sparse_mla(a, AttentionKernel::Mma, ws), Error) << "no device limits";
+  ws.sm_count = 132, ws.smem_optin = 227 * 1024, ws.device_smem_per_sm = 228 * 1024;
+  EXPECT_NO_THROW(plan_sparse_mla(a, AttentionKernel::Mma, ws));
+  EXPECT_THROW(plan_sparse_mla(a, AttentionKernel::Mma, ws, 0, 48), Error) << "48 heads per block";
+  a.dtype = KvDtype::F32;
+  EXPECT_THROW(plan_sparse_mla(a, AttentionKernel::Mma, ws), Error) << "f32 rows take the fma kernel";
+  EXPECT_EQ(plan_sparse_mla(a, AttentionKernel::Fma, ws).kernel, AttentionKernel::Fma);
+  a = args(64, 1, KvDtype::BF16, 4096, true);
+  a.kv_lora = 500;
+  EXPECT_THROW(plan_sparse_mla(a, AttentionKernel::Mma, ws), Error) << "kv_lora not a multiple of 8";
+}
+
+}  // namespace
+}  // namespace sparsemla::cuda
+
+#else
+
+TEST(SparseMlaPlan, NeedsCuda) { GTEST_SKIP() << "built without CUDA"; }
+
+#endif
