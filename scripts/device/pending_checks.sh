@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: the checks of sessions 34-35's kernels, in one run of ~9 minutes of device
 # time. Sessions 35 and 36 ran all of them on an H100 (PERFORMANCE.md, "Session 35" and "Session
-# 36"); still owed: the same figures on an H200. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla,
+# 36"); still owed: the same figures on an H200, and the tests phase on f179237 or later (the launch
+# rule moved into plan_sparse_mla, not run on a GPU). Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla,
 # sparsemla_tests and bench_cuda_matmul with scripts/device/pack.sh from a build configured with
 # -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
 # (default all: "attention tests sanitizer model ncu profile"); ROUNDS the attention phase's rounds (2).
