@@ -11,6 +11,8 @@
 // 16 or 32 heads with two tiles in flight, two sets of such pairs take alternate tiles ("tile
 // pairs", small batches, where shared memory allows) and merge at the end.
 // Fma kernel: one block per token and head, any shape; the reference the selector falls back to.
+// Which of them a call launches, and in what shape, is a plan from the device's limits alone
+// (plan_sparse_mla, sparse_mla_plan.h), which tests check for every device without a GPU.
 #include <algorithm>
 #include <cmath>
 
@@ -54,7 +56,7 @@ namespace {
 // The mma / wgmma launch's shape (sparse_mla_plan.h), with the kernel's geometry and what the launch
 // needs besides: the device limits come from ws (filled in by sparse_mla() before).
 struct MmaPlan {
-  AttentionKernel k;
+  AttentionKernel k = AttentionKernel::Mma;
   bool fp8_rows = false;
   Geometry geo{};
   size_t smem = 0;  // the block's shared memory
@@ -195,7 +197,6 @@ void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& w
     ws.last = {"fma", 1, 0, 1};
     return;
   }
-  if (a.dtype == KvDtype::F32) fail("sparse_mla: the mma kernel takes bf16 or fp8 latent rows, not f32");
   if (ws.sm_count == 0) {
     int dev = 0;
     SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
