@@ -120,10 +120,8 @@ TEST(SparseMlaPlan, EveryDeviceHasALaunchThatFitsAndFollowsTheRule) {
                   }
                   // 16 heads per block for bf16 rows up to 512 (token, head) rows where tile pairs fit
                   // at 16 heads (the launch then takes them wherever a split has two tiles).
-                  const int stride = mla_smem::stride(512, 64);
-                  const bool pairs_fit_16 = mla_smem::bytes(1, 2, false, stride, a.latent.row_bytes, 2) <=
-                                                size_t(dev.optin) &&
-                                            mla_smem::tile_pairs_fit(1, 512, stride);
+                  const bool pairs_fit_16 =
+                      mla_smem::tile_pairs_hold(1, false, 512, 64, a.latent.row_bytes, uint64_t(dev.optin));
                   if (p.kernel == AttentionKernel::Mma && d == KvDtype::BF16 && pairs_allowed && pairs_fit_16 &&
                       T * sh.heads <= 512)
                     EXPECT_EQ(p.heads_per_block, 16) << what << ": the 16-heads rule";

@@ -70,6 +70,14 @@ inline bool tile_pairs_fit(int hg, int kv_lora, int row_stride) {
   return size_t(hg) * size_t(nv_tiles(kv_lora) + 1) * 1024 <= size_t(2) * kRows * size_t(row_stride) * 2;
 }
 
+// Whether a device of `optin` bytes per block holds the mma kernel's tile pairs at hg head groups:
+// the block's bytes with two sets of warps and two stages, and the hand-over (tile_pairs_fit). The
+// launch (sparse_mla.cu) and the backend table (select.cpp) both ask this.
+inline bool tile_pairs_hold(int hg, bool fp8, int kv_lora, int rope, int64_t row_bytes, uint64_t optin) {
+  const int st = stride(kv_lora, rope);
+  return bytes(hg, 2, fp8, st, row_bytes, 2) <= optin && tile_pairs_fit(hg, kv_lora, st);
+}
+
 // Whether an SM of `per_sm` bytes holds two fp8-row blocks of 32 heads with two stages (1 KB of
 // each block is the system's): the fp8-row kernel then takes that shape (H200, B200).
 inline bool fp8_rows_two_per_sm(uint64_t per_sm) { return per_sm >= 2 * (fp8_rows_bytes(2, 2) + 1024); }

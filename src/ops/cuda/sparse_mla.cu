@@ -101,8 +101,7 @@ MmaPlan plan_mma(const AttentionArgs& a, AttentionKernel k, const AttentionWorks
   static const bool tile_pairs_off = env_off("SPARSEMLA_MLA_TILE_PAIRS");
   auto tile_pairs_at = [&](int hg) {
     return k == AttentionKernel::Mma && hg <= 2 && ws.tile_pairs && !tile_pairs_off &&
-           mla_smem::bytes(hg, 2, fp8, stride, a.latent.row_bytes, 2) <= size_t(ws.smem_optin) &&
-           mla_smem::tile_pairs_fit(hg, a.kv_lora, stride);
+           mla_smem::tile_pairs_hold(hg, fp8, a.kv_lora, a.rope, a.latent.row_bytes, uint64_t(ws.smem_optin));
   };
   int hg = 0;  // head groups of 16 per block
   if (heads_per_block > 0) {

@@ -73,8 +73,7 @@ std::string attn_mma_detail(const AttentionProblem& p) {
   const int64_t row_bytes = p.fp8_cache ? cuda::mla_smem::fp8_latent_row_bytes(p.kv_lora, p.rope)
                                         : 2 * int64_t(p.kv_lora + p.rope);
   const std::string tile_pairs =
-      cuda::mla_smem::bytes(1, 2, p.fp8_cache, stride, row_bytes, 2) <= p.smem_optin &&
-              cuda::mla_smem::tile_pairs_fit(1, p.kv_lora, stride)
+      cuda::mla_smem::tile_pairs_hold(1, p.fp8_cache, p.kv_lora, p.rope, row_bytes, p.smem_optin)
           ? "; small batches: two sets of warps per 16 heads taking alternate tiles (tile pairs)"
           : "";
   if (p.fp8_cache && p.kv_lora == 512 && p.rope == 64 &&
