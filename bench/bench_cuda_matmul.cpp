@@ -18,6 +18,9 @@
 //   bench_cuda_matmul [--quick] [--decode] [--tokens T]   --decode: only T <= 8 and the experts;
 //                                                          --tokens: only that T (and the experts)
 //                                        [--type NAME]      only that type (e.g. q6_K)
+//   bench_cuda_matmul --prefill [--type NAME] [--tokens T]   prefill sizes only (T = 64 .. 4096):
+//                                                  matmul's choice, then "pf:T" the tile kernel and
+//                                                  "blas:T" the cuBLAS form (matmul_prefill_blas)
 //   bench_cuda_matmul --only TYPE:ROWSxCOLS:T     one product (fp32 decode path, then q8), e.g. for
 //                                                  Nsight Compute: --only q4_K:2048x6144:1
 //   bench_cuda_matmul --absorb     the MLA absorption products (Blas::per_head) of GLM-5 and
@@ -183,7 +186,7 @@ int run_absorb(double copy, int calls, int runs) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, decode_only = false, absorb = false;
+  bool quick = false, decode_only = false, absorb = false, prefill = false;
   const char* only = nullptr;
   int64_t only_t = 0;
   std::optional<GgmlType> only_type;
@@ -196,6 +199,7 @@ int main(int argc, char** argv) {
     quick |= std::strcmp(argv[i], "--quick") == 0;
     decode_only |= std::strcmp(argv[i], "--decode") == 0;
     absorb |= std::strcmp(argv[i], "--absorb") == 0;
+    prefill |= std::strcmp(argv[i], "--prefill") == 0;
     if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
   }
   const auto devices = ops::list_devices();
@@ -218,9 +222,12 @@ int main(int argc, char** argv) {
     if (t != GgmlType::BF16) shapes.insert(shapes.end(), {{6144, 16384}, {16384, 2048}, {154880, 6144}});
     for (Shape sh : shapes) {
       const Copies c(t, sh.rows, sh.cols);
-      const bool large = sh.rows * sh.cols > 64 << 20;
-      for (int64_t T : {1, 2, 4, 8, 16, 32, 64, 512}) {
-        if ((large && T > 64) || (decode_only && T > cuda::kDecodeMaxTokens) || (only_t && T != only_t)) continue;
+      const bool large = sh.rows * sh.cols > 64 << 20, head = sh.rows * sh.cols > 256 << 20;
+      const std::vector<int64_t> token_counts =
+          prefill ? std::vector<int64_t>{64, 128, 256, 512, 1024, 4096} : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 512};
+      for (int64_t T : token_counts) {
+        if (((prefill ? head : large) && T > 64) || (decode_only && T > cuda::kDecodeMaxTokens) || (only_t && T != only_t))
+          continue;
         const int n_calls = large ? 4 : calls;
         const bool few = T <= cuda::kDecodeMaxTokens;
         const cuda::MatmulTiming m = cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs,
@@ -236,11 +243,15 @@ int main(int argc, char** argv) {
                      cuda::bench_matmul(c.mats.data(), int(c.mats.size()), 1, n_calls, runs,
                                         cuda::BenchKernel::OneTokenTensorCore),
                      copy);
-        if (T > 1 && few) {  // the prefill kernel at decode sizes
+        if ((T > 1 && few) || prefill) {  // the tile kernel at decode sizes; both prefill forms
           const cuda::MatmulTiming p =
               cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs, cuda::BenchKernel::Prefill);
           print_line(t, sh, ("pf:" + std::to_string(T)).c_str(), p, copy);
         }
+        if (prefill)
+          print_line(t, sh, ("blas:" + std::to_string(T)).c_str(),
+                     cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs, cuda::BenchKernel::Blas),
+                     copy);
         if (T <= cuda::kDecodeMaxTokens && cuda::q8_supported(t))
           for (int levels : {1, 2}) {
             const cuda::MatmulTiming q =
@@ -260,6 +271,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (prefill) return 0;
   // The routed experts of one MoE layer at batch 1: 8 (token, expert) pairs of one token, distinct
   // random experts of a 64-expert stack (GLM-5 widths: gate/up 2048 x 6144, down 6144 x 2048).
   for (auto [t, rows, cols] : {std::tuple{GgmlType::Q4_K, int64_t(2048), int64_t(6144)},

@@ -668,6 +668,58 @@ TEST_P(CudaMatmul, DequantizeRowsEqualsCpuBitForBit) {
   }
 }
 
+// The weight rows that matmul_prefill_blas multiplies: the CPU's dequantized values rounded to bf16
+// (nearest even), bit for bit, for rows inside the weight (not its first or last).
+TEST_P(CudaMatmul, DequantizeBf16EqualsCpuRoundedBitForBit) {
+  SPARSEMLA_REQUIRE_GPU();
+  for (const Shape& sh : shapes_for(type())) {
+    const TestWeight w(type(), sh.n_rows, sh.n_cols, 17);
+    const int64_t row0 = 1, n = sh.n_rows - 2;
+    DeviceBuffer dout(size_t(n * sh.n_cols) * 2);
+    dequantize_bf16(w.mat, row0, n, dout.get(), nullptr);
+    synchronize();
+    const std::vector<uint16_t> got = to_host<uint16_t>(dout, size_t(n * sh.n_cols));
+    std::vector<float> want(size_t(sh.n_cols));
+    for (int64_t r = 0; r < n; ++r) {
+      ops::dequantize_row(w.host, row0 + r, want.data());
+      for (int64_t c = 0; c < sh.n_cols; ++c)
+        ASSERT_EQ(got[size_t(r * sh.n_cols + c)], f32_to_bf16(want[size_t(c)]))
+            << GetParam() << " row " << row0 + r << " col " << c << ": " << want[size_t(c)];
+    }
+  }
+}
+
+// The cuBLAS prefill form against the CPU for every type and shape, at kBlasMinTokens and 300
+// tokens, as one chunk and in chunks of 128 rows (the last partial); its output buffer starts as
+// NaN, so every element must be written. matmul takes it from kBlasMinTokens tokens: its bits.
+TEST_P(CudaMatmul, CublasPrefillMatchesCpu) {
+  SPARSEMLA_REQUIRE_GPU();
+  uint32_t seed = 50;
+  for (const Shape& sh : shapes_for(type())) {
+    const TestWeight w(type(), sh.n_rows, sh.n_cols, seed++);
+    for (int64_t T : {kBlasMinTokens, int64_t(300)}) {
+      const std::vector<float> x = randn(size_t(T * sh.n_cols), seed++);
+      std::vector<float> want(size_t(T * sh.n_rows));
+      ops::matmul(w.host, x.data(), T, want.data(), pool());
+      const std::string what = GetParam() + " " + std::to_string(sh.n_rows) + "x" + std::to_string(sh.n_cols) +
+                               " T=" + std::to_string(T);
+      const DeviceBuffer dx = to_device(x);
+      std::vector<float> whole;
+      for (int64_t chunk : {int64_t(0), int64_t(128)}) {
+        DeviceBuffer dy = to_device(std::vector<float>(size_t(T * sh.n_rows), NAN));
+        ASSERT_TRUE(matmul_prefill_blas(w.mat, dx.as<float>(), T, dy.as<float>(), nullptr, chunk)) << what;
+        synchronize();
+        const std::vector<float> got = to_host<float>(dy, size_t(T * sh.n_rows));
+        check_close(got, want, T, sh.n_rows, kPrefillTol, what + (chunk ? " in 128-row chunks" : ""));
+        if (chunk == 0) whole = got;
+      }
+      const std::vector<float> chosen = gpu_product(&matmul, w.mat, x, T);
+      EXPECT_EQ(std::memcmp(chosen.data(), whole.data(), whole.size() * sizeof(float)), 0)
+          << what << ": matmul did not take the cuBLAS form";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, CudaMatmul, ::testing::ValuesIn(kSupportedNames),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
@@ -696,7 +748,7 @@ TEST(CudaMatmulApi, ColumnSlicesReadStridedRows) {
     QuantMatrix ds = w.mat;
     ds.n_cols = count;
     ds.data = static_cast<const uint8_t*>(w.mat.data) + offset;
-    for (int64_t T : {1, 5, 33}) {
+    for (int64_t T : {int64_t(1), int64_t(5), int64_t(33), kBlasMinTokens + 2}) {  // (the last: the cuBLAS form)
       const std::vector<float> x = randn(size_t(T * count), 300 + uint32_t(T));
       std::vector<float> want(size_t(T * 41));
       ops::matmul(hs, x.data(), T, want.data(), pool());

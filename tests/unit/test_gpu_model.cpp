@@ -33,6 +33,7 @@
 #include "model/model.h"
 #include "model/synthetic.h"
 #include "ops/cuda/buffer.h"
+#include "ops/cuda/quant_matmul.h"
 #include "legacy_kv_b.h"
 #include "logit_agreement.h"
 #include "test_util.h"
@@ -196,6 +197,30 @@ TEST_P(GpuModelFixture, LogitsMatchTheCpuAndTransformers) {
       check_fixture_prompts(e, *cpu, GetParam(), mode, d, precise,
                             fmt::format("{} {} {} {}", GetParam(), mode_name(mode), dtype_name(d), precision_name(precise)));
     }
+  }
+}
+
+// A prompt longer than cuda::kBlasMinTokens (the fixture's prompts one after the other, then seq0
+// again), so that its first 128-token chunk's products take the cuBLAS form in the fast mode (the
+// fixture prompts alone are shorter): the GPU against the CPU that made its choices and against the
+// CPU's own run, with both cache formats.
+TEST_P(GpuModelFixture, LongPromptThroughTheCublasProductsMatchesTheCpu) {
+  SPARSEMLA_REQUIRE_GPU();
+  auto cpu = Model::load(fixture_model(GetParam()), {AttentionMode::Sparse, 4});
+  const int64_t V = cpu->hparams().n_vocab;
+  std::vector<int32_t> ids;
+  for (const char* seq : {"seq0", "seq1", "seq0"}) {
+    const auto part = tokens(seq);
+    ids.insert(ids.end(), part.begin(), part.end());
+  }
+  ASSERT_GT(int64_t(ids.size()), cuda::kBlasMinTokens);
+  for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+    Engines e(*cpu, d, false);
+    const PromptRun r = run_prompt(e, *cpu, ids);
+    const int64_t n = int64_t(ids.size());
+    const std::string tag = fmt::format("{} {} tokens, {} fast", GetParam(), n, dtype_name(d));
+    expect_same_choices(r.gpu, r.cpu_following, V, n, d, false, tag + ", same choices");
+    expect_free(r.gpu, r.cpu_free, V, n, tag + " vs CPU, free");
   }
 }
 

@@ -38,33 +38,6 @@ using gguf::GgmlType;
 using namespace q8units;
 using namespace absorb;
 
-// The rows of every head as bf16, each value as dequantize_exact (the CPU's) gives it, rounded to
-// nearest even; one thread per unit of D::kUnit values.
-template <GgmlType T>
-__global__ void dequantize_bf16_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int64_t n_rows, int cols,
-                                       QuantTables tables, __nv_bfloat16* __restrict__ out) {
-  using D = dq::Dq<T>;
-  const int units = cols / D::kUnit;
-  const int64_t n = n_rows * units;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / units;
-    const int iu = int(i % units), b = iu / D::kUnitsPerBlock, u = iu % D::kUnitsPerBlock;
-    float v[D::kUnit];
-    dq::dequantize_exact<D>(w + r * row_bytes + int64_t(b) * D::kBytes, u, v, tables);
-    __nv_bfloat16* o = out + r * cols + int64_t(b) * D::kBlock;
-#pragma unroll
-    for (int run = 0; run < D::kUnit / 8; ++run) {
-      uint32_t p[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const __nv_bfloat162 two = __floats2bfloat162_rn(v[8 * run + 2 * k], v[8 * run + 2 * k + 1]);
-        p[k] = *reinterpret_cast<const uint32_t*>(&two);
-      }
-      *reinterpret_cast<uint4*>(o + D::run(u, run)) = make_uint4(p[0], p[1], p[2], p[3]);
-    }
-  }
-}
-
 // Per type: the unit of the head kernel and the dequantizer.
 struct HeadTypeKernels {
   GgmlType type;
@@ -86,18 +59,9 @@ void launch_head(const HeadQ8Args& a, cudaStream_t s) {
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
-template <GgmlType T>
-void launch_dequant(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, int cols, const QuantTables& tb,
-                    __nv_bfloat16* out, cudaStream_t s) {
-  const int64_t n = n_rows * (cols / dq::Dq<T>::kUnit);
-  const unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 65535));
-  dequantize_bf16_kernel<T><<<grid, 256, 0, s>>>(w, row_bytes, n_rows, cols, tb, out);
-  SPARSEMLA_CUDA_LAUNCH_CHECK();
-}
-
 template <GgmlType T, class V>
 constexpr HeadTypeKernels head_kernels() {
-  return {T, V::kBlock, V::kUnitsPerBlock, &launch_head<V>, &launch_dequant<T>};
+  return {T, V::kBlock, V::kUnitsPerBlock, &launch_head<V>, &launch_dequantize_bf16<dq::Dq<T>>};
 }
 
 constexpr HeadTypeKernels kHeadKernels[] = {

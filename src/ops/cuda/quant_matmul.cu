@@ -11,7 +11,9 @@
 
 #include "gguf/quant_tables.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/prefill_blas.cuh"
 #include "ops/cuda/quant_matmul_kernels.cuh"
+#include "util/env.h"
 
 namespace sparsemla::cuda {
 
@@ -207,6 +209,14 @@ void sum_splits(const float* parts, int splits, int64_t n, float* y, cudaStream_
 
 bool supported(gguf::GgmlType t) { return find_kernels(t) != nullptr; }
 
+namespace {
+// SPARSEMLA_PREFILL_BLAS=0: matmul keeps the tile kernel at every token count (comparisons).
+bool prefill_blas_on() {
+  static const bool on = !env_off("SPARSEMLA_PREFILL_BLAS");
+  return on;
+}
+}  // namespace
+
 void matmul_decode(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s) {
   const TypeKernels& k = kernels_for(w.type, "matmul_decode");
   const MatArgs a = checked_product(w, x, n_tokens, y, "matmul_decode");
@@ -217,6 +227,15 @@ void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, floa
   const TypeKernels& k = kernels_for(w.type, "matmul_prefill");
   const MatArgs a = checked_product(w, x, n_tokens, y, "matmul_prefill");
   if (n_tokens > 0) k.prefill(a, static_cast<cudaStream_t>(s));
+}
+
+bool matmul_prefill_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s,
+                         int64_t chunk_rows) {
+  const TypeKernels& k = kernels_for(w.type, "matmul_prefill_blas");
+  const MatArgs a = checked_product(w, x, n_tokens, y, "matmul_prefill_blas");
+  if (chunk_rows < 0) fail("cuda::matmul_prefill_blas: negative chunk of {} rows", chunk_rows);
+  const bool in_place = w.type == gguf::GgmlType::BF16 && w.row_bytes % 16 == 0;
+  return prefill_blas(a, k.to_bf16, in_place, static_cast<cudaStream_t>(s), chunk_rows);
 }
 
 bool mma_decode_supported(gguf::GgmlType t) { return t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q6_K; }
@@ -255,7 +274,7 @@ void matmul(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, St
     matmul_decode_mma(w, x, n_tokens, y, s);
   else if (n_tokens <= kDecodeMaxTokens)
     matmul_decode(w, x, n_tokens, y, s);
-  else
+  else if (n_tokens < kBlasMinTokens || !prefill_blas_on() || !matmul_prefill_blas(w, x, n_tokens, y, s))
     matmul_prefill(w, x, n_tokens, y, s);
 }
 
@@ -504,6 +523,15 @@ void dequantize_rows(const QuantMatrix& w, const int32_t* rows, int64_t n, float
   const MatArgs a = checked_args(w, "dequantize_rows");
   if (!aligned16(out)) fail("cuda::dequantize_rows: output {} is not 16-byte aligned", static_cast<const void*>(out));
   if (n > 0) k.rows(a, rows, n, out, static_cast<cudaStream_t>(s));
+}
+
+void dequantize_bf16(const QuantMatrix& w, int64_t row0, int64_t n, void* out, Stream s) {
+  const TypeKernels& k = kernels_for(w.type, "dequantize_bf16");
+  const MatArgs a = checked_args(w, "dequantize_bf16");
+  if (row0 < 0 || n < 0 || row0 + n > w.n_rows)
+    fail("cuda::dequantize_bf16: rows [{}, {}) of a weight of {} rows", row0, row0 + n, w.n_rows);
+  if (!aligned16(out)) fail("cuda::dequantize_bf16: output {} is not 16-byte aligned", out);
+  if (n > 0) k.to_bf16(a, row0, n, static_cast<__nv_bfloat16*>(out), static_cast<cudaStream_t>(s));
 }
 
 }  // namespace sparsemla::cuda

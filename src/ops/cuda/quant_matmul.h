@@ -77,6 +77,19 @@ bool mma_one_token_takes(const QuantMatrix& w);
 void matmul_decode_mma_one(const QuantMatrix& w, const float* x, float* y, Stream s);
 void matmul_decode_mma(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
+// The prefill product through cuBLAS (prefill_blas.cu): the weight's rows dequantized to bf16 once
+// per call (in chunks of 64 MiB; BF16 rows read in place), the activations rounded to bf16 once,
+// cuBLAS's bf16 GEMM with fp32 accumulation. The tile kernel decodes each weight once per
+// 128-token tile, and that decode sets its pace; here the decode is paid once, so from
+// kBlasMinTokens tokens it is the faster one (docs/PERFORMANCE.md, session 37), and matmul takes it
+// there (SPARSEMLA_PREFILL_BLAS=0: the tile kernel at every size). The same two bf16 roundings per
+// term as the tile kernel; deterministic for a given T, not batch invariant. Returns false, having
+// enqueued nothing, where it cannot run (no memory for its scratch: T x cols + one chunk of bf16;
+// a stream first seen during a CUDA graph capture).
+constexpr int64_t kBlasMinTokens = 128;
+// chunk_rows > 0: at most that many rows per chunk (tests: several chunks on a small weight).
+bool matmul_prefill_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s,
+                         int64_t chunk_rows = 0);
 
 // Several products of one input (an attention's q_a, kv_a and index-key products; an MLP's gate and
 // up), y_i = W_i x for i < n <= kMaxProducts, the same bits as n calls of matmul (precise:
@@ -147,5 +160,8 @@ void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const E
 // of zeros (under tensor parallelism, a token whose embedding row another rank holds); an id
 // >= n_rows gives a row of NaN (the ids are on the device, so they cannot be checked here).
 void dequantize_rows(const QuantMatrix& w, const int32_t* rows, int64_t n, float* out, Stream s);
+// Rows [row0, row0 + n) of w as bf16 (each value as the CPU's dequantization gives it, rounded to
+// nearest even): what matmul_prefill_blas multiplies.   out: [n, n_cols] bf16, 16-byte aligned
+void dequantize_bf16(const QuantMatrix& w, int64_t row0, int64_t n, void* out, Stream s);
 
 }  // namespace sparsemla::cuda

@@ -102,6 +102,10 @@ MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tok
           case BenchKernel::TensorCoreDecode: matmul_decode_mma(m, x.as<float>(), n_tokens, y.as<float>(), s); break;
           case BenchKernel::OneTokenTensorCore: matmul_decode_mma_one(m, x.as<float>(), y.as<float>(), s); break;
           case BenchKernel::Prefill: matmul_prefill(m, x.as<float>(), n_tokens, y.as<float>(), s); break;
+          case BenchKernel::Blas:
+            if (!matmul_prefill_blas(m, x.as<float>(), n_tokens, y.as<float>(), s))
+              fail("bench_matmul: the cuBLAS prefill product did not run ({} tokens)", n_tokens);
+            break;
         }
       });
   SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));

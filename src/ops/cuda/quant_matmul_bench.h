@@ -21,7 +21,8 @@ struct MatmulTiming {
 // type), so that weights larger than a fraction of the L2 cache are read from memory as in a
 // model's forward pass; pass enough copies to exceed L2.
 // kernel: which entry point the calls go through (matmul's own choice by default).
-enum class BenchKernel { Auto, Fp32Decode, TensorCoreDecode, OneTokenTensorCore, Prefill };
+// Prefill: the tile kernel (matmul_prefill); Blas: matmul_prefill_blas (fails where it does not run).
+enum class BenchKernel { Auto, Fp32Decode, TensorCoreDecode, OneTokenTensorCore, Prefill, Blas };
 MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs,
                           BenchKernel kernel = BenchKernel::Auto);
 

@@ -3,8 +3,10 @@
 // .cu file per family of types (quant_matmul_{plain,legacy,kquants,iq}.cu) so that they compile in
 // parallel; each file lists its types in an explicit table.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -19,12 +21,15 @@ namespace sparsemla::cuda {
 using MatmulLauncher = void (*)(const MatArgs& a, cudaStream_t s);
 // out: [n, n_cols], 16-byte aligned; ids: [n] device.
 using RowsLauncher = void (*)(const MatArgs& a, const int32_t* ids, int64_t n, float* out, cudaStream_t s);
+// Rows [row0, row0 + n) of a.w as bf16 into out: [n, n_cols], 16-byte aligned.
+using Bf16Launcher = void (*)(const MatArgs& a, int64_t row0, int64_t n, __nv_bfloat16* out, cudaStream_t s);
 
 struct TypeKernels {
   gguf::GgmlType type;
   MatmulLauncher decode;
   MatmulLauncher prefill;
   RowsLauncher rows;
+  Bf16Launcher to_bf16;
 };
 
 struct KernelFamily {
@@ -70,6 +75,47 @@ void launch_dequantize_rows(const MatArgs& a, const int32_t* ids, int64_t n, flo
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
+// Rows of a weight as bf16: each value as dq::dequantize_exact (the CPU's dequantization) gives it,
+// rounded to nearest even; one thread per unit of D::kUnit values (grid-stride).
+//   w: [n_rows][row_bytes] (the rows to convert)   out: [n_rows, cols]
+template <class D>
+__global__ void dequantize_bf16_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int64_t n_rows, int cols,
+                                       QuantTables tables, __nv_bfloat16* __restrict__ out) {
+  const int units = cols / D::kUnit;
+  const int64_t n = n_rows * units;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / units;
+    const int iu = int(i % units), b = iu / D::kUnitsPerBlock, u = iu % D::kUnitsPerBlock;
+    float v[D::kUnit];
+    dq::dequantize_exact<D>(w + r * row_bytes + int64_t(b) * D::kBytes, u, v, tables);
+    __nv_bfloat16* o = out + r * cols + int64_t(b) * D::kBlock;
+#pragma unroll
+    for (int run = 0; run < D::kUnit / 8; ++run) {
+      uint32_t p[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const __nv_bfloat162 two = __floats2bfloat162_rn(v[8 * run + 2 * k], v[8 * run + 2 * k + 1]);
+        p[k] = *reinterpret_cast<const uint32_t*>(&two);
+      }
+      *reinterpret_cast<uint4*>(o + D::run(u, run)) = make_uint4(p[0], p[1], p[2], p[3]);
+    }
+  }
+}
+
+template <class D>
+void launch_dequantize_bf16(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, int cols, const QuantTables& tb,
+                            __nv_bfloat16* out, cudaStream_t s) {
+  const int64_t n = n_rows * (cols / D::kUnit);
+  const unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 65535));
+  dequantize_bf16_kernel<D><<<grid, 256, 0, s>>>(w, row_bytes, n_rows, cols, tb, out);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+}
+
+template <class D>
+void launch_rows_bf16(const MatArgs& a, int64_t row0, int64_t n, __nv_bfloat16* out, cudaStream_t s) {
+  if (n > 0) launch_dequantize_bf16<D>(a.w + uint64_t(row0) * a.row_bytes, a.row_bytes, n, int(a.n_cols), a.tables, out, s);
+}
+
 // The tensor-core decode kernel (gemv_mma.cu) for the types mma_decode_supported() names.
 void launch_gemv_mma(gguf::GgmlType t, const MatArgs& a, cudaStream_t s);
 // Its one-token form (Q4_K; one token, or one per expert pair).
@@ -99,11 +145,11 @@ void launch_gemv(const MatArgs& a, cudaStream_t s);
 template <class D>
 void launch_gemm(const MatArgs& a, cudaStream_t s);
 
-// The table entry of type T: its three launchers, instantiated in the including file.
+// The table entry of type T: its launchers, instantiated in the including file.
 template <gguf::GgmlType T>
 constexpr TypeKernels kernels_of() {
   using D = dq::Dq<T>;
-  return {T, &launch_gemv<D>, &launch_gemm<D>, &launch_dequantize_rows<D>};
+  return {T, &launch_gemv<D>, &launch_gemm<D>, &launch_dequantize_rows<D>, &launch_rows_bf16<D>};
 }
 
 }  // namespace sparsemla::cuda

@@ -1,0 +1,137 @@
+// Prefill products through cuBLAS (quant_matmul.h: matmul_prefill_blas). The tile kernel of
+// gemm.cuh decodes every weight tile once per 128-token tile, so at T tokens each weight is decoded
+// T / 128 times, and that decode, not the tensor cores, sets its pace (~130-160 TFLOP/s on an H100
+// or H200 whatever T). Here each weight is decoded once per call: its rows, in chunks of at most
+// kChunkWeights values, are dequantized to bf16 (each value as the CPU's dequantization gives it,
+// rounded to nearest even: the tile kernel's values), the activations are rounded to bf16 once, and
+// cuBLAS multiplies them (bf16 in, fp32 accumulation and output). BF16 weights are read in place.
+// The same two bf16 roundings per term as the tile kernel, so the same accuracy; the summation
+// order is cuBLAS's (deterministic for a given shape and device).
+//
+// Scratch (the bf16 activations and one chunk of rows) is allocated stream-ordered per call
+// (cudaMallocAsync, as the tile kernel's split sums are); where it cannot be had, the call returns
+// false and the caller takes the tile kernel. cuBLAS runs on one handle per device (calls on it
+// serialized by a mutex: rank threads use their own devices) with a 32 MiB workspace per stream,
+// so it never allocates inside a CUDA graph capture; a stream first seen while capturing is
+// refused (false), as cudaMalloc cannot run then.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <climits>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "ops/cuda/check.cuh"
+#include "ops/cuda/prefill_blas.cuh"
+
+#define SPARSEMLA_PREFILL_CUBLAS_CHECK(call)                                                                  \
+  do {                                                                                                        \
+    const cublasStatus_t st_ = (call);                                                                        \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                         \
+      ::sparsemla::fail("cuBLAS error in {} ({}:{}): {}", #call, __FILE__, __LINE__, cublasGetStatusString(st_)); \
+  } while (0)
+
+namespace sparsemla::cuda {
+
+namespace {
+
+constexpr int64_t kChunkWeights = int64_t(32) << 20;  // 64 MiB of bf16 rows per chunk
+constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
+
+// One cuBLAS handle per device, never destroyed (it would outlive the CUDA context at exit), and a
+// workspace per stream it has run on.
+struct DeviceBlas {
+  std::mutex mu;
+  cublasHandle_t handle = nullptr;
+  std::map<cudaStream_t, void*> workspaces;
+};
+
+DeviceBlas& device_blas(int device) {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<DeviceBlas>>* all = new std::map<int, std::unique_ptr<DeviceBlas>>();
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<DeviceBlas>& d = (*all)[device];
+  if (!d) {
+    d = std::make_unique<DeviceBlas>();
+    SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasCreate(&d->handle));
+  }
+  return *d;
+}
+
+// out[i] = bf16(x[i]) for i < n (round to nearest even); 8 values per step where x and out allow.
+__global__ void round_bf16_kernel(const float* __restrict__ x, int64_t n, __nv_bfloat16* __restrict__ out) {
+  const int64_t n8 = n / 8, stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8; i += stride) {
+    const float4 a = reinterpret_cast<const float4*>(x)[2 * i], b = reinterpret_cast<const float4*>(x)[2 * i + 1];
+    const __nv_bfloat162 p[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
+                                 __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
+    reinterpret_cast<uint4*>(out)[i] = *reinterpret_cast<const uint4*>(p);
+  }
+  for (int64_t i = 8 * n8 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += stride)
+    out[i] = __float2bfloat16_rn(x[i]);
+}
+
+size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+}  // namespace
+
+bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cudaStream_t s, int64_t chunk_rows) {
+  const int64_t T = a.n_tokens, rows = a.n_rows, cols = a.n_cols;
+  if (T <= 0 || rows <= 0) return true;
+  const int64_t lda_in_place = int64_t(a.row_bytes / 2);
+  if (T > INT_MAX || rows > INT_MAX || cols > INT_MAX || lda_in_place > INT_MAX) return false;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  SPARSEMLA_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+  int device = 0;
+  SPARSEMLA_CUDA_CHECK(cudaGetDevice(&device));
+  DeviceBlas& blas = device_blas(device);
+  std::lock_guard<std::mutex> lock(blas.mu);
+  void*& workspace = blas.workspaces[s];
+  if (!workspace) {
+    if (capture != cudaStreamCaptureStatusNone || cudaMalloc(&workspace, kWorkspaceBytes) != cudaSuccess) {
+      workspace = nullptr;
+      (void)cudaGetLastError();  // (an allocation failure is not sticky)
+      blas.workspaces.erase(s);
+      return false;
+    }
+  }
+  // Rows per chunk: all when read in place, else whole 128-row tiles of at most kChunkWeights values.
+  int64_t chunk = bf16_in_place ? rows : std::min(rows, std::max<int64_t>(128, kChunkWeights / cols / 128 * 128));
+  if (chunk_rows > 0) chunk = std::min(chunk, chunk_rows);
+  const size_t x_bytes = round_up(size_t(T * cols) * 2, 256);
+  const size_t w_bytes = bf16_in_place ? 0 : size_t(chunk * cols) * 2;
+  void* scratch = nullptr;
+  if (cudaMallocAsync(&scratch, x_bytes + w_bytes, s) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  auto* xb = static_cast<__nv_bfloat16*>(scratch);
+  auto* wb = reinterpret_cast<__nv_bfloat16*>(static_cast<uint8_t*>(scratch) + x_bytes);
+  const int64_t n = T * cols;
+  round_bf16_kernel<<<unsigned(std::min<int64_t>((n / 8 + 255) / 256 + 1, 65535)), 256, 0, s>>>(a.x, n, xb);
+  SPARSEMLA_CUDA_LAUNCH_CHECK();
+  SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasSetStream(blas.handle, s));
+  SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasSetWorkspace(blas.handle, workspace, kWorkspaceBytes));
+  const float one = 1.0f, zero = 0.0f;
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t nr = std::min(chunk, rows - r0);
+    const void* w = wb;
+    int64_t lda = cols;
+    if (bf16_in_place) {
+      w = a.w + uint64_t(r0) * a.row_bytes;
+      lda = lda_in_place;
+    } else {
+      to_bf16(a, r0, nr, wb, s);
+    }
+    // Column-major: y^T (rows x T, ld n_rows) = op(W) x^T with W row-major [rows][lda] read as
+    // column-major lda x rows (op = transpose) and x^T column-major cols x T.
+    SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasGemmEx(blas.handle, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), int(T), int(cols), &one, w,
+                                                CUDA_R_16BF, int(lda), xb, CUDA_R_16BF, int(cols), &zero, a.y + r0,
+                                                CUDA_R_32F, int(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  SPARSEMLA_CUDA_CHECK(cudaFreeAsync(scratch, s));
+  return true;
+}
+
+}  // namespace sparsemla::cuda
