@@ -758,6 +758,30 @@ TEST(CudaMatmulApi, ColumnSlicesReadStridedRows) {
   }
 }
 
+// The router's product at prefill sizes: F32 weights through cuBLAS in fp32 arithmetic, within the
+// fp32 decode tolerance of the CPU (a bf16 rounding would be ~1e-3); other types are declined.
+TEST(CudaMatmulApi, F32BlasMatchesCpuInFp32) {
+  SPARSEMLA_REQUIRE_GPU();
+  for (const Shape& sh : {Shape{256, 768}, Shape{67, 200}}) {
+    const TestWeight w(GgmlType::F32, sh.n_rows, sh.n_cols, 21);
+    for (int64_t T : {kBlasMinTokens, int64_t(333)}) {
+      const std::vector<float> x = randn(size_t(T * sh.n_cols), 700 + uint32_t(T));
+      std::vector<float> want(size_t(T * sh.n_rows));
+      ops::matmul(w.host, x.data(), T, want.data(), pool());
+      const DeviceBuffer dx = to_device(x);
+      DeviceBuffer dy = to_device(std::vector<float>(size_t(T * sh.n_rows), NAN));
+      ASSERT_TRUE(matmul_f32_blas(w.mat, dx.as<float>(), T, dy.as<float>(), nullptr));
+      synchronize();
+      check_close(to_host<float>(dy, size_t(T * sh.n_rows)), want, T, sh.n_rows, kDecodeTol,
+                  "f32 cuBLAS " + std::to_string(sh.n_rows) + "x" + std::to_string(sh.n_cols) + " T=" + std::to_string(T));
+    }
+  }
+  const TestWeight q(GgmlType::Q8_0, 32, 256, 22);
+  const DeviceBuffer dx = to_device(randn(size_t(kBlasMinTokens * 256), 23));
+  DeviceBuffer dy(size_t(kBlasMinTokens * 32) * sizeof(float));
+  EXPECT_FALSE(matmul_f32_blas(q.mat, dx.as<float>(), kBlasMinTokens, dy.as<float>(), nullptr));
+}
+
 TEST(CudaMatmulApi, RefusalsNameTheProblem) {
   SPARSEMLA_REQUIRE_GPU();
   DeviceBuffer buf(1 << 16);

@@ -18,10 +18,13 @@
 // one-block kernel, whose tree differs).
 #include "ops/cuda/norm_split.h"
 
+#include <algorithm>
+
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/q8_quantize.cuh"
 #include "ops/cuda/small_ops_reduce.cuh"
+#include "util/env.h"
 
 namespace sparsemla::cuda {
 
@@ -152,7 +155,8 @@ void launch_split(const SplitArgs& a, Split sp, int64_t T, cudaStream_t s) {
 void set_split_norms(bool on) { g_split_norms = on; }
 
 bool split_norm_fits(int64_t T, int64_t n) {
-  if (!g_split_norms || T < 1 || T > 65535 || n < 1024 || split_of(n).C == 0) return false;
+  static const long long max_rows = env_int("SPARSEMLA_SPLIT_NORM_MAX_ROWS", 65535);  // (measurements)
+  if (!g_split_norms || T < 1 || T > std::min<long long>(65535, max_rows) || n < 1024 || split_of(n).C == 0) return false;
   return compute_capability().first >= 9;
 }
 

@@ -74,28 +74,53 @@ __global__ void round_bf16_kernel(const float* __restrict__ x, int64_t n, __nv_b
 
 size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
+// The current device's handle, bound to stream s and to s's workspace, with its lock held in `lock`;
+// null where s has no workspace and none can be made (capturing, or no memory).
+cublasHandle_t bind(cudaStream_t s, std::unique_lock<std::mutex>& lock) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  SPARSEMLA_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+  int device = 0;
+  SPARSEMLA_CUDA_CHECK(cudaGetDevice(&device));
+  DeviceBlas& blas = device_blas(device);
+  lock = std::unique_lock<std::mutex>(blas.mu);
+  auto it = blas.workspaces.find(s);
+  if (it == blas.workspaces.end()) {
+    void* workspace = nullptr;
+    if (capture != cudaStreamCaptureStatusNone || cudaMalloc(&workspace, kWorkspaceBytes) != cudaSuccess) {
+      (void)cudaGetLastError();  // (an allocation failure is not sticky)
+      return nullptr;
+    }
+    it = blas.workspaces.emplace(s, workspace).first;
+  }
+  SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasSetStream(blas.handle, s));
+  SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasSetWorkspace(blas.handle, it->second, kWorkspaceBytes));
+  return blas.handle;
+}
+
 }  // namespace
+
+bool prefill_blas_f32(const MatArgs& a, cudaStream_t s) {
+  const int64_t T = a.n_tokens, rows = a.n_rows, cols = a.n_cols, lda = int64_t(a.row_bytes / 4);
+  if (T <= 0 || rows <= 0) return true;
+  if (T > INT_MAX || rows > INT_MAX || cols > INT_MAX || lda > INT_MAX || a.row_bytes % 4 != 0) return false;
+  std::unique_lock<std::mutex> lock;
+  const cublasHandle_t h = bind(s, lock);
+  if (!h) return false;
+  const float one = 1.0f, zero = 0.0f;
+  SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(T), int(cols), &one, a.w,
+                                              CUDA_R_32F, int(lda), a.x, CUDA_R_32F, int(cols), &zero, a.y, CUDA_R_32F,
+                                              int(rows), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+  return true;
+}
 
 bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cudaStream_t s, int64_t chunk_rows) {
   const int64_t T = a.n_tokens, rows = a.n_rows, cols = a.n_cols;
   if (T <= 0 || rows <= 0) return true;
   const int64_t lda_in_place = int64_t(a.row_bytes / 2);
   if (T > INT_MAX || rows > INT_MAX || cols > INT_MAX || lda_in_place > INT_MAX) return false;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  SPARSEMLA_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
-  int device = 0;
-  SPARSEMLA_CUDA_CHECK(cudaGetDevice(&device));
-  DeviceBlas& blas = device_blas(device);
-  std::lock_guard<std::mutex> lock(blas.mu);
-  void*& workspace = blas.workspaces[s];
-  if (!workspace) {
-    if (capture != cudaStreamCaptureStatusNone || cudaMalloc(&workspace, kWorkspaceBytes) != cudaSuccess) {
-      workspace = nullptr;
-      (void)cudaGetLastError();  // (an allocation failure is not sticky)
-      blas.workspaces.erase(s);
-      return false;
-    }
-  }
+  std::unique_lock<std::mutex> lock;
+  const cublasHandle_t h = bind(s, lock);
+  if (!h) return false;
   // Rows per chunk: all when read in place, else whole 128-row tiles of at most kChunkWeights values.
   int64_t chunk = bf16_in_place ? rows : std::min(rows, std::max<int64_t>(128, kChunkWeights / cols / 128 * 128));
   if (chunk_rows > 0) chunk = std::min(chunk, chunk_rows);
@@ -111,8 +136,6 @@ bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cu
   const int64_t n = T * cols;
   round_bf16_kernel<<<unsigned(std::min<int64_t>((n / 8 + 255) / 256 + 1, 65535)), 256, 0, s>>>(a.x, n, xb);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
-  SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasSetStream(blas.handle, s));
-  SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasSetWorkspace(blas.handle, workspace, kWorkspaceBytes));
   const float one = 1.0f, zero = 0.0f;
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t nr = std::min(chunk, rows - r0);
@@ -126,7 +149,7 @@ bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cu
     }
     // Column-major: y^T (rows x T, ld n_rows) = op(W) x^T with W row-major [rows][lda] read as
     // column-major lda x rows (op = transpose) and x^T column-major cols x T.
-    SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasGemmEx(blas.handle, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), int(T), int(cols), &one, w,
+    SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), int(T), int(cols), &one, w,
                                                 CUDA_R_16BF, int(lda), xb, CUDA_R_16BF, int(cols), &zero, a.y + r0,
                                                 CUDA_R_32F, int(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }

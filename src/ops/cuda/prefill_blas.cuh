@@ -14,4 +14,8 @@ namespace sparsemla::cuda {
 // rows per chunk (else 64 MiB of bf16 rows).
 bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cudaStream_t s, int64_t chunk_rows = 0);
 
+// a.y = W a.x in fp32 arithmetic (CUBLAS_COMPUTE_32F_PEDANTIC) for F32 rows (a.row_bytes a
+// multiple of 4). False as prefill_blas.
+bool prefill_blas_f32(const MatArgs& a, cudaStream_t s);
+
 }  // namespace sparsemla::cuda

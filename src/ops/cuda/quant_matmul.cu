@@ -238,6 +238,11 @@ bool matmul_prefill_blas(const QuantMatrix& w, const float* x, int64_t n_tokens,
   return prefill_blas(a, k.to_bf16, in_place, static_cast<cudaStream_t>(s), chunk_rows);
 }
 
+bool matmul_f32_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s) {
+  const MatArgs a = checked_product(w, x, n_tokens, y, "matmul_f32_blas");
+  return w.type == gguf::GgmlType::F32 && prefill_blas_f32(a, static_cast<cudaStream_t>(s));
+}
+
 bool mma_decode_supported(gguf::GgmlType t) { return t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q6_K; }
 
 void matmul_decode_mma(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s) {

@@ -87,6 +87,12 @@ void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, floa
 // enqueued nothing, where it cannot run (no memory for its scratch: T x cols + one chunk of bf16;
 // a stream first seen during a CUDA graph capture).
 constexpr int64_t kBlasMinTokens = 128;
+// y = W x in fp32 arithmetic through cuBLAS (no tensor-core rounding) for F32 weights: a router's
+// logits at prefill sizes, which the fp32 decode kernel (one FMA per weight and token) takes 2.5 ms
+// for at 4096 tokens x 256 x 6144 on an H100. fp32 rounding as matmul_decode, another summation
+// order; not batch invariant. False, having enqueued nothing, for other types or where cuBLAS
+// cannot run (as matmul_prefill_blas).
+bool matmul_f32_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 // chunk_rows > 0: at most that many rows per chunk (tests: several chunks on a small weight).
 bool matmul_prefill_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s,
                          int64_t chunk_rows = 0);
