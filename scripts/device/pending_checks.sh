@@ -1,11 +1,23 @@
 #!/usr/bin/env bash
-# On the GPU machine: the checks of sessions 34-35's kernels, in one run of ~9 minutes of device
-# time. Sessions 35 and 36 ran all of them on an H100 (PERFORMANCE.md, "Session 35" and "Session
-# 36"); still owed: the same figures on an H200, and the tests phase on f179237 or later (the launch
-# rule moved into plan_sparse_mla, not run on a GPU). Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla,
+# On the GPU machine: the checks owed by sessions 34-37's code, in one run of ~13 minutes of device
+# time. Session 37 ran every phase but prefill and ncu on an H200 on 186f2c6 (PERFORMANCE.md, "Session 37":
+# all passed, the figures recorded), so what is owed now is the prefill phase (PHASES=prefill); the
+# others stay for re-checks. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla,
 # sparsemla_tests and bench_cuda_matmul with scripts/device/pack.sh from a build configured with
 # -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
-# (default all: "attention tests sanitizer model ncu profile"); ROUNDS the attention phase's rounds (2).
+# (default all: "prefill attention tests sanitizer model ncu profile"); ROUNDS the attention phase's
+# rounds (2).
+#
+#  prefill    session 37's cuBLAS prefill (prefill_blas.cu; written without a GPU, so off by default:
+#             SPARSEMLA_PREFILL_BLAS=1): its tests (the cuBLAS product and the bf16 rows against the
+#             CPU for every type, the fp32 router product, column slices, a long fixture prompt
+#             through the whole model), memcheck on them, `bench_cuda_matmul --prefill` (the tile
+#             kernel "pf:T" against "blas:T" at 64-4096 tokens), the GLM-5-width 3-layer prefill at 4K
+#             and 32K with it on and off, and the kernel time of one 4096-token chunk under Nsight
+#             Compute with the split norms at every row count and only up to 64 rows
+#             (SPARSEMLA_SPLIT_NORM_MAX_ROWS). If the tests pass and "blas" wins: turn it on by default
+#             (quant_matmul.cu: prefill_blas_flag), set kBlasMinTokens at the crossover, and if the
+#             one-block norms win at prefill sizes, cap split_norm_fits' rows.
 #
 #  attention  the sparse MLA kernel's tile pairs (session 35: two sets of warps per head group taking
 #             alternate tiles) on and off (SPARSEMLA_MLA_TILE_PAIRS=1 / 0, two rounds interleaved)
@@ -28,11 +40,41 @@
 # What to do with the figures: docs/PERFORMANCE.md "Session 35" and "Session 36" (the H100 tables to compare with).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-attention tests sanitizer model ncu profile}
+PHASES=${PHASES:-prefill attention tests sanitizer model ncu profile}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 step() { awk -F'|' '{print $1 "|" $4 "|" $5 "|" $6 "|" $7}'; }
+
+if has prefill; then
+  F='*CudaMatmul.CublasPrefill*:*CudaMatmul.DequantizeBf16*:*CudaMatmul.MatchesCpu*:CudaMatmulApi.*:*GpuModelFixture.LongPrompt*:*GpuModelFixture.Logits*:*Absorption*'
+  timeout 240 "$BIN/sparsemla_tests" --gtest_filter="$F" >"$OUT/prefill_tests.log" 2>&1
+  echo "prefill tests: exit $?"
+  grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/prefill_tests.log" | tail -12
+  grep -E "tokens, .* (same choices|free)" "$OUT/prefill_tests.log" | head -8
+  [ -x "$SAN" ] && { SPARSEMLA_GPU_TEST_SMALL=1 timeout 150 "$SAN" --tool memcheck --error-exitcode 9 "$BIN/sparsemla_tests" \
+    --gtest_filter='*CudaMatmul.CublasPrefill*/q4_K:*CudaMatmul.CublasPrefill*/bf16:*CudaMatmul.DequantizeBf16*/iq2_xs:CudaMatmulApi.F32Blas*' \
+    >"$OUT/prefill_memcheck.log" 2>&1; echo "prefill memcheck: exit $?"; grep -E "ERROR SUMMARY" "$OUT/prefill_memcheck.log" | tail -1; }
+  for t in q4_K q6_K q8_0 bf16; do
+    timeout 120 "$BIN/bench_cuda_matmul" --quick --prefill --type $t 2>&1 | grep -vE "^$" | tee -a "$OUT/prefill_bench.log"
+  done
+  timeout 60 "$BIN/sparsemla" make-model --preset glm5-width --layers 3 --type q4_k_m --zeros -o /tmp/g3pf.gguf \
+    >/dev/null 2>&1 || echo "make-model q4_k_m 3 layers failed"
+  for p in 4096 32768; do
+    for b in 1 0 1 0; do
+      echo "3 layers, prompt $p, SPARSEMLA_PREFILL_BLAS=$b: $(SPARSEMLA_PREFILL_BLAS=$b timeout 90 "$BIN/sparsemla" bench \
+        -m /tmp/g3pf.gguf --device cuda --prompt $p --gen 4 --batch 1 2>&1 | grep '^prefill')" | tee -a "$OUT/prefill_model.log"
+    done
+  done
+  for r in 65535 64; do
+    SPARSEMLA_PREFILL_BLAS=1 SPARSEMLA_SPLIT_NORM_MAX_ROWS=$r SPARSEMLA_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none \
+      --metrics gpu__time_duration.sum --csv "$BIN/sparsemla" bench -m /tmp/g3pf.gguf --device cuda --prompt 4096 --gen 1 \
+      --batch 1 >"$OUT/prefill_ncu_$r.csv" 2>/dev/null
+    echo "== one 4096-token chunk (cuBLAS prefill on), split norms up to $r rows:"
+    python3 "$(dirname "$0")/ncu_kernel_totals.py" "$OUT/prefill_ncu_$r.csv" 20
+  done
+  rm -f /tmp/g3pf.gguf
+fi
 
 if has attention; then
   for round in $(seq 1 "${ROUNDS:-2}"); do

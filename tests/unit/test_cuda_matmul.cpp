@@ -691,7 +691,8 @@ TEST_P(CudaMatmul, DequantizeBf16EqualsCpuRoundedBitForBit) {
 
 // The cuBLAS prefill form against the CPU for every type and shape, at kBlasMinTokens and 300
 // tokens, as one chunk and in chunks of 128 rows (the last partial); its output buffer starts as
-// NaN, so every element must be written. matmul takes it from kBlasMinTokens tokens: its bits.
+// NaN, so every element must be written. With it on, matmul takes it from kBlasMinTokens tokens:
+// its bits.
 TEST_P(CudaMatmul, CublasPrefillMatchesCpu) {
   SPARSEMLA_REQUIRE_GPU();
   uint32_t seed = 50;
@@ -713,7 +714,10 @@ TEST_P(CudaMatmul, CublasPrefillMatchesCpu) {
         check_close(got, want, T, sh.n_rows, kPrefillTol, what + (chunk ? " in 128-row chunks" : ""));
         if (chunk == 0) whole = got;
       }
+      const bool was = prefill_blas_enabled();
+      set_prefill_blas(true);
       const std::vector<float> chosen = gpu_product(&matmul, w.mat, x, T);
+      set_prefill_blas(was);
       EXPECT_EQ(std::memcmp(chosen.data(), whole.data(), whole.size() * sizeof(float)), 0)
           << what << ": matmul did not take the cuBLAS form";
     }
@@ -754,6 +758,14 @@ TEST(CudaMatmulApi, ColumnSlicesReadStridedRows) {
       ops::matmul(hs, x.data(), T, want.data(), pool());
       check_close(gpu_product(&matmul, ds, x, T), want, T, 41, T <= kDecodeMaxTokens ? few_token_tol(t, T) : kPrefillTol,
                   std::string(tr.name) + " column slice T=" + std::to_string(T));
+      if (T >= kBlasMinTokens) {
+        const DeviceBuffer dx = to_device(x);
+        DeviceBuffer dy(size_t(T * 41) * sizeof(float));
+        ASSERT_TRUE(matmul_prefill_blas(ds, dx.as<float>(), T, dy.as<float>(), nullptr));
+        synchronize();
+        check_close(to_host<float>(dy, size_t(T * 41)), want, T, 41, kPrefillTol,
+                    std::string(tr.name) + " column slice, cuBLAS, T=" + std::to_string(T));
+      }
     }
   }
 }

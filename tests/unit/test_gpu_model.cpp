@@ -201,9 +201,9 @@ TEST_P(GpuModelFixture, LogitsMatchTheCpuAndTransformers) {
 }
 
 // A prompt longer than cuda::kBlasMinTokens (the fixture's prompts one after the other, then seq0
-// again), so that its first 128-token chunk's products take the cuBLAS form in the fast mode (the
-// fixture prompts alone are shorter): the GPU against the CPU that made its choices and against the
-// CPU's own run, with both cache formats.
+// again), with the cuBLAS prefill on, so that its first 128-token chunk's products and router take
+// the cuBLAS forms in the fast mode (the fixture prompts alone are shorter): the GPU against the CPU
+// that made its choices and against the CPU's own run, with both cache formats.
 TEST_P(GpuModelFixture, LongPromptThroughTheCublasProductsMatchesTheCpu) {
   SPARSEMLA_REQUIRE_GPU();
   auto cpu = Model::load(fixture_model(GetParam()), {AttentionMode::Sparse, 4});
@@ -214,6 +214,12 @@ TEST_P(GpuModelFixture, LongPromptThroughTheCublasProductsMatchesTheCpu) {
     ids.insert(ids.end(), part.begin(), part.end());
   }
   ASSERT_GT(int64_t(ids.size()), cuda::kBlasMinTokens);
+  const bool was = cuda::prefill_blas_enabled();
+  cuda::set_prefill_blas(true);
+  struct Restore {
+    bool was;
+    ~Restore() { cuda::set_prefill_blas(was); }
+  } restore{was};
   for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
     Engines e(*cpu, d, false);
     const PromptRun r = run_prompt(e, *cpu, ids);

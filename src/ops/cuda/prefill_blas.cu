@@ -3,17 +3,17 @@
 // T / 128 times, and that decode, not the tensor cores, sets its pace (~130-160 TFLOP/s on an H100
 // or H200 whatever T). Here each weight is decoded once per call: its rows, in chunks of at most
 // kChunkWeights values, are dequantized to bf16 (each value as the CPU's dequantization gives it,
-// rounded to nearest even: the tile kernel's values), the activations are rounded to bf16 once, and
-// cuBLAS multiplies them (bf16 in, fp32 accumulation and output). BF16 weights are read in place.
+// rounded to nearest even), the activations are rounded to bf16 once, and cuBLAS multiplies them
+// (bf16 in, fp32 accumulation and output). BF16 weights are read in place.
 // The same two bf16 roundings per term as the tile kernel, so the same accuracy; the summation
 // order is cuBLAS's (deterministic for a given shape and device).
 //
 // Scratch (the bf16 activations and one chunk of rows) is allocated stream-ordered per call
 // (cudaMallocAsync, as the tile kernel's split sums are); where it cannot be had, the call returns
-// false and the caller takes the tile kernel. cuBLAS runs on one handle per device (calls on it
-// serialized by a mutex: rank threads use their own devices) with a 32 MiB workspace per stream,
-// so it never allocates inside a CUDA graph capture; a stream first seen while capturing is
-// refused (false), as cudaMalloc cannot run then.
+// false and the caller takes the tile kernel (as where cuBLAS cannot make its handle). cuBLAS runs
+// on one handle per device (calls on it serialized by a mutex: rank threads use their own devices)
+// with a 32 MiB workspace per stream, so it never allocates inside a CUDA graph capture; a stream
+// first seen while capturing is refused (false), as cudaMalloc cannot run then.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -54,7 +54,7 @@ DeviceBlas& device_blas(int device) {
   std::unique_ptr<DeviceBlas>& d = (*all)[device];
   if (!d) {
     d = std::make_unique<DeviceBlas>();
-    SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasCreate(&d->handle));
+    if (cublasCreate(&d->handle) != CUBLAS_STATUS_SUCCESS) d->handle = nullptr;  // (bind declines)
   }
   return *d;
 }
@@ -83,6 +83,7 @@ cublasHandle_t bind(cudaStream_t s, std::unique_lock<std::mutex>& lock) {
   SPARSEMLA_CUDA_CHECK(cudaGetDevice(&device));
   DeviceBlas& blas = device_blas(device);
   lock = std::unique_lock<std::mutex>(blas.mu);
+  if (!blas.handle) return nullptr;
   auto it = blas.workspaces.find(s);
   if (it == blas.workspaces.end()) {
     void* workspace = nullptr;

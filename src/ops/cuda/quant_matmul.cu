@@ -4,6 +4,7 @@
 #include "ops/cuda/quant_matmul_q8.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -210,12 +211,16 @@ void sum_splits(const float* parts, int splits, int64_t n, float* y, cudaStream_
 bool supported(gguf::GgmlType t) { return find_kernels(t) != nullptr; }
 
 namespace {
-// SPARSEMLA_PREFILL_BLAS=0: matmul keeps the tile kernel at every token count (comparisons).
-bool prefill_blas_on() {
-  static const bool on = !env_off("SPARSEMLA_PREFILL_BLAS");
+// Off until measured on a GPU (docs/PERFORMANCE.md, session 37): SPARSEMLA_PREFILL_BLAS=1 or
+// set_prefill_blas(true) turns it on.
+std::atomic<bool>& prefill_blas_flag() {
+  static std::atomic<bool> on{env_switch("SPARSEMLA_PREFILL_BLAS") == 1};
   return on;
 }
 }  // namespace
+
+bool prefill_blas_enabled() { return prefill_blas_flag().load(std::memory_order_relaxed); }
+void set_prefill_blas(bool on) { prefill_blas_flag().store(on); }
 
 void matmul_decode(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s) {
   const TypeKernels& k = kernels_for(w.type, "matmul_decode");
@@ -279,7 +284,7 @@ void matmul(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, St
     matmul_decode_mma(w, x, n_tokens, y, s);
   else if (n_tokens <= kDecodeMaxTokens)
     matmul_decode(w, x, n_tokens, y, s);
-  else if (n_tokens < kBlasMinTokens || !prefill_blas_on() || !matmul_prefill_blas(w, x, n_tokens, y, s))
+  else if (n_tokens < kBlasMinTokens || !prefill_blas_enabled() || !matmul_prefill_blas(w, x, n_tokens, y, s))
     matmul_prefill(w, x, n_tokens, y, s);
 }
 

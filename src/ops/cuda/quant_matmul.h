@@ -80,9 +80,11 @@ void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, floa
 // The prefill product through cuBLAS (prefill_blas.cu): the weight's rows dequantized to bf16 once
 // per call (in chunks of 64 MiB; BF16 rows read in place), the activations rounded to bf16 once,
 // cuBLAS's bf16 GEMM with fp32 accumulation. The tile kernel decodes each weight once per
-// 128-token tile, and that decode sets its pace; here the decode is paid once, so from
-// kBlasMinTokens tokens it is the faster one (docs/PERFORMANCE.md, session 37), and matmul takes it
-// there (SPARSEMLA_PREFILL_BLAS=0: the tile kernel at every size). The same two bf16 roundings per
+// 128-token tile, and that decode sets its pace; here the decode is paid once, so from about
+// kBlasMinTokens tokens it should be the faster one. Where prefill_blas_enabled(), matmul takes it
+// from kBlasMinTokens tokens (and the model its routers' fp32 products: matmul_f32_blas). Off by
+// default until it has been tested and timed on a GPU (written in session 37 without one):
+// SPARSEMLA_PREFILL_BLAS=1 or set_prefill_blas(true) turns it on. The same two bf16 roundings per
 // term as the tile kernel; deterministic for a given T, not batch invariant. Returns false, having
 // enqueued nothing, where it cannot run (no memory for its scratch: T x cols + one chunk of bf16;
 // a stream first seen during a CUDA graph capture).
@@ -93,6 +95,8 @@ constexpr int64_t kBlasMinTokens = 128;
 // order; not batch invariant. False, having enqueued nothing, for other types or where cuBLAS
 // cannot run (as matmul_prefill_blas).
 bool matmul_f32_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
+bool prefill_blas_enabled();
+void set_prefill_blas(bool on);  // process-wide
 // chunk_rows > 0: at most that many rows per chunk (tests: several chunks on a small weight).
 bool matmul_prefill_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s,
                          int64_t chunk_rows = 0);
