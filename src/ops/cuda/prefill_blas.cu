@@ -17,12 +17,14 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <climits>
 #include <map>
 #include <memory>
 #include <mutex>
 
 #include "ops/cuda/check.cuh"
+#include "ops/cuda/dequant_bf16.cuh"
 #include "ops/cuda/prefill_blas.cuh"
 
 #define SPARSEMLA_PREFILL_CUBLAS_CHECK(call)                                                                  \
@@ -57,19 +59,6 @@ DeviceBlas& device_blas(int device) {
     if (cublasCreate(&d->handle) != CUBLAS_STATUS_SUCCESS) d->handle = nullptr;  // (bind declines)
   }
   return *d;
-}
-
-// out[i] = bf16(x[i]) for i < n (round to nearest even); 8 values per step where x and out allow.
-__global__ void round_bf16_kernel(const float* __restrict__ x, int64_t n, __nv_bfloat16* __restrict__ out) {
-  const int64_t n8 = n / 8, stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8; i += stride) {
-    const float4 a = reinterpret_cast<const float4*>(x)[2 * i], b = reinterpret_cast<const float4*>(x)[2 * i + 1];
-    const __nv_bfloat162 p[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w),
-                                 __floats2bfloat162_rn(b.x, b.y), __floats2bfloat162_rn(b.z, b.w)};
-    reinterpret_cast<uint4*>(out)[i] = *reinterpret_cast<const uint4*>(p);
-  }
-  for (int64_t i = 8 * n8 + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += stride)
-    out[i] = __float2bfloat16_rn(x[i]);
 }
 
 size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
@@ -135,7 +124,8 @@ bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cu
   auto* xb = static_cast<__nv_bfloat16*>(scratch);
   auto* wb = reinterpret_cast<__nv_bfloat16*>(static_cast<uint8_t*>(scratch) + x_bytes);
   const int64_t n = T * cols;
-  round_bf16_kernel<<<unsigned(std::min<int64_t>((n / 8 + 255) / 256 + 1, 65535)), 256, 0, s>>>(a.x, n, xb);
+  const unsigned grid = unsigned(std::min<int64_t>((n / 8 + 255) / 256 + 1, 65535));
+  round_bf16_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>(a.x, n, xb);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
   const float one = 1.0f, zero = 0.0f;
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {

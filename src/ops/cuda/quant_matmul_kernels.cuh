@@ -3,7 +3,6 @@
 // .cu file per family of types (quant_matmul_{plain,legacy,kquants,iq}.cu) so that they compile in
 // parallel; each file lists its types in an explicit table.
 #pragma once
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 #include "gguf/ggml_types.h"
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/dequant.cuh"
+#include "ops/cuda/dequant_bf16.cuh"
 #include "ops/cuda/mat_args.cuh"
 
 namespace sparsemla::cuda {
@@ -73,33 +73,6 @@ template <class D>
 void launch_dequantize_rows(const MatArgs& a, const int32_t* ids, int64_t n, float* out, cudaStream_t s) {
   dequantize_rows_kernel<D><<<unsigned(n), 128, 0, s>>>(a, ids, out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
-}
-
-// Rows of a weight as bf16: each value as dq::dequantize_exact (the CPU's dequantization) gives it,
-// rounded to nearest even; one thread per unit of D::kUnit values (grid-stride).
-//   w: [n_rows][row_bytes] (the rows to convert)   out: [n_rows, cols]
-template <class D>
-__global__ void dequantize_bf16_kernel(const uint8_t* __restrict__ w, uint64_t row_bytes, int64_t n_rows, int cols,
-                                       QuantTables tables, __nv_bfloat16* __restrict__ out) {
-  const int units = cols / D::kUnit;
-  const int64_t n = n_rows * units;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / units;
-    const int iu = int(i % units), b = iu / D::kUnitsPerBlock, u = iu % D::kUnitsPerBlock;
-    float v[D::kUnit];
-    dq::dequantize_exact<D>(w + r * row_bytes + int64_t(b) * D::kBytes, u, v, tables);
-    __nv_bfloat16* o = out + r * cols + int64_t(b) * D::kBlock;
-#pragma unroll
-    for (int run = 0; run < D::kUnit / 8; ++run) {
-      uint32_t p[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const __nv_bfloat162 two = __floats2bfloat162_rn(v[8 * run + 2 * k], v[8 * run + 2 * k + 1]);
-        p[k] = *reinterpret_cast<const uint32_t*>(&two);
-      }
-      *reinterpret_cast<uint4*>(o + D::run(u, run)) = make_uint4(p[0], p[1], p[2], p[3]);
-    }
-  }
 }
 
 template <class D>
