@@ -668,6 +668,15 @@ TEST_P(CudaMatmul, DequantizeRowsEqualsCpuBitForBit) {
   }
 }
 
+// The cuBLAS prefill turned on for a scope (set_prefill_blas), and back as it was after it.
+struct PrefillBlasOn {
+  bool was = prefill_blas_enabled();
+  PrefillBlasOn() { set_prefill_blas(true); }
+  ~PrefillBlasOn() { set_prefill_blas(was); }
+  PrefillBlasOn(const PrefillBlasOn&) = delete;
+  PrefillBlasOn& operator=(const PrefillBlasOn&) = delete;
+};
+
 // The weight rows that matmul_prefill_blas multiplies: the CPU's dequantized values rounded to bf16
 // (nearest even), bit for bit, for rows inside the weight (not its first or last).
 TEST_P(CudaMatmul, DequantizeBf16EqualsCpuRoundedBitForBit) {
@@ -714,10 +723,8 @@ TEST_P(CudaMatmul, CublasPrefillMatchesCpu) {
         check_close(got, want, T, sh.n_rows, kPrefillTol, what + (chunk ? " in 128-row chunks" : ""));
         if (chunk == 0) whole = got;
       }
-      const bool was = prefill_blas_enabled();
-      set_prefill_blas(true);
+      const PrefillBlasOn on;
       const std::vector<float> chosen = gpu_product(&matmul, w.mat, x, T);
-      set_prefill_blas(was);
       EXPECT_EQ(std::memcmp(chosen.data(), whole.data(), whole.size() * sizeof(float)), 0)
           << what << ": matmul did not take the cuBLAS form";
     }

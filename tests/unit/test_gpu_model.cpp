@@ -201,9 +201,10 @@ TEST_P(GpuModelFixture, LogitsMatchTheCpuAndTransformers) {
 }
 
 // A prompt longer than cuda::kBlasMinTokens (the fixture's prompts one after the other, then seq0
-// again), with the cuBLAS prefill on, so that its first 128-token chunk's products and router take
-// the cuBLAS forms in the fast mode (the fixture prompts alone are shorter): the GPU against the CPU
-// that made its choices and against the CPU's own run, with both cache formats.
+// again: 144-176 tokens in one forward), with the cuBLAS prefill on, so that its products (and a
+// router's) take the cuBLAS forms in the fast mode (the fixture prompts alone are shorter; the test
+// asserts that cuBLAS ran): the GPU against the CPU that made its choices and against the CPU's
+// own run, with both cache formats.
 TEST_P(GpuModelFixture, LongPromptThroughTheCublasProductsMatchesTheCpu) {
   SPARSEMLA_REQUIRE_GPU();
   auto cpu = Model::load(fixture_model(GetParam()), {AttentionMode::Sparse, 4});
@@ -222,7 +223,9 @@ TEST_P(GpuModelFixture, LongPromptThroughTheCublasProductsMatchesTheCpu) {
   } restore{was};
   for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
     Engines e(*cpu, d, false);
+    const int64_t calls = cuda::prefill_blas_calls();
     const PromptRun r = run_prompt(e, *cpu, ids);
+    EXPECT_GT(cuda::prefill_blas_calls(), calls) << "the prompt's products did not take the cuBLAS form";
     const int64_t n = int64_t(ids.size());
     const std::string tag = fmt::format("{} {} tokens, {} fast", GetParam(), n, dtype_name(d));
     expect_same_choices(r.gpu, r.cpu_following, V, n, d, false, tag + ", same choices");

@@ -1391,10 +1391,11 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
   const int64_t k = hp.n_expert_used, Fe = hp.n_ff_exp;
   // The experts this model holds: all, or a rank's range (expert parallel).
   const int64_t E = sharded() && shard_.experts.count >= 0 ? shard_.experts.count : hp.n_expert;
-  // Router logits in fp32 at every batch size (the decode kernel; at prefill sizes, where the cuBLAS
-  // prefill is on, cuBLAS's fp32 GEMM, no tensor-core rounding): the routing is a discrete choice,
-  // and fp32 keeps it where the CPU's is.
-  if (T < cuda::kBlasMinTokens || !cuda::prefill_blas_enabled() || !cuda::matmul_f32_blas(L.gate_inp, w.x, T, w.rlog, s))
+  // Router logits in fp32 at every batch size (the decode kernel; at prefill sizes in the fast mode,
+  // where the cuBLAS prefill is on, cuBLAS's fp32 GEMM, no tensor-core rounding): the routing is a
+  // discrete choice, and fp32 keeps it where the CPU's is.
+  if (T < cuda::kBlasMinTokens || opts_.precise || !cuda::prefill_blas_enabled() ||
+      !cuda::matmul_f32_blas(L.gate_inp, w.x, T, w.rlog, s))
     cuda::matmul_decode(L.gate_inp, w.x, T, w.rlog, s);
   cuda::moe_route(hp, w.rlog, L.exp_probs_b, T, w.rids, w.rw, s);
   mark("moe: router");

@@ -8,16 +8,16 @@
 // The same two bf16 roundings per term as the tile kernel, so the same accuracy; the summation
 // order is cuBLAS's (deterministic for a given shape and device).
 //
-// Scratch (the bf16 activations and one chunk of rows) is allocated stream-ordered per call
-// (cudaMallocAsync, as the tile kernel's split sums are); where it cannot be had, the call returns
-// false and the caller takes the tile kernel (as where cuBLAS cannot make its handle). cuBLAS runs
-// on one handle per device (calls on it serialized by a mutex: rank threads use their own devices)
-// with a 32 MiB workspace per stream, so it never allocates inside a CUDA graph capture; a stream
-// first seen while capturing is refused (false), as cudaMalloc cannot run then.
+// Scratch (cuBLAS's 32 MiB workspace, the bf16 activations and one chunk of rows) is allocated
+// stream-ordered per call (cudaMallocAsync, as the tile kernel's split sums are; inside a CUDA graph
+// capture, as graph memory); where it cannot be had, the call returns false and the caller takes
+// the tile kernel, as where cuBLAS cannot make its handle. One handle per device (calls on it
+// serialized by a mutex: rank threads use their own devices), made outside any capture.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <map>
 #include <memory>
@@ -41,65 +41,96 @@ namespace {
 constexpr int64_t kChunkWeights = int64_t(32) << 20;  // 64 MiB of bf16 rows per chunk
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
 
-// One cuBLAS handle per device, never destroyed (it would outlive the CUDA context at exit), and a
-// workspace per stream it has run on.
+std::atomic<int64_t> g_calls{0};
+
+// One cuBLAS handle per device, never destroyed (it would outlive the CUDA context at exit); calls on
+// it hold its mutex from cublasSetStream to the last GEMM.
 struct DeviceBlas {
   std::mutex mu;
   cublasHandle_t handle = nullptr;
-  std::map<cudaStream_t, void*> workspaces;
 };
 
-DeviceBlas& device_blas(int device) {
+// The current device's handle with its lock held in `lock`; null where the handle cannot be made
+// (then a later call tries again) or s is capturing before the handle exists (cublasCreate must not
+// run inside a capture).
+cublasHandle_t device_handle(cudaStream_t s, std::unique_lock<std::mutex>& lock) {
   static std::mutex mu;
-  static std::map<int, std::unique_ptr<DeviceBlas>>* all = new std::map<int, std::unique_ptr<DeviceBlas>>();
-  std::lock_guard<std::mutex> lock(mu);
-  std::unique_ptr<DeviceBlas>& d = (*all)[device];
-  if (!d) {
-    d = std::make_unique<DeviceBlas>();
-    if (cublasCreate(&d->handle) != CUBLAS_STATUS_SUCCESS) d->handle = nullptr;  // (bind declines)
+  static auto* all = new std::map<int, std::unique_ptr<DeviceBlas>>();
+  int device = 0;
+  SPARSEMLA_CUDA_CHECK(cudaGetDevice(&device));
+  DeviceBlas* d = nullptr;
+  {
+    std::lock_guard<std::mutex> guard(mu);
+    std::unique_ptr<DeviceBlas>& e = (*all)[device];
+    if (!e) e = std::make_unique<DeviceBlas>();
+    d = e.get();
   }
-  return *d;
+  lock = std::unique_lock<std::mutex>(d->mu);
+  if (!d->handle) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    SPARSEMLA_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+    if (capture != cudaStreamCaptureStatusNone || cublasCreate(&d->handle) != CUBLAS_STATUS_SUCCESS) {
+      d->handle = nullptr;
+      return nullptr;
+    }
+  }
+  return d->handle;
 }
 
 size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
-// The current device's handle, bound to stream s and to s's workspace, with its lock held in `lock`;
-// null where s has no workspace and none can be made (capturing, or no memory).
-cublasHandle_t bind(cudaStream_t s, std::unique_lock<std::mutex>& lock) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  SPARSEMLA_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
-  int device = 0;
-  SPARSEMLA_CUDA_CHECK(cudaGetDevice(&device));
-  DeviceBlas& blas = device_blas(device);
-  lock = std::unique_lock<std::mutex>(blas.mu);
-  if (!blas.handle) return nullptr;
-  auto it = blas.workspaces.find(s);
-  if (it == blas.workspaces.end()) {
-    void* workspace = nullptr;
-    if (capture != cudaStreamCaptureStatusNone || cudaMalloc(&workspace, kWorkspaceBytes) != cudaSuccess) {
-      (void)cudaGetLastError();  // (an allocation failure is not sticky)
-      return nullptr;
+// Stream-ordered scratch for one call: cuBLAS's workspace first, then what the call asks for; freed
+// (stream-ordered) when the call's scope ends, by an exception too.
+class Scratch {
+ public:
+  Scratch(size_t bytes, cudaStream_t s) : s_(s) {
+    // An error pending from earlier work is not ours to clear: decline, and let the caller's own
+    // launch report it.
+    if (cudaPeekAtLastError() != cudaSuccess) return;
+    if (cudaMallocAsync(&p_, kWorkspaceBytes + bytes, s) != cudaSuccess) {
+      p_ = nullptr;
+      (void)cudaGetLastError();  // (the allocation failure just made; not sticky)
     }
-    it = blas.workspaces.emplace(s, workspace).first;
   }
-  SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasSetStream(blas.handle, s));
-  SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasSetWorkspace(blas.handle, it->second, kWorkspaceBytes));
-  return blas.handle;
+  ~Scratch() {
+    if (p_) (void)cudaFreeAsync(p_, s_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  explicit operator bool() const { return p_ != nullptr; }
+  void* workspace() const { return p_; }
+  uint8_t* data() const { return static_cast<uint8_t*>(p_) + kWorkspaceBytes; }
+
+ private:
+  cudaStream_t s_;
+  void* p_ = nullptr;
+};
+
+// h bound to stream s and to the call's workspace (cublasSetStream resets the workspace, so this order).
+void bind(cublasHandle_t h, cudaStream_t s, const Scratch& scratch) {
+  SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasSetStream(h, s));
+  SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasSetWorkspace(h, scratch.workspace(), kWorkspaceBytes));
 }
 
 }  // namespace
+
+int64_t prefill_blas_calls() { return g_calls.load(); }
 
 bool prefill_blas_f32(const MatArgs& a, cudaStream_t s) {
   const int64_t T = a.n_tokens, rows = a.n_rows, cols = a.n_cols, lda = int64_t(a.row_bytes / 4);
   if (T <= 0 || rows <= 0) return true;
   if (T > INT_MAX || rows > INT_MAX || cols > INT_MAX || lda > INT_MAX || a.row_bytes % 4 != 0) return false;
   std::unique_lock<std::mutex> lock;
-  const cublasHandle_t h = bind(s, lock);
+  const cublasHandle_t h = device_handle(s, lock);
   if (!h) return false;
+  const Scratch scratch(0, s);
+  if (!scratch) return false;
+  bind(h, s, scratch);
   const float one = 1.0f, zero = 0.0f;
   SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(T), int(cols), &one, a.w,
                                               CUDA_R_32F, int(lda), a.x, CUDA_R_32F, int(cols), &zero, a.y, CUDA_R_32F,
                                               int(rows), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+  ++g_calls;
   return true;
 }
 
@@ -109,20 +140,18 @@ bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cu
   const int64_t lda_in_place = int64_t(a.row_bytes / 2);
   if (T > INT_MAX || rows > INT_MAX || cols > INT_MAX || lda_in_place > INT_MAX) return false;
   std::unique_lock<std::mutex> lock;
-  const cublasHandle_t h = bind(s, lock);
+  const cublasHandle_t h = device_handle(s, lock);
   if (!h) return false;
   // Rows per chunk: all when read in place, else whole 128-row tiles of at most kChunkWeights values.
   int64_t chunk = bf16_in_place ? rows : std::min(rows, std::max<int64_t>(128, kChunkWeights / cols / 128 * 128));
   if (chunk_rows > 0) chunk = std::min(chunk, chunk_rows);
   const size_t x_bytes = round_up(size_t(T * cols) * 2, 256);
   const size_t w_bytes = bf16_in_place ? 0 : size_t(chunk * cols) * 2;
-  void* scratch = nullptr;
-  if (cudaMallocAsync(&scratch, x_bytes + w_bytes, s) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  auto* xb = static_cast<__nv_bfloat16*>(scratch);
-  auto* wb = reinterpret_cast<__nv_bfloat16*>(static_cast<uint8_t*>(scratch) + x_bytes);
+  const Scratch scratch(x_bytes + w_bytes, s);
+  if (!scratch) return false;
+  bind(h, s, scratch);
+  auto* xb = reinterpret_cast<__nv_bfloat16*>(scratch.data());
+  auto* wb = reinterpret_cast<__nv_bfloat16*>(scratch.data() + x_bytes);
   const int64_t n = T * cols;
   const unsigned grid = unsigned(std::min<int64_t>((n / 8 + 255) / 256 + 1, 65535));
   round_bf16_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>(a.x, n, xb);
@@ -144,7 +173,7 @@ bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cu
                                                 CUDA_R_16BF, int(lda), xb, CUDA_R_16BF, int(cols), &zero, a.y + r0,
                                                 CUDA_R_32F, int(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
-  SPARSEMLA_CUDA_CHECK(cudaFreeAsync(scratch, s));
+  ++g_calls;
   return true;
 }
 

@@ -538,6 +538,7 @@ void dequantize_rows(const QuantMatrix& w, const int32_t* rows, int64_t n, float
 void dequantize_bf16(const QuantMatrix& w, int64_t row0, int64_t n, void* out, Stream s) {
   const TypeKernels& k = kernels_for(w.type, "dequantize_bf16");
   const MatArgs a = checked_args(w, "dequantize_bf16");
+  if (w.n_cols > INT32_MAX) fail("cuda::dequantize_bf16: {} columns (at most {})", w.n_cols, INT32_MAX);
   if (row0 < 0 || n < 0 || row0 + n > w.n_rows)
     fail("cuda::dequantize_bf16: rows [{}, {}) of a weight of {} rows", row0, row0 + n, w.n_rows);
   if (!aligned16(out)) fail("cuda::dequantize_bf16: output {} is not 16-byte aligned", out);

@@ -86,8 +86,9 @@ void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, floa
 // default until it has been tested and timed on a GPU (written in session 37 without one):
 // SPARSEMLA_PREFILL_BLAS=1 or set_prefill_blas(true) turns it on. The same two bf16 roundings per
 // term as the tile kernel; deterministic for a given T, not batch invariant. Returns false, having
-// enqueued nothing, where it cannot run (no memory for its scratch: T x cols + one chunk of bf16;
-// a stream first seen during a CUDA graph capture).
+// enqueued nothing, where it cannot run (no memory for its scratch: cuBLAS's 32 MiB workspace,
+// T x cols + one chunk of bf16; no cuBLAS handle, or a CUDA graph capture before the device has
+// one).
 constexpr int64_t kBlasMinTokens = 128;
 // y = W x in fp32 arithmetic through cuBLAS (no tensor-core rounding) for F32 weights: a router's
 // logits at prefill sizes, which the fp32 decode kernel (one FMA per weight and token) takes 2.5 ms
@@ -97,6 +98,8 @@ constexpr int64_t kBlasMinTokens = 128;
 bool matmul_f32_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
 bool prefill_blas_enabled();
 void set_prefill_blas(bool on);  // process-wide
+// The cuBLAS products run so far in this process (matmul_prefill_blas and matmul_f32_blas; tests).
+int64_t prefill_blas_calls();
 // chunk_rows > 0: at most that many rows per chunk (tests: several chunks on a small weight).
 bool matmul_prefill_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s,
                          int64_t chunk_rows = 0);
