@@ -223,11 +223,11 @@ int main(int argc, char** argv) {
     for (Shape sh : shapes) {
       const Copies c(t, sh.rows, sh.cols);
       const bool large = sh.rows * sh.cols > 64 << 20, head = sh.rows * sh.cols > 256 << 20;
-      const std::vector<int64_t> token_counts =
-          prefill ? std::vector<int64_t>{64, 128, 256, 512, 1024, 4096} : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 512};
+      const std::vector<int64_t> token_counts = prefill ? std::vector<int64_t>{64, 128, 256, 512, 1024, 4096}
+                                                        : std::vector<int64_t>{1, 2, 4, 8, 16, 32, 64, 512};
       for (int64_t T : token_counts) {
-        if (((prefill ? head : large) && T > 64) || (decode_only && T > cuda::kDecodeMaxTokens) || (only_t && T != only_t))
-          continue;
+        const bool too_big = (prefill ? head : large) && T > 64;  // (prefill: all but the output head)
+        if (too_big || (decode_only && T > cuda::kDecodeMaxTokens) || (only_t && T != only_t)) continue;
         const int n_calls = large ? 4 : calls;
         const bool few = T <= cuda::kDecodeMaxTokens;
         const cuda::MatmulTiming m = cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs,

@@ -791,8 +791,9 @@ TEST(CudaMatmulApi, F32BlasMatchesCpuInFp32) {
       DeviceBuffer dy = to_device(std::vector<float>(size_t(T * sh.n_rows), NAN));
       ASSERT_TRUE(matmul_f32_blas(w.mat, dx.as<float>(), T, dy.as<float>(), nullptr));
       synchronize();
-      check_close(to_host<float>(dy, size_t(T * sh.n_rows)), want, T, sh.n_rows, kDecodeTol,
-                  "f32 cuBLAS " + std::to_string(sh.n_rows) + "x" + std::to_string(sh.n_cols) + " T=" + std::to_string(T));
+      const std::string what =
+          "f32 cuBLAS " + std::to_string(sh.n_rows) + "x" + std::to_string(sh.n_cols) + " T=" + std::to_string(T);
+      check_close(to_host<float>(dy, size_t(T * sh.n_rows)), want, T, sh.n_rows, kDecodeTol, what);
     }
   }
   const TestWeight q(GgmlType::Q8_0, 32, 256, 22);

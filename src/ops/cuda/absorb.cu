@@ -10,19 +10,13 @@
 #include "ops/cuda/absorb_q8.cuh"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.cuh"
+#include "ops/cuda/cublas_check.cuh"
 #include "ops/cuda/head_mma_kernel.cuh"
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/small_ops_reduce.cuh"
 #include "ops/cuda/pdl.cuh"
 #include "util/env.h"
-
-#define SPARSEMLA_CUBLAS_CHECK(call)                                                                      \
-  do {                                                                                                    \
-    cublasStatus_t st_ = (call);                                                                          \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                     \
-      ::sparsemla::fail("cuBLAS error in {} ({}:{}): {}", #call, __FILE__, __LINE__, cublasGetStatusString(st_)); \
-  } while (0)
 
 namespace sparsemla::cuda {
 namespace {

@@ -156,7 +156,8 @@ void set_split_norms(bool on) { g_split_norms = on; }
 
 bool split_norm_fits(int64_t T, int64_t n) {
   static const long long max_rows = env_int("SPARSEMLA_SPLIT_NORM_MAX_ROWS", 65535);  // (measurements)
-  if (!g_split_norms || T < 1 || T > std::min<long long>(65535, max_rows) || n < 1024 || split_of(n).C == 0) return false;
+  if (!g_split_norms || T < 1 || T > std::min<long long>(65535, max_rows) || n < 1024 || split_of(n).C == 0)
+    return false;
   return compute_capability().first >= 9;
 }
 

@@ -24,15 +24,9 @@
 #include <mutex>
 
 #include "ops/cuda/check.cuh"
+#include "ops/cuda/cublas_check.cuh"
 #include "ops/cuda/dequant_bf16.cuh"
 #include "ops/cuda/prefill_blas.cuh"
-
-#define SPARSEMLA_PREFILL_CUBLAS_CHECK(call)                                                                  \
-  do {                                                                                                        \
-    const cublasStatus_t st_ = (call);                                                                        \
-    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                         \
-      ::sparsemla::fail("cuBLAS error in {} ({}:{}): {}", #call, __FILE__, __LINE__, cublasGetStatusString(st_)); \
-  } while (0)
 
 namespace sparsemla::cuda {
 
@@ -108,8 +102,8 @@ class Scratch {
 
 // h bound to stream s and to the call's workspace (cublasSetStream resets the workspace, so this order).
 void bind(cublasHandle_t h, cudaStream_t s, const Scratch& scratch) {
-  SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasSetStream(h, s));
-  SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasSetWorkspace(h, scratch.workspace(), kWorkspaceBytes));
+  SPARSEMLA_CUBLAS_CHECK(cublasSetStream(h, s));
+  SPARSEMLA_CUBLAS_CHECK(cublasSetWorkspace(h, scratch.workspace(), kWorkspaceBytes));
 }
 
 }  // namespace
@@ -127,7 +121,7 @@ bool prefill_blas_f32(const MatArgs& a, cudaStream_t s) {
   if (!scratch) return false;
   bind(h, s, scratch);
   const float one = 1.0f, zero = 0.0f;
-  SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(T), int(cols), &one, a.w,
+  SPARSEMLA_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(rows), int(T), int(cols), &one, a.w,
                                               CUDA_R_32F, int(lda), a.x, CUDA_R_32F, int(cols), &zero, a.y, CUDA_R_32F,
                                               int(rows), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
   ++g_calls;
@@ -169,7 +163,7 @@ bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cu
     }
     // Column-major: y^T (rows x T, ld n_rows) = op(W) x^T with W row-major [rows][lda] read as
     // column-major lda x rows (op = transpose) and x^T column-major cols x T.
-    SPARSEMLA_PREFILL_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), int(T), int(cols), &one, w,
+    SPARSEMLA_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), int(T), int(cols), &one, w,
                                                 CUDA_R_16BF, int(lda), xb, CUDA_R_16BF, int(cols), &zero, a.y + r0,
                                                 CUDA_R_32F, int(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }

@@ -10,9 +10,8 @@ namespace sparsemla::cuda {
 // a.y = W a.x for a.n_tokens tokens: rows dequantized to bf16 by to_bf16 (or, bf16_in_place, W
 // read as it is: BF16 rows), activations rounded to bf16, cuBLAS's bf16 GEMM. False where it could
 // not run (no scratch memory; no cuBLAS handle, or a capture before the device has one; a dimension
-// past INT_MAX):
-// nothing was enqueued, and the caller takes the tile kernel. chunk_rows > 0: at most that many
-// rows per chunk (else 64 MiB of bf16 rows).
+// past INT_MAX): nothing was enqueued, and the caller takes the tile kernel. chunk_rows > 0: at
+// most that many rows per chunk (else 64 MiB of bf16 rows).
 bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cudaStream_t s, int64_t chunk_rows = 0);
 
 // a.y = W a.x in fp32 arithmetic (CUBLAS_COMPUTE_32F_PEDANTIC) for F32 rows (a.row_bytes a

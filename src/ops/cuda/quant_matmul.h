@@ -88,21 +88,20 @@ void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, floa
 // term as the tile kernel; deterministic for a given T, not batch invariant. Returns false, having
 // enqueued nothing, where it cannot run (no memory for its scratch: cuBLAS's 32 MiB workspace,
 // T x cols + one chunk of bf16; no cuBLAS handle, or a CUDA graph capture before the device has
-// one).
+// one). chunk_rows > 0: at most that many rows per chunk (tests: several chunks on a small weight).
 constexpr int64_t kBlasMinTokens = 128;
+bool matmul_prefill_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s,
+                         int64_t chunk_rows = 0);
+bool prefill_blas_enabled();
+void set_prefill_blas(bool on);  // process-wide
+// The cuBLAS products run so far in this process (matmul_prefill_blas and matmul_f32_blas; tests).
+int64_t prefill_blas_calls();
 // y = W x in fp32 arithmetic through cuBLAS (no tensor-core rounding) for F32 weights: a router's
 // logits at prefill sizes, which the fp32 decode kernel (one FMA per weight and token) takes 2.5 ms
 // for at 4096 tokens x 256 x 6144 on an H100. fp32 rounding as matmul_decode, another summation
 // order; not batch invariant. False, having enqueued nothing, for other types or where cuBLAS
 // cannot run (as matmul_prefill_blas).
 bool matmul_f32_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s);
-bool prefill_blas_enabled();
-void set_prefill_blas(bool on);  // process-wide
-// The cuBLAS products run so far in this process (matmul_prefill_blas and matmul_f32_blas; tests).
-int64_t prefill_blas_calls();
-// chunk_rows > 0: at most that many rows per chunk (tests: several chunks on a small weight).
-bool matmul_prefill_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s,
-                         int64_t chunk_rows = 0);
 
 // Several products of one input (an attention's q_a, kv_a and index-key products; an MLP's gate and
 // up), y_i = W_i x for i < n <= kMaxProducts, the same bits as n calls of matmul (precise:

@@ -86,7 +86,8 @@ void launch_dequantize_bf16(const uint8_t* w, uint64_t row_bytes, int64_t n_rows
 
 template <class D>
 void launch_rows_bf16(const MatArgs& a, int64_t row0, int64_t n, __nv_bfloat16* out, cudaStream_t s) {
-  if (n > 0) launch_dequantize_bf16<D>(a.w + uint64_t(row0) * a.row_bytes, a.row_bytes, n, int(a.n_cols), a.tables, out, s);
+  if (n > 0)
+    launch_dequantize_bf16<D>(a.w + uint64_t(row0) * a.row_bytes, a.row_bytes, n, int(a.n_cols), a.tables, out, s);
 }
 
 // The tensor-core decode kernel (gemv_mma.cu) for the types mma_decode_supported() names.
