@@ -1,8 +1,8 @@
 // Matrix products on quantized weights on the GPU: time per call, the weight bandwidth reached and
 // its fraction of the measured device-to-device copy bandwidth, for Q8_0, Q4_K, Q5_K, Q6_K, Q2_K,
-// Q3_K and the IQ types with int8 kernels, and BF16 weights of a 4096-square and the GLM-5 widths (6144 -> 2048 and 2048 -> 6144) at 1 to 512 tokens;
-// for the quantized types also 16384 -> 6144, 2048 -> 16384 and the output head (6144 -> 154880)
-// at 1 to 64 tokens (32: a decode batch on the prefill kernel's 32-token tiles); and the routed
+// Q3_K, the IQ types, Q4_0, IQ4_NL, MXFP4, F16 and BF16 weights of a 4096-square and the GLM-5
+// widths (6144 -> 2048 and 2048 -> 6144) at 1 to 512 tokens; for the quantized types also
+// 16384 -> 6144, 2048 -> 16384 and the output head (6144 -> 154880) at 1 to 64 tokens (32: a decode batch on the prefill kernel's 32-token tiles); and the routed
 // experts of one MoE layer (matmul_experts, 8 pairs). Beside each decode line (T <= 8) of a type
 // with an int8-activation kernel, a "q8:T" line times matmul_decode_q8 / matmul_experts_q8 on the
 // same weights (activations quantized beforehand; the quantization's own time is printed at the
@@ -20,7 +20,9 @@
 //                                        [--type NAME]      only that type (e.g. q6_K)
 //   bench_cuda_matmul --prefill [--type NAME] [--tokens T]   prefill sizes only (T = 64 .. 4096):
 //                                                  matmul's choice, then "pf:T" the tile kernel and
-//                                                  "blas:T" the cuBLAS form (matmul_prefill_blas)
+//                                                  "blas:T" the cuBLAS form (matmul_prefill_blas);
+//                                                  once per shape "dq": its dequantization alone,
+//                                                  GB/s counting bytes read + bf16 written
 //   bench_cuda_matmul --only TYPE:ROWSxCOLS:T     one product (fp32 decode path, then q8), e.g. for
 //                                                  Nsight Compute: --only q4_K:2048x6144:1
 //   bench_cuda_matmul --absorb     the MLA absorption products (Blas::per_head) of GLM-5 and
@@ -80,6 +82,8 @@ std::vector<uint8_t> random_weight(GgmlType t, int64_t n_rows, int64_t n_cols) {
       for (int k = 0; k < 4; ++k)
         w[at + 49 + 2 * k] = uint8_t((w[at + 49 + 2 * k] & 0x0F) | (((small >> (4 * k)) & 0xF) << 4));
     if (t == GgmlType::BF16) w[at + 1] = uint8_t(0x3C + (w[at + 1] & 1));  // |x| in [2^-7, 2^-5)
+    if (t == GgmlType::F16) w[at + 1] = uint8_t(0x20 + (w[at + 1] & 3));   // |x| in [2^-7, 2^-6)
+    if (t == GgmlType::MXFP4) w[at] = 120;                                  // scale 2^-8
   }
   return w;
 }
@@ -216,10 +220,10 @@ int main(int argc, char** argv) {
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q2_K, GgmlType::Q3_K,
                      GgmlType::IQ4_XS, GgmlType::IQ2_XXS, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ2_XS,
                      GgmlType::IQ2_S, GgmlType::IQ1_S, GgmlType::IQ1_M, GgmlType::Q4_0, GgmlType::IQ4_NL,
-                     GgmlType::BF16}) {
+                     GgmlType::MXFP4, GgmlType::F16, GgmlType::BF16}) {
     if (only_type && t != *only_type) continue;
     std::vector<Shape> shapes = {{4096, 4096}, {2048, 6144}, {6144, 2048}};
-    if (t != GgmlType::BF16) shapes.insert(shapes.end(), {{6144, 16384}, {16384, 2048}, {154880, 6144}});
+    if (t != GgmlType::BF16 && t != GgmlType::F16) shapes.insert(shapes.end(), {{6144, 16384}, {16384, 2048}, {154880, 6144}});
     for (Shape sh : shapes) {
       const Copies c(t, sh.rows, sh.cols);
       const bool large = sh.rows * sh.cols > 64 << 20, head = sh.rows * sh.cols > 256 << 20;
@@ -248,6 +252,10 @@ int main(int argc, char** argv) {
               cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs, cuda::BenchKernel::Prefill);
           print_line(t, sh, ("pf:" + std::to_string(T)).c_str(), p, copy);
         }
+        if (prefill && T == token_counts[0])  // the cuBLAS form's dequantization alone (GB/s: read + written)
+          print_line(t, sh, "dq",
+                     cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs, cuda::BenchKernel::DequantBf16),
+                     copy);
         if (prefill)
           print_line(t, sh, ("blas:" + std::to_string(T)).c_str(),
                      cuda::bench_matmul(c.mats.data(), int(c.mats.size()), T, n_calls, runs, cuda::BenchKernel::Blas),

@@ -32,12 +32,13 @@ void check_rows(uint32_t seed) {
   const gguf::TypeTraits& tr = gguf::traits(T);
   SCOPED_TRACE(tr.name);
   const int64_t rows = 7, row0 = 2, n = 4;
-  const int cols = tr.block_size == 256 ? 512 : tr.block_size == 32 ? 96 : 40;  // (plain types: 8 | cols)
+  const int cols = tr.block_size == 256 ? 1280 : tr.block_size == 32 ? 480 : 200;  // (plain types: 8 | cols)
   const std::vector<uint8_t> w = test_q8::make_weight(T, rows, cols, seed);
   const uint64_t rb = gguf::row_bytes(T, uint64_t(cols));
-  std::vector<uint16_t> out(size_t(n * cols), 0xdeadu);
-  // Fewer threads than units: the grid-stride loop takes several rounds.
-  emu::launch(dequantize_bf16_kernel<D>, dim3(3), dim3(32), 0, emu::Order::kForward, w.data() + row0 * rb, rb, n, cols,
+  std::vector<uint16_t> out(size_t((n + 1) * cols), 0xdeadu);  // (a row past the end: must stay)
+  // Far fewer threads than units (64 units a round): the grid-stride loop takes 2-5 rounds, the
+  // last partial for most types.
+  emu::launch(dequantize_bf16_kernel<D>, dim3(1), dim3(32), 0, emu::Order::kForward, w.data() + row0 * rb, rb, n, cols,
               test_q8::host_tables(), reinterpret_cast<__nv_bfloat16*>(out.data()));
   std::vector<float> want(static_cast<size_t>(cols));
   for (int64_t r = 0; r < n; ++r) {
@@ -46,6 +47,7 @@ void check_rows(uint32_t seed) {
       ASSERT_EQ(out[size_t(r * cols + c)], f32_to_bf16(want[size_t(c)]))
           << "row " << row0 + r << " col " << c << ": " << want[size_t(c)];
   }
+  for (int c = 0; c < cols; ++c) ASSERT_EQ(out[size_t(n * cols + c)], 0xdeadu) << "written past the last row, col " << c;
 }
 
 TEST(DequantBf16OnTheHost, RowsEqualTheCpuRoundedBitForBit) {

@@ -698,16 +698,19 @@ TEST_P(CudaMatmul, DequantizeBf16EqualsCpuRoundedBitForBit) {
   }
 }
 
-// The cuBLAS prefill form against the CPU for every type and shape, at kBlasMinTokens and 300
-// tokens, as one chunk and in chunks of 128 rows (the last partial); its output buffer starts as
-// NaN, so every element must be written. With it on, matmul takes it from kBlasMinTokens tokens:
-// its bits.
+// The cuBLAS prefill form against the CPU for every type and shape, at blas_min_tokens(type) and
+// 300 tokens, as one chunk and in chunks of 128 rows (the last partial); its output buffer starts
+// as NaN, so every element must be written. With it on, matmul takes it from blas_min_tokens(type)
+// tokens (its bits) and not one token earlier (the tile kernel: other bits).
 TEST_P(CudaMatmul, CublasPrefillMatchesCpu) {
   SPARSEMLA_REQUIRE_GPU();
   uint32_t seed = 50;
   for (const Shape& sh : shapes_for(type())) {
     const TestWeight w(type(), sh.n_rows, sh.n_cols, seed++);
-    for (int64_t T : {kBlasMinTokens, int64_t(300)}) {
+    const int64_t from = blas_min_tokens(type());
+    ASSERT_GT(from, kDecodeMaxTokens);
+    ASSERT_LE(from, kBlasMinTokensMax);
+    for (int64_t T : {from, int64_t(300)}) {
       const std::vector<float> x = randn(size_t(T * sh.n_cols), seed++);
       std::vector<float> want(size_t(T * sh.n_rows));
       ops::matmul(w.host, x.data(), T, want.data(), pool());
@@ -727,6 +730,11 @@ TEST_P(CudaMatmul, CublasPrefillMatchesCpu) {
       const std::vector<float> chosen = gpu_product(&matmul, w.mat, x, T);
       EXPECT_EQ(std::memcmp(chosen.data(), whole.data(), whole.size() * sizeof(float)), 0)
           << what << ": matmul did not take the cuBLAS form";
+      if (T == from) {  // one token fewer: the tile kernel, whose bits are its own
+        const int64_t calls = prefill_blas_calls();
+        (void)gpu_product(&matmul, w.mat, std::vector<float>(x.begin(), x.end() - sh.n_cols), T - 1);
+        EXPECT_EQ(prefill_blas_calls(), calls) << what << ": matmul took the cuBLAS form below its threshold";
+      }
     }
   }
 }
@@ -759,13 +767,13 @@ TEST(CudaMatmulApi, ColumnSlicesReadStridedRows) {
     QuantMatrix ds = w.mat;
     ds.n_cols = count;
     ds.data = static_cast<const uint8_t*>(w.mat.data) + offset;
-    for (int64_t T : {int64_t(1), int64_t(5), int64_t(33), kBlasMinTokens + 2}) {  // (the last: the cuBLAS form)
+    for (int64_t T : {int64_t(1), int64_t(5), int64_t(33), blas_min_tokens(t) + 2}) {  // (the last: cuBLAS)
       const std::vector<float> x = randn(size_t(T * count), 300 + uint32_t(T));
       std::vector<float> want(size_t(T * 41));
       ops::matmul(hs, x.data(), T, want.data(), pool());
       check_close(gpu_product(&matmul, ds, x, T), want, T, 41, T <= kDecodeMaxTokens ? few_token_tol(t, T) : kPrefillTol,
                   std::string(tr.name) + " column slice T=" + std::to_string(T));
-      if (T >= kBlasMinTokens) {
+      if (T >= blas_min_tokens(t)) {
         const DeviceBuffer dx = to_device(x);
         DeviceBuffer dy(size_t(T * 41) * sizeof(float));
         ASSERT_TRUE(matmul_prefill_blas(ds, dx.as<float>(), T, dy.as<float>(), nullptr));
@@ -783,7 +791,7 @@ TEST(CudaMatmulApi, F32BlasMatchesCpuInFp32) {
   SPARSEMLA_REQUIRE_GPU();
   for (const Shape& sh : {Shape{256, 768}, Shape{67, 200}}) {
     const TestWeight w(GgmlType::F32, sh.n_rows, sh.n_cols, 21);
-    for (int64_t T : {kBlasMinTokens, int64_t(333)}) {
+    for (int64_t T : {kF32BlasMinTokens, int64_t(333)}) {
       const std::vector<float> x = randn(size_t(T * sh.n_cols), 700 + uint32_t(T));
       std::vector<float> want(size_t(T * sh.n_rows));
       ops::matmul(w.host, x.data(), T, want.data(), pool());
@@ -797,9 +805,9 @@ TEST(CudaMatmulApi, F32BlasMatchesCpuInFp32) {
     }
   }
   const TestWeight q(GgmlType::Q8_0, 32, 256, 22);
-  const DeviceBuffer dx = to_device(randn(size_t(kBlasMinTokens * 256), 23));
-  DeviceBuffer dy(size_t(kBlasMinTokens * 32) * sizeof(float));
-  EXPECT_FALSE(matmul_f32_blas(q.mat, dx.as<float>(), kBlasMinTokens, dy.as<float>(), nullptr));
+  const DeviceBuffer dx = to_device(randn(size_t(kF32BlasMinTokens * 256), 23));
+  DeviceBuffer dy(size_t(kF32BlasMinTokens * 32) * sizeof(float));
+  EXPECT_FALSE(matmul_f32_blas(q.mat, dx.as<float>(), kF32BlasMinTokens, dy.as<float>(), nullptr));
 }
 
 TEST(CudaMatmulApi, RefusalsNameTheProblem) {

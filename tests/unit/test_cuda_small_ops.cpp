@@ -113,6 +113,8 @@ TEST(CudaSmallOps, NormsWithInt8OutputQuantizeAsQuantizeActivations) {
   } restore;
   EXPECT_FALSE(split_norm_fits(1, 768)) << "rows under 1024 values keep the one-block kernel";
   EXPECT_FALSE(split_norm_fits(1, 1000));
+  EXPECT_EQ(split_norm_fits(128, 6144), split_norm_fits(1, 6144)) << "decode batches up to 128 rows keep the split";
+  EXPECT_FALSE(split_norm_fits(129, 6144)) << "prefill sizes take the one-block kernel";
   std::printf("  split norms on this device: %s\n", split_norm_fits(1, 6144) ? "yes" : "no (before SM90)");
   for (int64_t n : {1024, 1536, 2048, 6144, 7168}) {
     EXPECT_EQ(split_norm_fits(1, n), split_norm_fits(1, 6144)) << n;

@@ -728,6 +728,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
     st->unusable[f] = unusable[f];
   }
   g->st_ = std::move(st);
+  if (!opts.precise) cuda::prefill_blas_warm_up(g->st_->s());  // (the precise mode never takes cuBLAS)
   gpu::memory_info(&free_b, &total_b);
   g->mem_.free_after_load = free_b;
   return g;
@@ -1394,7 +1395,7 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
   // Router logits in fp32 at every batch size (the decode kernel; at prefill sizes in the fast mode,
   // where the cuBLAS prefill is on, cuBLAS's fp32 GEMM, no tensor-core rounding): the routing is a
   // discrete choice, and fp32 keeps it where the CPU's is.
-  if (T < cuda::kBlasMinTokens || opts_.precise || !cuda::prefill_blas_enabled() ||
+  if (T < cuda::kF32BlasMinTokens || opts_.precise || !cuda::prefill_blas_enabled() ||
       !cuda::matmul_f32_blas(L.gate_inp, w.x, T, w.rlog, s))
     cuda::matmul_decode(L.gate_inp, w.x, T, w.rlog, s);
   cuda::moe_route(hp, w.rlog, L.exp_probs_b, T, w.rids, w.rw, s);

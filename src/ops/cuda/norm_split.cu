@@ -155,7 +155,10 @@ void launch_split(const SplitArgs& a, Split sp, int64_t T, cudaStream_t s) {
 void set_split_norms(bool on) { g_split_norms = on; }
 
 bool split_norm_fits(int64_t T, int64_t n) {
-  static const long long max_rows = env_int("SPARSEMLA_SPLIT_NORM_MAX_ROWS", 65535);  // (measurements)
+  // Up to 128 rows: at prefill sizes one block per row already fills the device, and the split
+  // form's clusters cost more (4096 rows of 6144: 288 us a call against ~10 for the one-block norm,
+  // H100, docs/PERFORMANCE.md session 38). SPARSEMLA_SPLIT_NORM_MAX_ROWS moves the limit (measurements).
+  static const long long max_rows = env_int("SPARSEMLA_SPLIT_NORM_MAX_ROWS", 128);
   if (!g_split_norms || T < 1 || T > std::min<long long>(65535, max_rows) || n < 1024 || split_of(n).C == 0)
     return false;
   return compute_capability().first >= 9;

@@ -10,8 +10,8 @@
 namespace sparsemla::cuda {
 
 // Whether T rows of n values take the split norm: SM90 and later, n >= 1024 split into 8, 4 or 2
-// slices of whole warps' values (at most 1024 threads of at most 8 values each), T < 65536, and
-// split norms on (set_split_norms).
+// slices of whole warps' values (at most 1024 threads of at most 8 values each), T <= 128 (decode
+// batches; SPARSEMLA_SPLIT_NORM_MAX_ROWS), and split norms on (set_split_norms).
 bool split_norm_fits(int64_t T, int64_t n);
 
 // out = rms_norm(h ? (h += x) : x, w) for T rows (x rows x_stride apart, h rows n apart, out rows

@@ -18,4 +18,8 @@ bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cu
 // multiple of 4). False as prefill_blas.
 bool prefill_blas_f32(const MatArgs& a, cudaStream_t s);
 
+// The device's handle made and one small bf16 and one fp32 GEMM run on s, then waited for
+// (quant_matmul.h: prefill_blas_warm_up). Nothing where the handle cannot be made.
+void warm_up_blas(cudaStream_t s);
+
 }  // namespace sparsemla::cuda

@@ -211,16 +211,33 @@ void sum_splits(const float* parts, int splits, int64_t n, float* y, cudaStream_
 bool supported(gguf::GgmlType t) { return find_kernels(t) != nullptr; }
 
 namespace {
-// Off until measured on a GPU (docs/PERFORMANCE.md, session 37): SPARSEMLA_PREFILL_BLAS=1 or
-// set_prefill_blas(true) turns it on.
+// On unless SPARSEMLA_PREFILL_BLAS=0 (or set_prefill_blas(false)).
 std::atomic<bool>& prefill_blas_flag() {
-  static std::atomic<bool> on{env_switch("SPARSEMLA_PREFILL_BLAS") == 1};
+  static std::atomic<bool> on{env_switch("SPARSEMLA_PREFILL_BLAS") != 0};
   return on;
 }
 }  // namespace
 
 bool prefill_blas_enabled() { return prefill_blas_flag().load(std::memory_order_relaxed); }
 void set_prefill_blas(bool on) { prefill_blas_flag().store(on); }
+
+// The crossovers measured on an H100 (docs/PERFORMANCE.md, session 38; bench_cuda_matmul --prefill):
+// BF16 rows, read in place, win from 64 tokens (2x there); Q8_0, whose rows dequantize fastest, from
+// 128; the K-quants, whose dequantization costs ~30 us per 16M values, from about 256 (equal there,
+// 1.5-2x ahead at 512). The other types are given the K-quants' figure.
+int64_t blas_min_tokens(gguf::GgmlType t) {
+  switch (t) {
+    case gguf::GgmlType::BF16: return 64;
+    case gguf::GgmlType::F16:
+    case gguf::GgmlType::F32:
+    case gguf::GgmlType::Q8_0: return 128;
+    default: return kBlasMinTokensMax;
+  }
+}
+
+void prefill_blas_warm_up(Stream s) {
+  if (prefill_blas_enabled()) warm_up_blas(static_cast<cudaStream_t>(s));
+}
 
 void matmul_decode(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s) {
   const TypeKernels& k = kernels_for(w.type, "matmul_decode");
@@ -284,7 +301,7 @@ void matmul(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, St
     matmul_decode_mma(w, x, n_tokens, y, s);
   else if (n_tokens <= kDecodeMaxTokens)
     matmul_decode(w, x, n_tokens, y, s);
-  else if (n_tokens < kBlasMinTokens || !prefill_blas_enabled() || !matmul_prefill_blas(w, x, n_tokens, y, s))
+  else if (n_tokens < blas_min_tokens(w.type) || !prefill_blas_enabled() || !matmul_prefill_blas(w, x, n_tokens, y, s))
     matmul_prefill(w, x, n_tokens, y, s);
 }
 

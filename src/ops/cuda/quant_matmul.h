@@ -80,20 +80,27 @@ void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, floa
 // The prefill product through cuBLAS (prefill_blas.cu): the weight's rows dequantized to bf16 once
 // per call (in chunks of 64 MiB; BF16 rows read in place), the activations rounded to bf16 once,
 // cuBLAS's bf16 GEMM with fp32 accumulation. The tile kernel decodes each weight once per
-// 128-token tile, and that decode sets its pace; here the decode is paid once, so from about
-// kBlasMinTokens tokens it should be the faster one. Where prefill_blas_enabled(), matmul takes it
-// from kBlasMinTokens tokens (and the model its routers' fp32 products: matmul_f32_blas). Off by
-// default until it has been tested and timed on a GPU (written in session 37 without one):
-// SPARSEMLA_PREFILL_BLAS=1 or set_prefill_blas(true) turns it on. The same two bf16 roundings per
-// term as the tile kernel; deterministic for a given T, not batch invariant. Returns false, having
-// enqueued nothing, where it cannot run (no memory for its scratch: cuBLAS's 32 MiB workspace,
-// T x cols + one chunk of bf16; no cuBLAS handle, or a CUDA graph capture before the device has
-// one). chunk_rows > 0: at most that many rows per chunk (tests: several chunks on a small weight).
-constexpr int64_t kBlasMinTokens = 128;
+// 128-token tile, and that decode sets its pace; here the decode is paid once. Where
+// prefill_blas_enabled() (the default; SPARSEMLA_PREFILL_BLAS=0 or set_prefill_blas(false) turns it
+// off), matmul takes it from blas_min_tokens(type) tokens, where it measured faster than the tile
+// kernel (docs/PERFORMANCE.md, session 38), and the model its routers' fp32 products
+// (matmul_f32_blas) from kF32BlasMinTokens. The same two bf16 roundings per term as the tile
+// kernel; deterministic for a given T, not batch invariant. Returns false, having enqueued nothing,
+// where it cannot run (no memory for its scratch: cuBLAS's 32 MiB workspace, T x cols + one chunk
+// of bf16; no cuBLAS handle, or a CUDA graph capture before the device has one); matmul then takes
+// the tile kernel. chunk_rows > 0: at most that many rows per chunk (tests: several chunks on a
+// small weight).
+int64_t blas_min_tokens(gguf::GgmlType t);  // > kDecodeMaxTokens, <= kBlasMinTokensMax
+constexpr int64_t kBlasMinTokensMax = 256;
+constexpr int64_t kF32BlasMinTokens = 128;
 bool matmul_prefill_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s,
                          int64_t chunk_rows = 0);
 bool prefill_blas_enabled();
 void set_prefill_blas(bool on);  // process-wide
+// Makes the current device's cuBLAS handle and runs one small bf16 and one fp32 GEMM on s (then
+// waits for them), so that the library's first-use setup (~0.2 s on an H100: its modules loaded)
+// is paid when a model loads, not by the first long prompt. Nothing where the cuBLAS prefill is off.
+void prefill_blas_warm_up(Stream s);
 // The cuBLAS products run so far in this process (matmul_prefill_blas and matmul_f32_blas; tests).
 int64_t prefill_blas_calls();
 // y = W x in fp32 arithmetic through cuBLAS (no tensor-core rounding) for F32 weights: a router's

@@ -90,6 +90,8 @@ MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tok
   const QuantMatrix& w = copies[0];
   const DeviceBuffer x = to_device(bench_activations(size_t(n_tokens * w.n_cols)));
   DeviceBuffer y(size_t(n_tokens * w.n_rows) * sizeof(float));
+  const bool dequant = kernel == BenchKernel::DequantBf16;
+  DeviceBuffer rows_bf16(dequant ? size_t(w.n_rows * w.n_cols) * 2 : 0);
   cudaStream_t s;
   SPARSEMLA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   // call(0) runs outside the capture: it uploads the codebooks.
@@ -106,11 +108,13 @@ MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tok
             if (!matmul_prefill_blas(m, x.as<float>(), n_tokens, y.as<float>(), s))
               fail("bench_matmul: the cuBLAS prefill product did not run ({} tokens)", n_tokens);
             break;
+          case BenchKernel::DequantBf16: dequantize_bf16(m, 0, m.n_rows, rows_bf16.get(), s); break;
         }
       });
   SPARSEMLA_CUDA_CHECK(cudaStreamDestroy(s));
-  return timing(ms, calls, double(gguf::row_bytes(w.type, uint64_t(w.n_cols))) * double(w.n_rows),
-                2.0 * double(w.n_rows) * double(w.n_cols) * double(n_tokens));
+  const double weight_bytes = double(gguf::row_bytes(w.type, uint64_t(w.n_cols))) * double(w.n_rows);
+  if (dequant) return timing(ms, calls, weight_bytes + 2.0 * double(w.n_rows) * double(w.n_cols), 0.0);
+  return timing(ms, calls, weight_bytes, 2.0 * double(w.n_rows) * double(w.n_cols) * double(n_tokens));
 }
 
 MatmulTiming bench_matmul_experts(const QuantMatrix& w, int64_t rows_per_expert, int n_pairs, int calls, int runs,

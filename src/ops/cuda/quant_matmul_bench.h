@@ -21,8 +21,10 @@ struct MatmulTiming {
 // type), so that weights larger than a fraction of the L2 cache are read from memory as in a
 // model's forward pass; pass enough copies to exceed L2.
 // kernel: which entry point the calls go through (matmul's own choice by default).
-// Prefill: the tile kernel (matmul_prefill); Blas: matmul_prefill_blas (fails where it does not run).
-enum class BenchKernel { Auto, Fp32Decode, TensorCoreDecode, OneTokenTensorCore, Prefill, Blas };
+// Prefill: the tile kernel (matmul_prefill); Blas: matmul_prefill_blas (fails where it does not run);
+// DequantBf16: only its dequantization (dequantize_bf16 of the whole weight; n_tokens unused), whose
+// weight_gbs counts the bytes read and the bf16 written, as the copy bandwidth does.
+enum class BenchKernel { Auto, Fp32Decode, TensorCoreDecode, OneTokenTensorCore, Prefill, Blas, DequantBf16 };
 MatmulTiming bench_matmul(const QuantMatrix* copies, int n_copies, int64_t n_tokens, int calls, int runs,
                           BenchKernel kernel = BenchKernel::Auto);
 

@@ -78,10 +78,16 @@ void launch_dequantize_rows(const MatArgs& a, const int32_t* ids, int64_t n, flo
 template <class D>
 void launch_dequantize_bf16(const uint8_t* w, uint64_t row_bytes, int64_t n_rows, int cols, const QuantTables& tb,
                             __nv_bfloat16* out, cudaStream_t s) {
-  const int64_t n = n_rows * (cols / D::kUnit);
-  const unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 65535));
-  dequantize_bf16_kernel<D><<<grid, 256, 0, s>>>(w, row_bytes, n_rows, cols, tb, out);
-  SPARSEMLA_CUDA_LAUNCH_CHECK();
+  const int64_t units = cols / D::kUnit;
+  const int64_t per_launch = std::max<int64_t>(1, (int64_t(1) << 31) / std::max<int64_t>(units, 1) - 1);
+  for (int64_t r0 = 0; r0 < n_rows; r0 += per_launch) {  // (32-bit indices in the kernel)
+    const int64_t rows = std::min(per_launch, n_rows - r0);
+    const int64_t per_block = 256 * kDequantUnitsPerThread;
+    const unsigned grid = unsigned(std::min<int64_t>((rows * units + per_block - 1) / per_block, 65535));
+    dequantize_bf16_kernel<D><<<grid, 256, 0, s>>>(w + uint64_t(r0) * row_bytes, row_bytes, rows, cols, tb,
+                                                    out + r0 * cols);
+    SPARSEMLA_CUDA_LAUNCH_CHECK();
+  }
 }
 
 template <class D>
