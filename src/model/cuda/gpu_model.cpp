@@ -35,9 +35,12 @@ constexpr uint64_t kAlign = 256;  // every device array starts on a 256-byte bou
 uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // Device memory the load and cache checks leave for what they do not count: the CUDA context,
-// cuBLAS's workspace, the attention's split-KV partials and the bf16 copy of one layer's f16 W_UK or
-// W_UV that batches of more than 16 tokens widen (Blas::per_head).
-constexpr uint64_t kReserve = uint64_t(512) << 20;
+// cuBLAS's workspace, the attention's split-KV partials, the bf16 copy of one layer's f16 W_UK or
+// W_UV that batches of more than 16 tokens widen (Blas::per_head), and the cuBLAS prefill's
+// stream-ordered scratch (its 32 MiB workspace, one product's activations in bf16 and up to 64 MiB
+// of bf16 rows: ~200 MiB for a 4096-token chunk of GLM-5; where it cannot be had, the product takes
+// the tile kernel).
+constexpr uint64_t kReserve = uint64_t(768) << 20;
 // Indexer scores are computed for as many tokens at once as fit in this many bytes ([tokens, context]).
 constexpr uint64_t kScoreBytes = uint64_t(256) << 20;
 
