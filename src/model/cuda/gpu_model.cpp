@@ -606,6 +606,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
     fail("--device cuda: device {} does not exist ({} found)", opts.device, devs.size());
   const ops::DeviceInfo& dev = devs[size_t(opts.device)];
   gpu::set_device(dev.index);
+  gpu::keep_stream_ordered_memory(kReserve / 2);  // (within what the memory checks leave)
 
   std::unique_ptr<GpuModel> g(new GpuModel());
   g->device_ = dev.index;

@@ -120,6 +120,15 @@ void set_device(int device) {
   }
 }
 
+void keep_stream_ordered_memory(uint64_t bytes) {
+  int device = 0;
+  SPARSEMLA_CUDA_CHECK(cudaGetDevice(&device));
+  cudaMemPool_t pool = nullptr;
+  SPARSEMLA_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  uint64_t threshold = bytes;  // (cuuint64_t)
+  SPARSEMLA_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+}
+
 void memory_info(uint64_t* free_bytes, uint64_t* total_bytes) {
   size_t f = 0, t = 0;
   SPARSEMLA_CUDA_CHECK(cudaMemGetInfo(&f, &t));

@@ -16,6 +16,11 @@ namespace sparsemla::model::gpu {
 void set_device(int device);
 // Free and total memory of the current device, in bytes.
 void memory_info(uint64_t* free_bytes, uint64_t* total_bytes);
+// The current device's stream-ordered allocations (cudaMallocAsync: the tile kernel's split sums,
+// the cuBLAS prefill's scratch) keep up to `bytes` of freed memory in their pool across
+// synchronizations instead of returning it (the default, 0), so that a product after a host sync
+// does not map its memory again.
+void keep_stream_ordered_memory(uint64_t bytes);
 
 // A CUDA stream owned by the host object that holds it (blocking: it orders with the legacy
 // default stream that DeviceBuffer's copies use).
