@@ -221,19 +221,11 @@ std::atomic<bool>& prefill_blas_flag() {
 bool prefill_blas_enabled() { return prefill_blas_flag().load(std::memory_order_relaxed); }
 void set_prefill_blas(bool on) { prefill_blas_flag().store(on); }
 
-// The crossovers measured on an H100 (docs/PERFORMANCE.md, session 38; bench_cuda_matmul --prefill):
-// BF16 rows, read in place, win from 64 tokens (2x there); Q8_0, whose rows dequantize fastest, from
-// 128; the K-quants, whose dequantization costs ~30 us per 16M values, from about 256 (equal there,
-// 1.5-2x ahead at 512). The other types are given the K-quants' figure.
-int64_t blas_min_tokens(gguf::GgmlType t) {
-  switch (t) {
-    case gguf::GgmlType::BF16: return 64;
-    case gguf::GgmlType::F16:
-    case gguf::GgmlType::F32:
-    case gguf::GgmlType::Q8_0: return 128;
-    default: return kBlasMinTokensMax;
-  }
-}
+// The crossovers measured on an H100 (docs/PERFORMANCE.md, session 38; bench_cuda_matmul --prefill,
+// every type at 64-4096 tokens on the GLM-5 shapes): BF16 rows, read in place, win from 64 tokens
+// (1.8-2.1x there); every other type, whose rows are dequantized at 83-96% of copy bandwidth, from
+// 128 (1.0-1.7x there; at 64 tokens 0.65-1.2x).
+int64_t blas_min_tokens(gguf::GgmlType t) { return t == gguf::GgmlType::BF16 ? 64 : kBlasMinTokensMax; }
 
 void prefill_blas_warm_up(Stream s) {
   if (prefill_blas_enabled()) warm_up_blas(static_cast<cudaStream_t>(s));

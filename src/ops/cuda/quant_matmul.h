@@ -91,7 +91,7 @@ void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, floa
 // the tile kernel. chunk_rows > 0: at most that many rows per chunk (tests: several chunks on a
 // small weight).
 int64_t blas_min_tokens(gguf::GgmlType t);  // > kDecodeMaxTokens, <= kBlasMinTokensMax
-constexpr int64_t kBlasMinTokensMax = 256;
+constexpr int64_t kBlasMinTokensMax = 128;
 constexpr int64_t kF32BlasMinTokens = 128;
 bool matmul_prefill_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s,
                          int64_t chunk_rows = 0);
