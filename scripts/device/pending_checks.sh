@@ -1,23 +1,22 @@
 #!/usr/bin/env bash
-# On the GPU machine: the checks owed by sessions 34-37's code, in one run of ~13 minutes of device
-# time. Session 37 ran every phase but prefill and ncu on an H200 on 186f2c6 (PERFORMANCE.md, "Session 37":
-# all passed, the figures recorded), so what is owed now is the prefill phase (PHASES=prefill); the
-# others stay for re-checks. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla,
-# sparsemla_tests and bench_cuda_matmul with scripts/device/pack.sh from a build configured with
+# On the GPU machine: re-checks of sessions 34-38's GPU code, in one run of ~13 minutes of device
+# time. Every phase has run: session 37 ran all but prefill and ncu on an H200 on 186f2c6, session
+# 38 the prefill phase on an H100 (PERFORMANCE.md, "Session 37" and "Session 38": all passed, the
+# figures recorded). Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla, sparsemla_tests
+# and bench_cuda_matmul with scripts/device/pack.sh from a build configured with
 # -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
 # (default all: "prefill attention tests sanitizer model ncu profile"); ROUNDS the attention phase's
 # rounds (2).
 #
-#  prefill    session 37's cuBLAS prefill (prefill_blas.cu; written without a GPU, so off by default:
-#             SPARSEMLA_PREFILL_BLAS=1): its tests (the cuBLAS product and the bf16 rows against the
-#             CPU for every type, the fp32 router product, column slices, a long fixture prompt
-#             through the whole model), memcheck on them, `bench_cuda_matmul --prefill` (the tile
-#             kernel "pf:T" against "blas:T" at 64-4096 tokens), the GLM-5-width 3-layer prefill at 4K
-#             and 32K with it on and off, and the kernel time of one 4096-token chunk under Nsight
-#             Compute with the split norms at every row count and only up to 64 rows
-#             (SPARSEMLA_SPLIT_NORM_MAX_ROWS). If the tests pass and "blas" wins: turn it on by default
-#             (quant_matmul.cu: prefill_blas_flag), set kBlasMinTokens at the crossover, and if the
-#             one-block norms win at prefill sizes, cap split_norm_fits' rows.
+#  prefill    the cuBLAS prefill (prefill_blas.cu; on by default since session 38,
+#             SPARSEMLA_PREFILL_BLAS=0 turns it off): its tests (the cuBLAS product and the bf16 rows
+#             against the CPU for every type, the fp32 router product, column slices, a long fixture
+#             prompt through the whole model), memcheck on them, `bench_cuda_matmul --prefill` (the
+#             tile kernel "pf:T" against "blas:T" at 64-4096 tokens, "dq" the bf16 rows alone), the
+#             GLM-5-width 3-layer prefill at 4K and 32K with it on and off, and the kernel time of
+#             one 4096-token chunk under Nsight Compute with the split norms at their default limit
+#             (128 rows) and at 64 rows (SPARSEMLA_SPLIT_NORM_MAX_ROWS). blas_min_tokens
+#             (quant_matmul.cu) holds the crossovers the "pf" / "blas" lines give.
 #
 #  attention  the sparse MLA kernel's tile pairs (session 35: two sets of warps per head group taking
 #             alternate tiles) on and off (SPARSEMLA_MLA_TILE_PAIRS=1 / 0, two rounds interleaved)
@@ -66,7 +65,7 @@ if has prefill; then
         -m /tmp/g3pf.gguf --device cuda --prompt $p --gen 4 --batch 1 2>&1 | grep '^prefill')" | tee -a "$OUT/prefill_model.log"
     done
   done
-  for r in 65535 64; do
+  for r in 128 64; do
     SPARSEMLA_PREFILL_BLAS=1 SPARSEMLA_SPLIT_NORM_MAX_ROWS=$r SPARSEMLA_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none \
       --metrics gpu__time_duration.sum --csv "$BIN/sparsemla" bench -m /tmp/g3pf.gguf --device cuda --prompt 4096 --gen 1 \
       --batch 1 >"$OUT/prefill_ncu_$r.csv" 2>/dev/null
