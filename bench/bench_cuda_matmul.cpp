@@ -2,8 +2,8 @@
 // its fraction of the measured device-to-device copy bandwidth, for Q8_0, Q4_K, Q5_K, Q6_K, Q2_K,
 // Q3_K, the IQ types, Q4_0, IQ4_NL, MXFP4, F16 and BF16 weights of a 4096-square and the GLM-5
 // widths (6144 -> 2048 and 2048 -> 6144) at 1 to 512 tokens; for the quantized types also
-// 16384 -> 6144, 2048 -> 16384 and the output head (6144 -> 154880) at 1 to 64 tokens (32: a decode batch on the prefill kernel's 32-token tiles); and the routed
-// experts of one MoE layer (matmul_experts, 8 pairs). Beside each decode line (T <= 8) of a type
+// 16384 -> 6144, 2048 -> 16384 and the output head (6144 -> 154880) at 1 to 64 tokens (32: a
+// decode batch on the prefill kernel's 32-token tiles); and the routed experts of one MoE layer (matmul_experts, 8 pairs). Beside each decode line (T <= 8) of a type
 // with an int8-activation kernel, a "q8:T" line times matmul_decode_q8 / matmul_experts_q8 on the
 // same weights (activations quantized beforehand; the quantization's own time is printed at the
 // end), a "q8x2:T" line the same on two-level activations, a "tc:T" line the tensor-core decode

@@ -173,14 +173,15 @@ bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cu
 
 void warm_up_blas(cudaStream_t s) {
   constexpr int n = 128;
+  constexpr size_t kBytes = size_t(n * n) * (2 * 2 + 4 * 3);  // bf16 a, b; fp32 a, b, c (zeros)
   std::unique_lock<std::mutex> lock;
   const cublasHandle_t h = device_handle(s, lock);
   if (!h) return;
-  const Scratch scratch(size_t(n * n) * (2 * 2 + 4 * 3), s);  // bf16 a, b; fp32 a, b, c
+  const Scratch scratch(kBytes, s);
   if (!scratch) return;
   bind(h, s, scratch);
   uint8_t* p = scratch.data();
-  SPARSEMLA_CUDA_CHECK(cudaMemsetAsync(p, 0, size_t(n * n) * (2 * 2 + 4 * 3), s));
+  SPARSEMLA_CUDA_CHECK(cudaMemsetAsync(p, 0, kBytes, s));
   const float one = 1.0f, zero = 0.0f;
   float* c = reinterpret_cast<float*>(p + size_t(n * n) * (2 * 2 + 4 * 2));
   SPARSEMLA_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, p, CUDA_R_16BF, n, p + n * n * 2,
