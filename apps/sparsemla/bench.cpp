@@ -51,6 +51,7 @@ struct BenchArgs {
   std::string prompt = "128";  // one size or a comma list
   int gen = 32;
   std::string batch = "1";     // one size or a comma list
+  std::string chunk = "4096";  // prefill tokens per forward: one size or a comma list
   int threads = 0;
   std::string attention = "sparse";
   bool host_logits = false;  // decode: copy every logits row to the host instead of sampling on the GPU
@@ -85,7 +86,7 @@ std::vector<int> parse_sizes(const std::string& text, const char* option) {
 }
 
 struct BenchRow {
-  int prompt = 0, batch = 0;
+  int prompt = 0, batch = 0, chunk = 0;
   double prefill_tps = 0, decode_tps = 0, ms_per_step = 0, pct_of_bound = 0;
 };
 
@@ -96,8 +97,7 @@ struct BenchRow {
 // CPU thread's memcpy (the ranks of a split CPU model share the memory), or the device-to-device
 // copy of each GPU.
 BenchRow bench_case(const BenchArgs& a, const model::Model& m, engine::Backend& backend, int prompt_n, int batch,
-                    double bw, const std::string& bound_of, const model::TokenCost& cost) {
-  constexpr int kChunk = 4096;  // prompts go through in chunks, as a server's batches would take them
+                    int chunk, double bw, const std::string& bound_of, const model::TokenCost& cost) {
   const auto& hp = m.hparams();
   const int64_t total = int64_t(prompt_n) + a.gen;
   kv::BlockAllocator& blocks = backend.blocks();
@@ -108,8 +108,8 @@ BenchRow bench_case(const BenchArgs& a, const model::Model& m, engine::Backend& 
   const std::vector<int32_t> prompt = random_prompt(prompt_n, hp.n_vocab);
   auto t0 = Clock::now();
   for (auto& table : tables)
-    for (int at = 0; at < prompt_n; at += kChunk) {
-      const int n = std::min(kChunk, prompt_n - at);
+    for (int at = 0; at < prompt_n; at += chunk) {  // chunks of --batch-tokens, as serve's forwards take them
+      const int n = std::min(chunk, prompt_n - at);
       logits.clear();
       backend.forward({model::SeqInput{{prompt.begin() + at, prompt.begin() + at + n}, at, &table, false}}, logits);
     }
@@ -148,13 +148,13 @@ BenchRow bench_case(const BenchArgs& a, const model::Model& m, engine::Backend& 
   }
   const double decode_s = seconds_since(t0);
   for (auto& table : tables) blocks.release(table);
-  BenchRow row{prompt_n, batch, double(prompt_n) * batch / prefill_s, double(a.gen) * batch / decode_s, 0, 0};
+  BenchRow row{prompt_n, batch, chunk, double(prompt_n) * batch / prefill_s, double(a.gen) * batch / decode_s, 0, 0};
   if (a.dev.cuda())
-    std::printf("prefill %d x %d tokens: %.1f tokens/s (%.2f TFLOP/s)\n", batch, prompt_n, row.prefill_tps,
-                row.prefill_tps * cost.flops / 1e12);
+    std::printf("prefill %d x %d tokens in chunks of %d: %.1f tokens/s (%.2f TFLOP/s)\n", batch, prompt_n,
+                std::min(chunk, prompt_n), row.prefill_tps, row.prefill_tps * cost.flops / 1e12);
   else
-    std::printf("prefill %d x %d tokens: %.1f tokens/s (%.2f GFLOP/s)\n", batch, prompt_n, row.prefill_tps,
-                row.prefill_tps * cost.flops / 1e9);
+    std::printf("prefill %d x %d tokens in chunks of %d: %.1f tokens/s (%.2f GFLOP/s)\n", batch, prompt_n,
+                std::min(chunk, prompt_n), row.prefill_tps, row.prefill_tps * cost.flops / 1e9);
   const double steps_per_s = a.gen / decode_s;
   const double bound_steps = bw / double(cost.weight_bytes);
   row.ms_per_step = 1e3 / steps_per_s;
@@ -186,7 +186,8 @@ BenchRow bench_case(const BenchArgs& a, const model::Model& m, engine::Backend& 
 }
 
 int run_bench(const BenchArgs& a) {
-  const std::vector<int> prompts = parse_sizes(a.prompt, "--prompt"), batches = parse_sizes(a.batch, "--batch");
+  const std::vector<int> prompts = parse_sizes(a.prompt, "--prompt"), batches = parse_sizes(a.batch, "--batch"),
+                         chunks = parse_sizes(a.chunk, "--batch-tokens");
   if (a.gen <= 0) fail("--gen must be > 0");
   check_device_args(a.dev);
   model::ModelOptions o;
@@ -197,16 +198,17 @@ int run_bench(const BenchArgs& a) {
   const model::TokenCost cost = model::token_cost(m->file(), hp);
   const int max_prompt = *std::max_element(prompts.begin(), prompts.end());
   const int max_batch = *std::max_element(batches.begin(), batches.end());
+  const int max_chunk = std::min(max_prompt, *std::max_element(chunks.begin(), chunks.end()));
   const int32_t blocks_per_seq = int32_t((int64_t(max_prompt) + a.gen + 15) / 16);
   auto backend = engine::make_backend(*m, backend_options(a.dev, a.threads), blocks_per_seq * max_batch + 4, 16,
-                                      std::min(max_prompt, 4096));
+                                      max_chunk);
   {  // warm-up: first launches, cuBLAS's setup, the GPU workspace at its largest; pages of the weights
     kv::BlockAllocator& blocks = backend->blocks();
     std::vector<float> logits;
-    // On a GPU one whole prefill chunk (up to 4096 tokens), so that the first launch of every
-    // prefill kernel (loaded lazily: the experts' tile and cuBLAS kernels at their group sizes) is
-    // not in the first figure; on the CPU a short prompt does.
-    const int warm_n = std::min(max_prompt, a.dev.cuda() ? 4096 : 32);
+    // On a GPU one whole prefill chunk (the largest --batch-tokens), so that the first launch of
+    // every prefill kernel (loaded lazily: the experts' tile and cuBLAS kernels at their group sizes)
+    // is not in the first figure; on the CPU a short prompt does.
+    const int warm_n = a.dev.cuda() ? max_chunk : std::min(max_prompt, 32);
     std::vector<int32_t> warm;
     blocks.reserve(warm, warm_n + 1);
     const std::vector<int32_t> ids = random_prompt(warm_n, hp.n_vocab);
@@ -238,13 +240,14 @@ int run_bench(const BenchArgs& a) {
   }
   std::vector<BenchRow> rows;
   for (int p : prompts)
-    for (int b : batches) rows.push_back(bench_case(a, *m, *backend, p, b, bw, bound_of, cost));
+    for (int b : batches)
+      for (int c : chunks) rows.push_back(bench_case(a, *m, *backend, p, b, c, bw, bound_of, cost));
   if (rows.size() > 1) {
-    std::printf("\n%9s %6s %14s %14s %12s %10s\n", "context", "batch", "prefill tok/s", "decode tok/s", "ms/step",
-                "% bound");
+    std::printf("\n%9s %6s %7s %14s %14s %12s %10s\n", "context", "batch", "chunk", "prefill tok/s", "decode tok/s",
+                "ms/step", "% bound");
     for (const BenchRow& r : rows)
-      std::printf("%9d %6d %14.1f %14.1f %12.3f %9.1f%%\n", r.prompt, r.batch, r.prefill_tps, r.decode_tps,
-                  r.ms_per_step, r.pct_of_bound);
+      std::printf("%9d %6d %7d %14.1f %14.1f %12.3f %9.1f%%\n", r.prompt, r.batch, std::min(r.chunk, r.prompt),
+                  r.prefill_tps, r.decode_tps, r.ms_per_step, r.pct_of_bound);
     std::fflush(stdout);
   }
   return 0;
@@ -292,6 +295,10 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("--batch", a->batch,
                   "sequences decoding together (each with its own --prompt), or a comma list (e.g. 1,8,32): every "
                   "prompt size with every batch, one model load, and a table at the end");
+  cmd->add_option("--batch-tokens", a->chunk,
+                  "prompt tokens per forward (serve's --batch-tokens: prompts go through in chunks of it), or a comma "
+                  "list to compare")
+      ->capture_default_str();
   cmd->add_option("--attention", a->attention, "sparse (the model's DSA top-k, default) or dense (every position)")
       ->check(CLI::IsMember({"sparse", "dense"}));
   cmd->add_option("--threads,-t", a->threads, "CPU threads (default: all)");

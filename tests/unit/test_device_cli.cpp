@@ -190,8 +190,16 @@ TEST(DeviceCli, BenchReportsBatchedDecodeOnTheCpu) {
   const CliResult sweep = cli("bench -m " + model() + " --prompt 8,20 --gen 2 --batch 1,3 --threads 2");
   ASSERT_EQ(sweep.status, 0) << sweep.out;
   for (const char* line : {"prefill 1 x 8 tokens", "prefill 3 x 8 tokens", "prefill 1 x 20 tokens",
-                           "decode 2 steps of batch 3, context 21..22", "context  batch  prefill tok/s"})
+                           "decode 2 steps of batch 3, context 21..22", "context  batch   chunk  prefill tok/s"})
     EXPECT_TRUE(contains(sweep.out, line)) << line << "\n" << sweep.out;
+  // Prefill chunks (serve's --batch-tokens): each size in turn, a chunk past the prompt is the prompt.
+  const CliResult chunks = cli("bench -m " + model() + " --prompt 20 --gen 2 --batch-tokens 8,64 --threads 2");
+  ASSERT_EQ(chunks.status, 0) << chunks.out;
+  for (const char* line : {"prefill 1 x 20 tokens in chunks of 8:", "prefill 1 x 20 tokens in chunks of 20:"})
+    EXPECT_TRUE(contains(chunks.out, line)) << line << "\n" << chunks.out;
+  const CliResult bad_chunk = cli("bench -m " + model() + " --batch-tokens 0");
+  EXPECT_NE(bad_chunk.status, 0);
+  EXPECT_TRUE(contains(bad_chunk.out, "--batch-tokens 0: '0' is not a positive size")) << bad_chunk.out;
   const CliResult bad_list = cli("bench -m " + model() + " --prompt 8,,20");
   EXPECT_NE(bad_list.status, 0);
   EXPECT_TRUE(contains(bad_list.out, "--prompt 8,,20: '' is not a positive size")) << bad_list.out;
