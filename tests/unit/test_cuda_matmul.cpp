@@ -502,14 +502,17 @@ TEST_P(CudaMatmul, PairsOfProductsEqualTheProductsAlone) {
 // those of one type share a launch whatever their row counts (a grid over the most rows, the blocks
 // past a product's rows leaving), and each output has the bits of its matrix's own product by the
 // same entry (matmul, or matmul_decode when precise); a product of another type runs alone; more
-// tokens take a call each. More than four are refused.
+// tokens take a call each, but for those that take cuBLAS at prefill sizes, which share one bf16
+// rounding of x (prefill_blas_many) and must still give each product's own bits. More than four
+// are refused.
 TEST_P(CudaMatmul, ManyProductsEqualTheProductsAlone) {
   SPARSEMLA_REQUIRE_GPU();
   const Shape sh = shapes_for(type())[0];
   const TestWeight a(type(), sh.n_rows, sh.n_cols, 61), b(type(), 3, sh.n_cols, 62),
       c(type(), 2 * sh.n_rows + 16, sh.n_cols, 63), other(GgmlType::F32, 40, sh.n_cols, 64);
   const std::vector<const TestWeight*> ws = {&a, &b, &other, &c};
-  for (const int64_t T : {int64_t(1), int64_t(2)})
+  const int64_t blas_T = kBlasMinTokensMax + 37;  // (past every type's blas_min_tokens)
+  for (const int64_t T : {int64_t(1), int64_t(2), blas_T})
     for (const bool precise : {false, true})
       for (const int n : {3, 4}) {  // three of one type; then the other type among them
         std::vector<QuantMatrix> mats;
@@ -523,8 +526,11 @@ TEST_P(CudaMatmul, ManyProductsEqualTheProductsAlone) {
           ys.push_back(to_device(std::vector<float>(size_t(T * m.n_rows), kUnwritten)));
           yp.push_back(ys.back().as<float>());
         }
+        const int64_t calls = prefill_blas_calls();
         matmul_many(mats.data(), yp.data(), int(mats.size()), dx.as<float>(), T, nullptr, precise);
         synchronize();
+        if (T == blas_T && !precise)  // every product here takes cuBLAS from blas_min_tokens of its type
+          EXPECT_EQ(prefill_blas_calls() - calls, int64_t(mats.size())) << GetParam() << ": products not through cuBLAS";
         const ProductFn alone = precise ? &matmul_decode : &matmul;
         for (size_t i = 0; i < mats.size(); ++i)
           EXPECT_EQ(to_host<float>(ys[i], size_t(T * mats[i].n_rows)), gpu_product(alone, mats[i], x, T))

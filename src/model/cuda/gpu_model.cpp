@@ -1540,8 +1540,11 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = st.host_counts[size_t(e)];
     if (n == 0) continue;
-    product(rows(L.gate_exps, e * Fe, Fe), w.ye + off * H, n, w.g + off * Fe);
-    product(rows(L.up_exps, e * Fe, Fe), w.ye + off * H, n, w.u + off * Fe);
+    // (One call: at cuBLAS sizes the two share the activations' bf16 rounding.)
+    const QuantMatrix gate = rows(L.gate_exps, e * Fe, Fe), up = rows(L.up_exps, e * Fe, Fe);
+    const QuantMatrix* mats[2] = {&gate, &up};
+    float* outs[2] = {w.g + off * Fe, w.u + off * Fe};
+    product_many(mats, outs, 2, w.ye + off * H, n, nullptr);
     off += n;
   }
   cuda::silu_mul(w.g, w.u, n_routed * Fe, s);

@@ -34,6 +34,7 @@ namespace {
 
 constexpr int64_t kChunkWeights = int64_t(32) << 20;  // 64 MiB of bf16 rows per chunk
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
+constexpr int kMaxBlasProducts = 8;                    // prefill_blas_many's products per call
 
 std::atomic<int64_t> g_calls{0};
 
@@ -129,18 +130,35 @@ bool prefill_blas_f32(const MatArgs& a, cudaStream_t s) {
 }
 
 bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cudaStream_t s, int64_t chunk_rows) {
-  const int64_t T = a.n_tokens, rows = a.n_rows, cols = a.n_cols;
-  if (T <= 0 || rows <= 0) return true;
-  const int64_t lda_in_place = int64_t(a.row_bytes / 2);
-  if (T > INT_MAX || rows > INT_MAX || cols > INT_MAX || lda_in_place > INT_MAX) return false;
+  const BlasProduct p{a, to_bf16, bf16_in_place};
+  return prefill_blas_many(&p, 1, s, chunk_rows);
+}
+
+bool prefill_blas_many(const BlasProduct* p, int n_products, cudaStream_t s, int64_t chunk_rows) {
+  if (n_products <= 0) return true;
+  const MatArgs& a0 = p[0].a;
+  const int64_t T = a0.n_tokens, cols = a0.n_cols;
+  if (T <= 0) return true;
+  if (T > INT_MAX || cols > INT_MAX) return false;
+  // Rows per chunk of each product: all when read in place, else whole 128-row tiles of at most
+  // kChunkWeights values; the scratch holds the largest.
+  int64_t chunk[kMaxBlasProducts] = {};
+  if (n_products > kMaxBlasProducts) return false;
+  size_t w_bytes = 0;
+  for (int i = 0; i < n_products; ++i) {
+    const MatArgs& a = p[i].a;
+    if (a.x != a0.x || a.n_tokens != T || a.n_cols != cols) return false;  // (not one input: the caller's error)
+    const int64_t rows = a.n_rows, lda_in_place = int64_t(a.row_bytes / 2);
+    if (rows > INT_MAX || lda_in_place > INT_MAX) return false;
+    int64_t c = p[i].bf16_in_place ? rows : std::min(rows, std::max<int64_t>(128, kChunkWeights / cols / 128 * 128));
+    if (chunk_rows > 0) c = std::min(c, chunk_rows);
+    chunk[i] = std::max<int64_t>(c, 1);
+    if (!p[i].bf16_in_place) w_bytes = std::max(w_bytes, size_t(chunk[i] * cols) * 2);
+  }
   std::unique_lock<std::mutex> lock;
   const cublasHandle_t h = device_handle(s, lock);
   if (!h) return false;
-  // Rows per chunk: all when read in place, else whole 128-row tiles of at most kChunkWeights values.
-  int64_t chunk = bf16_in_place ? rows : std::min(rows, std::max<int64_t>(128, kChunkWeights / cols / 128 * 128));
-  if (chunk_rows > 0) chunk = std::min(chunk, chunk_rows);
   const size_t x_bytes = round_up(size_t(T * cols) * 2, 256);
-  const size_t w_bytes = bf16_in_place ? 0 : size_t(chunk * cols) * 2;
   const Scratch scratch(x_bytes + w_bytes, s);
   if (!scratch) return false;
   bind(h, s, scratch);
@@ -148,26 +166,30 @@ bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cu
   auto* wb = reinterpret_cast<__nv_bfloat16*>(scratch.data() + x_bytes);
   const int64_t n = T * cols;
   const unsigned grid = unsigned(std::min<int64_t>((n / 8 + 255) / 256 + 1, 65535));
-  round_bf16_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>(a.x, n, xb);
+  round_bf16_kernel<__nv_bfloat16><<<grid, 256, 0, s>>>(a0.x, n, xb);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
   const float one = 1.0f, zero = 0.0f;
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-    const int64_t nr = std::min(chunk, rows - r0);
-    const void* w = wb;
-    int64_t lda = cols;
-    if (bf16_in_place) {
-      w = a.w + uint64_t(r0) * a.row_bytes;
-      lda = lda_in_place;
-    } else {
-      to_bf16(a, r0, nr, wb, s);
+  for (int i = 0; i < n_products; ++i) {
+    const MatArgs& a = p[i].a;
+    const int64_t rows = a.n_rows;
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk[i]) {
+      const int64_t nr = std::min(chunk[i], rows - r0);
+      const void* w = wb;
+      int64_t lda = cols;
+      if (p[i].bf16_in_place) {
+        w = a.w + uint64_t(r0) * a.row_bytes;
+        lda = int64_t(a.row_bytes / 2);
+      } else {
+        p[i].to_bf16(a, r0, nr, wb, s);
+      }
+      // Column-major: y^T (rows x T, ld n_rows) = op(W) x^T with W row-major [rows][lda] read as
+      // column-major lda x rows (op = transpose) and x^T column-major cols x T.
+      SPARSEMLA_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), int(T), int(cols), &one, w,
+                                          CUDA_R_16BF, int(lda), xb, CUDA_R_16BF, int(cols), &zero, a.y + r0,
+                                          CUDA_R_32F, int(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
-    // Column-major: y^T (rows x T, ld n_rows) = op(W) x^T with W row-major [rows][lda] read as
-    // column-major lda x rows (op = transpose) and x^T column-major cols x T.
-    SPARSEMLA_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(nr), int(T), int(cols), &one, w,
-                                                CUDA_R_16BF, int(lda), xb, CUDA_R_16BF, int(cols), &zero, a.y + r0,
-                                                CUDA_R_32F, int(rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    ++g_calls;
   }
-  ++g_calls;
   return true;
 }
 

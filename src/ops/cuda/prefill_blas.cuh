@@ -14,6 +14,17 @@ namespace sparsemla::cuda {
 // most that many rows per chunk (else 64 MiB of bf16 rows).
 bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cudaStream_t s, int64_t chunk_rows = 0);
 
+// One product of prefill_blas_many.
+struct BlasProduct {
+  MatArgs a;
+  Bf16Launcher to_bf16 = nullptr;
+  bool bf16_in_place = false;
+};
+// prefill_blas for n products of one input (every p[i].a with the same x, n_tokens and n_cols):
+// the activations rounded to bf16 once for all, then each product as prefill_blas runs it (the same
+// bits). False as prefill_blas, before anything was enqueued.
+bool prefill_blas_many(const BlasProduct* p, int n, cudaStream_t s, int64_t chunk_rows = 0);
+
 // a.y = W a.x in fp32 arithmetic (CUBLAS_COMPUTE_32F_PEDANTIC) for F32 rows (a.row_bytes a
 // multiple of 4). False as prefill_blas.
 bool prefill_blas_f32(const MatArgs& a, cudaStream_t s);

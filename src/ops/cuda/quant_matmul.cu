@@ -243,13 +243,21 @@ void matmul_prefill(const QuantMatrix& w, const float* x, int64_t n_tokens, floa
   if (n_tokens > 0) k.prefill(a, static_cast<cudaStream_t>(s));
 }
 
+namespace {
+
+// y = W x as prefill_blas takes it: checked, with the type's bf16 rows (BF16 rows read in place).
+BlasProduct blas_product(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, const char* op) {
+  const TypeKernels& k = kernels_for(w.type, op);
+  return {checked_product(w, x, n_tokens, y, op), k.to_bf16, w.type == gguf::GgmlType::BF16 && w.row_bytes % 16 == 0};
+}
+
+}  // namespace
+
 bool matmul_prefill_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s,
                          int64_t chunk_rows) {
-  const TypeKernels& k = kernels_for(w.type, "matmul_prefill_blas");
-  const MatArgs a = checked_product(w, x, n_tokens, y, "matmul_prefill_blas");
+  const BlasProduct p = blas_product(w, x, n_tokens, y, "matmul_prefill_blas");
   if (chunk_rows < 0) fail("cuda::matmul_prefill_blas: negative chunk of {} rows", chunk_rows);
-  const bool in_place = w.type == gguf::GgmlType::BF16 && w.row_bytes % 16 == 0;
-  return prefill_blas(a, k.to_bf16, in_place, static_cast<cudaStream_t>(s), chunk_rows);
+  return prefill_blas_many(&p, 1, static_cast<cudaStream_t>(s), chunk_rows);
 }
 
 bool matmul_f32_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, float* y, Stream s) {
@@ -322,6 +330,19 @@ void matmul_many(const QuantMatrix* w, float* const* y, int n, const float* x, i
     else matmul(w[i], x, n_tokens, y[i], s);
   };
   bool done[kMaxProducts] = {};
+  // At prefill sizes, the products that take cuBLAS (matmul: blas_min_tokens) share one bf16
+  // rounding of x: each the bits of matmul alone.
+  if (!precise && n_tokens > kDecodeMaxTokens && n > 1 && prefill_blas_enabled()) {
+    BlasProduct p[kMaxProducts];
+    int idx[kMaxProducts], nb = 0;
+    for (int i = 0; i < n; ++i)
+      if (n_tokens >= blas_min_tokens(w[i].type) && (nb == 0 || w[i].n_cols == p[0].a.n_cols)) {
+        p[nb] = blas_product(w[i], x, n_tokens, y[i], "matmul_many");
+        idx[nb++] = i;
+      }
+    if (nb > 1 && prefill_blas_many(p, nb, static_cast<cudaStream_t>(s)))
+      for (int j = 0; j < nb; ++j) done[idx[j]] = true;
+  }
   for (int i = 0; i < n; ++i) {
     if (done[i]) continue;
     done[i] = true;

@@ -115,7 +115,8 @@ bool matmul_f32_blas(const QuantMatrix& w, const float* x, int64_t n_tokens, flo
 // matmul_decode). At one token the products that share a type and a column count take one launch
 // (the one-token or fp32 decode kernel, the product picked by the grid's z; any row counts), which
 // saves kernels' starts and drains at batch 1 and fills the device where each alone would not (a
-// 128-row product is 8 blocks); otherwise one call each.
+// 128-row product is 8 blocks). At prefill sizes those that take cuBLAS (blas_min_tokens; of one
+// column count) round x to bf16 once for all (prefill_blas_many); otherwise one call each.
 constexpr int kMaxProducts = 4;
 void matmul_many(const QuantMatrix* w, float* const* y, int n, const float* x, int64_t n_tokens, Stream s,
                  bool precise = false);
