@@ -51,7 +51,7 @@ struct BenchArgs {
   std::string prompt = "128";  // one size or a comma list
   int gen = 32;
   std::string batch = "1";     // one size or a comma list
-  std::string chunk = "4096";  // prefill tokens per forward: one size or a comma list
+  std::string chunk;           // prefill tokens per forward: one size or a comma list ("": serve's default)
   int threads = 0;
   std::string attention = "sparse";
   bool host_logits = false;  // decode: copy every logits row to the host instead of sampling on the GPU
@@ -187,7 +187,9 @@ BenchRow bench_case(const BenchArgs& a, const model::Model& m, engine::Backend& 
 
 int run_bench(const BenchArgs& a) {
   const std::vector<int> prompts = parse_sizes(a.prompt, "--prompt"), batches = parse_sizes(a.batch, "--batch"),
-                         chunks = parse_sizes(a.chunk, "--batch-tokens");
+                         chunks = a.chunk.empty() ? std::vector<int>{engine::default_batch_tokens(
+                                                        a.dev.cuda() ? engine::Device::Cuda : engine::Device::Cpu)}
+                                                  : parse_sizes(a.chunk, "--batch-tokens");
   if (a.gen <= 0) fail("--gen must be > 0");
   check_device_args(a.dev);
   model::ModelOptions o;
@@ -296,9 +298,9 @@ Runner add_bench(CLI::App& app) {
                   "sequences decoding together (each with its own --prompt), or a comma list (e.g. 1,8,32): every "
                   "prompt size with every batch, one model load, and a table at the end");
   cmd->add_option("--batch-tokens", a->chunk,
-                  "prompt tokens per forward (serve's --batch-tokens: prompts go through in chunks of it), or a comma "
-                  "list to compare")
-      ->capture_default_str();
+                  fmt::format("prompt tokens per forward, as serve's --batch-tokens takes them (default as serve's: {} "
+                              "on a GPU, {} on the CPU), or a comma list to compare",
+                              engine::kGpuBatchTokens, engine::kCpuBatchTokens));
   cmd->add_option("--attention", a->attention, "sparse (the model's DSA top-k, default) or dense (every position)")
       ->check(CLI::IsMember({"sparse", "dense"}));
   cmd->add_option("--threads,-t", a->threads, "CPU threads (default: all)");

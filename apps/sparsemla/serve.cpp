@@ -73,8 +73,10 @@ Runner add_serve(CLI::App& app) {
   cmd->add_option("--kv-cache-tokens", o->kv_cache_tokens,
                   "KV cache size in tokens (default: max-seqs x ctx-size; on the GPU it must fit beside the weights)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 32));
-  cmd->add_option("--batch-tokens", o->batch_tokens, "tokens per forward pass: decodes, then prefill chunks")
-      ->capture_default_str()
+  cmd->add_option("--batch-tokens", o->batch_tokens,
+                  fmt::format("tokens per forward pass: decodes, then prompt chunks (default: {} on a GPU, {} on the "
+                              "CPU; larger chunks take long prompts in faster but need more GPU workspace)",
+                              engine::kGpuBatchTokens, engine::kCpuBatchTokens))
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-body-bytes", o->max_body_bytes, "largest request body accepted")->capture_default_str();
   cmd->add_option("--threads,-t", *threads, "CPU threads (default: all)");

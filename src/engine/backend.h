@@ -93,4 +93,13 @@ class Backend {
 std::unique_ptr<Backend> make_backend(model::Model& model, const BackendOptions& opts, int32_t kv_blocks,
                                       int32_t block_size, int64_t batch_tokens);
 
+// Tokens per forward that serve (and bench) take when --batch-tokens is not given: decodes, then
+// prompt chunks up to it. On the CPU 512. On a GPU kGpuBatchTokens: the cuBLAS prefill decodes each
+// weight once per forward and the experts' products reach its sizes only in large chunks, so a
+// prompt goes through several times faster in 4096-token forwards than in 512-token ones on the
+// GLM-5-width model (docs/PERFORMANCE.md, session 39); the price is the workspace for such a
+// forward (~1.1 MB per token at GLM-5's widths) and, for the other sequences, one longer step.
+inline constexpr int32_t kCpuBatchTokens = 512, kGpuBatchTokens = 4096;
+inline int32_t default_batch_tokens(Device d) { return d == Device::Cuda ? kGpuBatchTokens : kCpuBatchTokens; }
+
 }  // namespace sparsemla::engine

@@ -110,7 +110,9 @@ void Server::load() {
   const int64_t kv_tokens = opts_.kv_cache_tokens > 0 ? opts_.kv_cache_tokens : int64_t(opts_.max_seqs) * ctx;
   engine::SchedulerConfig& c = e->config;
   c.max_seqs = opts_.max_seqs;
-  c.batch_tokens = std::max(opts_.batch_tokens, opts_.max_seqs);
+  const int32_t batch_tokens =
+      opts_.batch_tokens > 0 ? opts_.batch_tokens : engine::default_batch_tokens(opts_.backend.device);
+  c.batch_tokens = std::max(batch_tokens, opts_.max_seqs);
   c.ctx_size = ctx;
   c.block_size = opts_.block_size;
   const int64_t kv_blocks = (kv_tokens + c.block_size - 1) / c.block_size;

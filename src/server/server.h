@@ -28,7 +28,7 @@ struct ServerOptions {
   int32_t max_seqs = 8;
   int32_t ctx_size = 0;         // 0: the model's training context, at most 8192
   int64_t kv_cache_tokens = 0;  // 0: max_seqs * ctx_size (on the GPU too: a cache that does not fit is a load error)
-  int32_t batch_tokens = 512;
+  int32_t batch_tokens = 0;     // tokens per forward; 0: engine::default_batch_tokens(backend.device)
   int32_t block_size = 16;
   int32_t max_waiting = 256;
   size_t max_body_bytes = 8 << 20;

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "dist/tcp_bootstrap.h"
+#include "engine/backend.h"
 #include "gpu_test_util.h"
 #include "test_util.h"
 
@@ -197,6 +198,11 @@ TEST(DeviceCli, BenchReportsBatchedDecodeOnTheCpu) {
   ASSERT_EQ(chunks.status, 0) << chunks.out;
   for (const char* line : {"prefill 1 x 20 tokens in chunks of 8:", "prefill 1 x 20 tokens in chunks of 20:"})
     EXPECT_TRUE(contains(chunks.out, line)) << line << "\n" << chunks.out;
+  // Without --batch-tokens, serve's default for the device (the CPU's here).
+  const CliResult dflt = cli("bench -m " + model() + " --prompt " + std::to_string(engine::kCpuBatchTokens + 40) +
+                             " --gen 1 --threads 2");
+  ASSERT_EQ(dflt.status, 0) << dflt.out;
+  EXPECT_TRUE(contains(dflt.out, fmt::format("in chunks of {}:", engine::kCpuBatchTokens))) << dflt.out;
   const CliResult bad_chunk = cli("bench -m " + model() + " --batch-tokens 0");
   EXPECT_NE(bad_chunk.status, 0);
   EXPECT_TRUE(contains(bad_chunk.out, "--batch-tokens 0: '0' is not a positive size")) << bad_chunk.out;
