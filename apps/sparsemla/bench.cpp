@@ -202,8 +202,11 @@ int run_bench(const BenchArgs& a) {
   const int max_batch = *std::max_element(batches.begin(), batches.end());
   const int max_chunk = std::min(max_prompt, *std::max_element(chunks.begin(), chunks.end()));
   const int32_t blocks_per_seq = int32_t((int64_t(max_prompt) + a.gen + 15) / 16);
-  auto backend = engine::make_backend(*m, backend_options(a.dev, a.threads), blocks_per_seq * max_batch + 4, 16,
-                                      max_chunk);
+  engine::BackendOptions bo = backend_options(a.dev, a.threads);
+#if SPARSEMLA_HAVE_CUDA
+  bo.gpu.max_logit_rows = max_batch;  // (logits of each sequence's last row: the workspace estimate)
+#endif
+  auto backend = engine::make_backend(*m, bo, blocks_per_seq * max_batch + 4, 16, max_chunk);
   {  // warm-up: first launches, cuBLAS's setup, the GPU workspace at its largest; pages of the weights
     kv::BlockAllocator& blocks = backend->blocks();
     std::vector<float> logits;

@@ -58,6 +58,16 @@ const SchedulerConfig& checked(const SchedulerConfig& cfg) {
   return cfg;
 }
 
+// The backend's options, with what the scheduler knows of its forwards: logits for one row per
+// sequence (the GPU's workspace estimate).
+BackendOptions backend_options(const SchedulerConfig& cfg) {
+  BackendOptions o = cfg.backend;
+#if SPARSEMLA_HAVE_CUDA
+  o.gpu.max_logit_rows = cfg.max_seqs;
+#endif
+  return o;
+}
+
 }  // namespace
 
 Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tok, const SchedulerConfig& cfg,
@@ -65,7 +75,7 @@ Scheduler::Scheduler(model::Model& model, const tokenizer::Tokenizer& tok, const
     : tok_(tok),
       cfg_(checked(cfg)),
       metrics_(metrics),
-      backend_(make_backend(model, cfg.backend, cfg.kv_blocks, cfg.block_size, cfg.batch_tokens)),
+      backend_(make_backend(model, backend_options(cfg), cfg.kv_blocks, cfg.block_size, cfg.batch_tokens)),
       blocks_(backend_->blocks()) {
   const int32_t n_vocab = int32_t(backend_->n_vocab());
   visible_.assign(size_t(n_vocab), false);

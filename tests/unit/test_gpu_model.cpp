@@ -448,6 +448,39 @@ TEST(GpuModel, LoadRefusesWhatDoesNotFitWithTheNumbers) {
   EXPECT_NE(cache_msg.find("are free"), std::string::npos) << cache_msg;
 }
 
+// The load-time workspace estimate counts logits rows only as many as a forward asks for
+// (GpuModelOptions::max_logit_rows: a server's one per sequence): at least (T - rows) fp32 rows of
+// the vocabulary less than the estimate for every row. A forward that asks more grows the workspace
+// and gives the same logits as the model estimated for every row.
+TEST(GpuModel, WorkspaceEstimateCountsTheLogitsRowsAskedFor) {
+  SPARSEMLA_REQUIRE_GPU();
+  auto cpu = Model::load(fixture_model("glm_pub"), {AttentionMode::Sparse, 2});
+  const int64_t T = 300, V = cpu->hparams().n_vocab;
+  GpuModelOptions o = options(KvDtype::BF16);
+  o.max_batch_tokens = T;
+  auto all_rows = GpuModel::load(*cpu, o);
+  o.max_logit_rows = 4;
+  auto few_rows = GpuModel::load(*cpu, o);
+  EXPECT_GE(all_rows->memory().workspace_estimate, few_rows->memory().workspace_estimate + uint64_t((T - 4) * V * 4));
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < T; ++i) ids.push_back(int32_t((i * 131 + 7) % V));
+  std::vector<float> a, b;
+  for (const bool all_logits : {false, true}) {
+    GpuCache ca = all_rows->make_cache(32, 16), cb = few_rows->make_cache(32, 16);
+    std::vector<int32_t> ta, tb;
+    ASSERT_TRUE(ca.reserve(ta, T) && cb.reserve(tb, T));
+    all_rows->forward({SeqInput{ids, 0, &ta, all_logits}}, ca, a);
+    few_rows->forward({SeqInput{ids, 0, &tb, all_logits}}, cb, b);
+    const int64_t rows = all_logits ? T : 1;
+    ASSERT_EQ(a.size(), size_t(rows * V));
+    ASSERT_EQ(b.size(), a.size());
+    const Agreement agree = compare(b, a, V, rows, 1e-5);  // (the same kernels: equal but for the sums' order)
+    EXPECT_TRUE(agree.finite);
+    EXPECT_LE(agree.rel, 1e-5) << (all_logits ? "every row's logits" : "the last row's logits");
+    EXPECT_EQ(agree.argmax, 1.0);
+  }
+}
+
 // Decode steps replay CUDA graphs (one per batch size and context bucket) and give the logits of
 // the same steps launched one kernel at a time: over batch sizes 1-3, across the 256 -> 512
 // context bucket, and after a long prefill has grown (moved) the workspace under the captured

@@ -694,7 +694,8 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   g->mem_.workspace_tokens = std::max<int64_t>(1, opts.max_batch_tokens);
   {
     WsDims d;
-    d.T = d.R = g->mem_.workspace_tokens;
+    d.T = g->mem_.workspace_tokens;
+    d.R = opts.max_logit_rows > 0 ? std::min(d.T, opts.max_logit_rows) : d.T;
     d.max_ctx = std::max<int64_t>(1, opts.min_cache_tokens);
     d.table_entries = d.T * ((d.max_ctx + 15) / 16);
     d.score_rows = score_rows_for(d.T, d.max_ctx);

@@ -85,6 +85,9 @@ struct GpuModelOptions {
   bool verbose = false;            // print the backend table at load
   int64_t min_cache_tokens = 1024; // load refuses unless a cache of this many tokens fits beside the weights
   int64_t max_batch_tokens = 512;  // the forward size the workspace estimate at load is made for
+  // Rows a forward asks logits for, at most (the estimate's logits rows; 0: max_batch_tokens). A
+  // server's forwards ask one per sequence (its max_seqs); a larger forward grows the workspace then.
+  int64_t max_logit_rows = 0;
   // fp32 matrix products at every batch size (the decode kernels) and the fp32 FMA attention and
   // indexer kernels, instead of bf16 tensor-core products for prefill: slower, and the closest the
   // GPU comes to the CPU's arithmetic (what the tests compare strictly). The caches stay as chosen.
