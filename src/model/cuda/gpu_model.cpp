@@ -622,7 +622,6 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   // SPARSEMLA_CUDA_GRAPHS=0 turns the decode graphs off without a rebuild (comparisons, debugging).
   if (env_off("SPARSEMLA_CUDA_GRAPHS")) g->opts_.cuda_graphs = false;
   if (env_off("SPARSEMLA_SIDE_STREAM")) g->opts_.side_stream = false;
-  if (env_off("SPARSEMLA_SHARED_BESIDE_ROUTER")) g->opts_.shared_beside_router = false;
   if (env_off("SPARSEMLA_Q8_ACTIVATIONS")) g->opts_.q8_two_level = false;
   if (env_off("SPARSEMLA_ABSORB_IN_PLACE")) g->opts_.absorb_in_place = false;
   if (const int q = env_switch("SPARSEMLA_ABSORB_QUANT"); q >= 0) g->opts_.absorb_quantized_in_place = q == 1;
@@ -1398,40 +1397,6 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
   const int64_t k = hp.n_expert_used, Fe = hp.n_ff_exp;
   // The experts this model holds: all, or a rank's range (expert parallel).
   const int64_t E = sharded() && shard_.experts.count >= 0 ? shard_.experts.count : hp.n_expert;
-  // One token: the shared expert as pair k of the routed products (no launches of its own; the
-  // combine adds its output row first, as it adds the shared MLP's output otherwise), where it has
-  // one routed expert's types and shapes (the same bits either way). Its gate and up products need
-  // no routing, so with the side stream they run there beside the router (shared_beside_router).
-  const bool fold = T == 1 && L.shared && L.gate_exps.type == L.up_exps.type &&
-                    cuda::expert_shaped(L.gate_exps, Fe, L.gate_shexp) &&
-                    cuda::expert_shaped(L.up_exps, Fe, L.up_shexp) && cuda::expert_shaped(L.down_exps, H, L.down_shexp);
-  const cuda::Q8Activations* qx1 = T == 1 ? quantized(w.x, 1, H, 0, ffn_readers(L)) : nullptr;
-  const auto int8 = [&](const cuda::Q8Activations* q, const QuantMatrix& m) { return q && q8_levels(m.type) != 0; };
-  const auto kernel = [&](const QuantMatrix& m) {
-    return !opts_.precise && cuda::mma_one_token_takes(m) ? cuda::ExpertKernel::kOneToken : cuda::ExpertKernel::kFp32;
-  };
-  const cuda::SharedPair up_pair{&L.gate_shexp, &L.up_shexp, 0}, down_pair{&L.down_shexp, nullptr, k};
-  // The experts' gate and up products of one token, pairs [0, n) by the routed ids, with the shared
-  // pair after them where `with_shared` (n = 0: the shared pair alone, into rows k).
-  const auto gate_up_one = [&](int64_t n, bool with_shared, const int32_t* pair_ids) {
-    float* g = n == 0 ? w.g + k * Fe : w.g;
-    float* u = n == 0 ? w.u + k * Fe : w.u;
-    const cuda::SharedPair* sp = with_shared ? &up_pair : nullptr;
-    if (int8(qx1, L.gate_exps))
-      cuda::matmul_experts_pair_q8(L.gate_exps, L.up_exps, Fe, pair_ids, n, *qx1, k, g, u, st.s(), sp, true);
-    else
-      cuda::matmul_experts_pair(L.gate_exps, L.up_exps, Fe, pair_ids, n, w.x, k, g, u, st.s(), kernel(L.gate_exps), sp);
-  };
-  const bool beside = fold && opts_.shared_beside_router && side_stream_on();
-  if (beside) {
-    st.side.fork(s);
-    st.on_side = true;
-    struct MainAgain {  // an error part way leaves the launches on the main stream
-      State& st;
-      ~MainAgain() { st.on_side = false; }
-    } main_again{st};
-    gate_up_one(0, true, w.rids);
-  }
   // Router logits in fp32 at every batch size (the decode kernel; at prefill sizes in the fast mode,
   // where the cuBLAS prefill is on, cuBLAS's fp32 GEMM, no tensor-core rounding): the routing is a
   // discrete choice, and fp32 keeps it where the CPU's is.
@@ -1463,14 +1428,29 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     mark("moe: shared expert");
   };
   if (T == 1) {
-    const cuda::Q8Activations* qx = qx1;
+    const cuda::Q8Activations* qx = quantized(w.x, 1, H, 0, ffn_readers(L));
+    // The shared expert as pair k of the routed products (no launches of its own; the combine adds
+    // its output row first, as it adds the shared MLP's output otherwise), where it has one routed
+    // expert's types and shapes (the same bits either way).
+    const bool fold = L.shared && L.gate_exps.type == L.up_exps.type &&
+                      cuda::expert_shaped(L.gate_exps, Fe, L.gate_shexp) &&
+                      cuda::expert_shaped(L.up_exps, Fe, L.up_shexp) && cuda::expert_shaped(L.down_exps, H, L.down_shexp);
     if (L.shared && !fold) mlp(L.gate_shexp, L.up_shexp, L.down_shexp, w.x, T, w.attn, qx);
     else if (!L.shared) gpu::fill_bytes(w.attn, 0, size_t(T * H) * sizeof(float), s);
     mark("moe: shared expert");
+    const cuda::SharedPair up_pair{&L.gate_shexp, &L.up_shexp, 0}, down_pair{&L.down_shexp, nullptr, k};
     const int64_t pairs = fold ? k + 1 : k;
-    if (beside) st.side.join(s);
+    const auto kernel = [&](const QuantMatrix& m) {
+      return !opts_.precise && cuda::mma_one_token_takes(m) ? cuda::ExpertKernel::kOneToken : cuda::ExpertKernel::kFp32;
+    };
+    const auto int8 = [&](const cuda::Q8Activations* q, const QuantMatrix& m) { return q && q8_levels(m.type) != 0; };
     if (L.gate_exps.type == L.up_exps.type) {  // gate and up in one launch (one kernel choice)
-      gate_up_one(k, fold && !beside, ids);
+      if (int8(qx, L.gate_exps))
+        cuda::matmul_experts_pair_q8(L.gate_exps, L.up_exps, Fe, ids, k, *qx, k, w.g, w.u, s, fold ? &up_pair : nullptr,
+                                     true);
+      else
+        cuda::matmul_experts_pair(L.gate_exps, L.up_exps, Fe, ids, k, w.x, k, w.g, w.u, s, kernel(L.gate_exps),
+                                  fold ? &up_pair : nullptr);
     } else {
       for (const auto& [m, y] : {std::pair{&L.gate_exps, w.g}, std::pair{&L.up_exps, w.u}}) {
         if (int8(qx, *m)) cuda::matmul_experts_q8(*m, Fe, ids, k, *qx, k, y, s, nullptr, true);

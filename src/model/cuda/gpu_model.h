@@ -128,12 +128,6 @@ struct GpuModelOptions {
   // bit for bit. SPARSEMLA_SIDE_STREAM=0 turns it off without a rebuild; the step profile
   // (SPARSEMLA_STEP_PROFILE=1) runs without it.
   bool side_stream = true;
-  // At one token, the shared expert's gate and up products on the side stream beside the router
-  // (its fp32 logits and the routing, which use few of the SMs), joined before the routed experts'
-  // gate / up launch; its down product stays a pair of the routed one. Off: the shared pair runs
-  // inside the routed launches. The same bits either way (each pair is summed alone). Needs
-  // side_stream; SPARSEMLA_SHARED_BESIDE_ROUTER=0 turns it off without a rebuild.
-  bool shared_beside_router = true;
   // attn_k_b / attn_v_b stored as bf16 or f16 are read in place by the absorption products (fast
   // mode; no W_UK / W_UV copies on the device). Off: bf16 copies, as for the other types (tests,
   // A/B; the same bits for bf16 files). SPARSEMLA_ABSORB_IN_PLACE=0 turns it off without a rebuild.
