@@ -210,17 +210,27 @@ int run_bench(const BenchArgs& a) {
   {  // warm-up: first launches, cuBLAS's setup, the GPU workspace at its largest; pages of the weights
     kv::BlockAllocator& blocks = backend->blocks();
     std::vector<float> logits;
-    // On a GPU one whole prefill chunk (the largest --batch-tokens), so that the first launch of
-    // every prefill kernel (loaded lazily: the experts' tile and cuBLAS kernels at their group sizes)
-    // is not in the first figure; on the CPU a short prompt does.
-    const int warm_n = a.dev.cuda() ? max_chunk : std::min(max_prompt, 32);
-    std::vector<int32_t> warm;
-    blocks.reserve(warm, warm_n + 1);
-    const std::vector<int32_t> ids = random_prompt(warm_n, hp.n_vocab);
-    backend->forward({model::SeqInput{ids, 0, &warm, false}}, logits);
-    logits.clear();
-    backend->forward({model::SeqInput{{ids[0]}, warm_n, &warm, false}}, logits);
-    blocks.release(warm);
+    // On a GPU, for each --batch-tokens size, a prompt of two chunks of it (as far as the longest
+    // prompt goes), so that the first launch of every prefill kernel (loaded lazily: the experts'
+    // tile and cuBLAS kernels at their group sizes, the attention and indexer over earlier chunks)
+    // is not in the figures: a running server has them loaded. On the CPU a short prompt does.
+    std::vector<int> warm_chunks = a.dev.cuda() ? chunks : std::vector<int>{32};
+    std::sort(warm_chunks.begin(), warm_chunks.end());
+    warm_chunks.erase(std::unique(warm_chunks.begin(), warm_chunks.end()), warm_chunks.end());
+    for (const int c : warm_chunks) {
+      const int warm_n = std::min(max_prompt, a.dev.cuda() ? 2 * c : c);
+      std::vector<int32_t> warm;
+      blocks.reserve(warm, warm_n + 1);
+      const std::vector<int32_t> ids = random_prompt(warm_n, hp.n_vocab);
+      for (int at = 0; at < warm_n; at += c) {
+        logits.clear();
+        backend->forward({model::SeqInput{{ids.begin() + at, ids.begin() + std::min(at + c, warm_n)}, at, &warm, false}},
+                         logits);
+      }
+      logits.clear();
+      backend->forward({model::SeqInput{{ids[0]}, warm_n, &warm, false}}, logits);
+      blocks.release(warm);
+    }
   }
   std::printf("model: %s (%s, %u layers), %.1f MB of weights read per decode token, %.2f GFLOP per token\n",
               a.model.c_str(), m->spec().name, hp.n_layer, cost.weight_bytes / 1e6, cost.flops / 1e9);
