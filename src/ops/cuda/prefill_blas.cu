@@ -1,4 +1,5 @@
-// Prefill products through cuBLAS (quant_matmul.h: matmul_prefill_blas). The tile kernel of
+// Prefill products through cuBLAS (quant_matmul.h: matmul_prefill_blas, and matmul_many's products
+// of one input, which share the activations' rounding). The tile kernel of
 // gemm.cuh decodes every weight tile once per 128-token tile, so at T tokens each weight is decoded
 // T / 128 times, and that decode, not the tensor cores, sets its pace (~130-160 TFLOP/s on an H100
 // or H200 whatever T). Here each weight is decoded once per call: its rows, in chunks of at most
@@ -127,11 +128,6 @@ bool prefill_blas_f32(const MatArgs& a, cudaStream_t s) {
                                               int(rows), CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
   ++g_calls;
   return true;
-}
-
-bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cudaStream_t s, int64_t chunk_rows) {
-  const BlasProduct p{a, to_bf16, bf16_in_place};
-  return prefill_blas_many(&p, 1, s, chunk_rows);
 }
 
 bool prefill_blas_many(const BlasProduct* p, int n_products, cudaStream_t s, int64_t chunk_rows) {

@@ -1,5 +1,5 @@
 // The cuBLAS form of the prefill product (prefill_blas.cu describes it), called by
-// quant_matmul.cu's matmul_prefill_blas once it has checked the arguments.
+// quant_matmul.cu's matmul_prefill_blas and matmul_many once they have checked the arguments.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -7,26 +7,23 @@
 
 namespace sparsemla::cuda {
 
-// a.y = W a.x for a.n_tokens tokens: rows dequantized to bf16 by to_bf16 (or, bf16_in_place, W
-// read as it is: BF16 rows), activations rounded to bf16, cuBLAS's bf16 GEMM. False where it could
-// not run (no scratch memory; no cuBLAS handle, or a capture before the device has one; a dimension
-// past INT_MAX): nothing was enqueued, and the caller takes the tile kernel. chunk_rows > 0: at
-// most that many rows per chunk (else 64 MiB of bf16 rows).
-bool prefill_blas(const MatArgs& a, Bf16Launcher to_bf16, bool bf16_in_place, cudaStream_t s, int64_t chunk_rows = 0);
-
-// One product of prefill_blas_many.
+// One product: a.y = W a.x for a.n_tokens tokens, W's rows dequantized to bf16 by to_bf16 (or,
+// bf16_in_place, read as they are: BF16 rows).
 struct BlasProduct {
   MatArgs a;
   Bf16Launcher to_bf16 = nullptr;
   bool bf16_in_place = false;
 };
-// prefill_blas for n products of one input (every p[i].a with the same x, n_tokens and n_cols):
-// the activations rounded to bf16 once for all, then each product as prefill_blas runs it (the same
-// bits). False as prefill_blas, before anything was enqueued.
+// n products of one input (every p[i].a with the same x, n_tokens and n_cols): the activations
+// rounded to bf16 once for all, then each product by cuBLAS's bf16 GEMM (fp32 accumulation) over
+// its rows in chunks (chunk_rows > 0: at most that many rows per chunk; else 64 MiB of bf16 rows).
+// False where it could not run (no scratch memory; no cuBLAS handle, or a capture before the device
+// has one; a dimension past INT_MAX; inputs that differ): nothing was enqueued, and the caller takes
+// the tile kernel.
 bool prefill_blas_many(const BlasProduct* p, int n, cudaStream_t s, int64_t chunk_rows = 0);
 
 // a.y = W a.x in fp32 arithmetic (CUBLAS_COMPUTE_32F_PEDANTIC) for F32 rows (a.row_bytes a
-// multiple of 4). False as prefill_blas.
+// multiple of 4). False as prefill_blas_many.
 bool prefill_blas_f32(const MatArgs& a, cudaStream_t s);
 
 // The device's handle made and one small bf16 and one fp32 GEMM run on s, then waited for
