@@ -643,6 +643,76 @@ TEST_P(CudaMatmul, ExpertGroupsEqualThePairProducts) {
             std::string::npos);
 }
 
+// The experts' tiles of a prefill (matmul_expert_tiles, from expert_tiles' lists): gate and up in one
+// launch per tile width, each group's rows against the CPU's products of its expert on its tokens,
+// within the prefill kernel's tolerance; rows of the groups outside [9, 250) (3 tokens, 250, none)
+// left unwritten. 133 rows per expert: a row tile past an expert's last row.
+TEST_P(CudaMatmul, ExpertTilesMatchCpu) {
+  SPARSEMLA_REQUIRE_GPU();
+  const int64_t E = 7, F = 133, H = 768;
+  const std::vector<int32_t> counts = {9, 3, 40, 0, 130, 200, 250};
+  int64_t rows = 0;
+  std::vector<int64_t> first;
+  for (int32_t c : counts) first.push_back(rows), rows += c;
+  const TestWeight gate(type(), E * F, H, 31), up(type(), E * F, H, 32);
+  const std::vector<float> x = randn(size_t(rows * H), 33);
+  const ExpertTileLists lists = expert_tiles(counts.data(), E, 9, 250);
+  std::vector<ExpertTile> all;
+  for (const auto& l : lists.of_width) all.insert(all.end(), l.begin(), l.end());
+  ASSERT_EQ(all.size(), 6u);
+  const DeviceBuffer dx = to_device(x), dtiles = to_device(all);
+  const std::vector<float> fill(size_t(rows * F), kUnwritten);
+  DeviceBuffer dy1 = to_device(fill), dy2 = to_device(fill);
+  const int64_t launches = expert_tile_launches();
+  const ExpertTile* t = dtiles.as<ExpertTile>();
+  for (int i = 0; i < 3; ++i) {
+    const int64_t n = int64_t(lists.of_width[i].size());
+    matmul_expert_tiles(gate.mat, &up.mat, F, t, n, kExpertTileWidths[i], dx.as<float>(), dy1.as<float>(),
+                        dy2.as<float>(), nullptr);
+    t += n;
+  }
+  synchronize();
+  EXPECT_EQ(expert_tile_launches() - launches, 3);
+  const auto y1 = to_host<float>(dy1, fill.size()), y2 = to_host<float>(dy2, fill.size());
+  double worst = 0.0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t c = counts[size_t(e)], f = first[size_t(e)];
+    const std::string what = GetParam() + " expert " + std::to_string(e) + " (" + std::to_string(c) + " tokens)";
+    if (c < 9 || c >= 250) {
+      for (int64_t i = f * F; i < (f + c) * F; ++i)
+        ASSERT_TRUE(y1[size_t(i)] == kUnwritten && y2[size_t(i)] == kUnwritten) << what << ": not tiled, written";
+      continue;
+    }
+    for (const TestWeight* w : {&gate, &up}) {
+      ops::Weight ew = w->host;
+      ew.n_rows = F;
+      ew.data = static_cast<const uint8_t*>(w->host.data) + uint64_t(e * F) * w->host.row_bytes;
+      std::vector<float> want(size_t(c * F));
+      ops::matmul(ew, x.data() + f * H, c, want.data(), pool());
+      const std::vector<float>& y = w == &gate ? y1 : y2;
+      const std::vector<float> got(y.begin() + f * F, y.begin() + (f + c) * F);
+      worst = std::max(worst, check_close(got, want, c, F, kPrefillTol, what + (w == &gate ? " gate" : " up")));
+    }
+  }
+  std::printf("  %-8s expert tiles: worst relative error %.2e\n", GetParam().c_str(), worst);
+  // Bad arguments are refused with what was wrong.
+  const auto err = [&](auto f) { return test::error_of(f); };
+  EXPECT_NE(err([&] { matmul_expert_tiles(gate.mat, nullptr, F, dtiles.as<ExpertTile>(), 1, 48, dx.as<float>(),
+                                          dy1.as<float>(), nullptr, nullptr); })
+                .find("tiles of 48 tokens"),
+            std::string::npos);
+  EXPECT_NE(err([&] { matmul_expert_tiles(gate.mat, nullptr, 50, dtiles.as<ExpertTile>(), 1, 32, dx.as<float>(),
+                                          dy1.as<float>(), nullptr, nullptr); })
+                .find("not whole experts of 50 rows"),
+            std::string::npos);
+  QuantMatrix narrow = up.mat;
+  narrow.n_rows = F;
+  EXPECT_NE(err([&] { matmul_expert_tiles(gate.mat, &narrow, F, dtiles.as<ExpertTile>(), 1, 32, dx.as<float>(),
+                                          dy1.as<float>(), dy2.as<float>(), nullptr); })
+                .find("not of the first's shape"),
+            std::string::npos);
+}
+
 // Row lookup equals the CPU's dequantize_row bit for bit; negative ids give zero rows (another
 // rank's vocabulary), ids past the end NaN rows.
 TEST_P(CudaMatmul, DequantizeRowsEqualsCpuBitForBit) {

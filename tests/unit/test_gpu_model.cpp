@@ -775,6 +775,71 @@ TEST(GpuModel, DecodeGraphsGiveTheEagerLogits) {
   }
 }
 
+// A prefill's experts through the grouped prefill kernel (GpuModelOptions::expert_tiles) or one
+// product per expert: the bundled model's experts (256 columns, 4 steps of the prefill kernel) take
+// no column splits either way, and a token's sums do not depend on its tile's width, so the logits
+// of a two-sequence prefill (440 expert slots over 8 experts: groups in the tiles' range, and
+// cuBLAS's from 128 tokens in both) are the same bits; the tiles must have been launched.
+TEST(GpuModel, ExpertTilesGiveTheLogitsOfOneProductPerExpert) {
+  SPARSEMLA_REQUIRE_GPU();
+  auto cpu = Model::load(test::bundled_model_path(), {AttentionMode::Sparse, 2});
+  const int64_t V = cpu->hparams().n_vocab;
+  for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+    GpuModelOptions o = options(d, false);
+    o.max_batch_tokens = 256;
+    o.expert_tiles = true;
+    auto tiled = GpuModel::load(*cpu, o);
+    o.expert_tiles = false;
+    auto alone = GpuModel::load(*cpu, o);
+    GpuCache tc = tiled->make_cache(64, 16), ac = alone->make_cache(64, 16);
+    std::vector<int32_t> ta, tb, aa, ab;
+    ASSERT_TRUE(tc.reserve(ta, 200) && tc.reserve(tb, 200) && ac.reserve(aa, 200) && ac.reserve(ab, 200));
+    std::vector<int32_t> pa, pb;
+    for (int i = 0; i < 150; ++i) pa.push_back(int32_t((i * 389 + 11) % V));
+    for (int i = 0; i < 70; ++i) pb.push_back(int32_t((i * 577 + 5) % V));
+    std::vector<float> tl, al;
+    const int64_t before = cuda::expert_tile_launches();
+    tiled->forward({SeqInput{pa, 0, &ta, true}, SeqInput{pb, 0, &tb, true}}, tc, tl);
+    const int64_t launched = cuda::expert_tile_launches() - before;
+    alone->forward({SeqInput{pa, 0, &aa, true}, SeqInput{pb, 0, &ab, true}}, ac, al);
+    EXPECT_EQ(cuda::expert_tile_launches() - before, launched) << "expert_tiles off launched tiles";
+    EXPECT_GE(launched, 5) << "the 5 MoE layers' experts took no tiles";
+    ASSERT_EQ(tl.size(), al.size());
+    EXPECT_EQ(std::memcmp(tl.data(), al.data(), tl.size() * sizeof(float)), 0) << dtype_name(d);
+  }
+}
+
+// A prefill whose experts' groups pass the cuBLAS threshold (4 experts, 2 per token: ~150 tokens
+// each of a 300-token prompt), so that their products take cuBLAS on their tokens rounded up to a
+// multiple of 64, writing rows of the groups after them before those are computed: the logits
+// against the CPU that made the GPU's choices, within the fast mode's bound, and cuBLAS ran.
+TEST(GpuModel, PrefillExpertGroupsPastTheCublasThresholdMatchTheCpu) {
+  SPARSEMLA_REQUIRE_GPU();
+  test::TempDir dir("gpu-blas-experts");
+  SyntheticSpec spec = SyntheticSpec::glm5_small();
+  spec.n_layer = 3;
+  spec.n_expert = 4;
+  spec.n_expert_used = 2;
+  const std::string path = dir.file("m.gguf");
+  write_synthetic_model(spec, path);
+  auto cpu = Model::load(path, {AttentionMode::Sparse, 2});
+  const int64_t V = cpu->hparams().n_vocab;
+  const bool was = cuda::prefill_blas_enabled();
+  cuda::set_prefill_blas(true);
+  struct Restore {
+    bool was;
+    ~Restore() { cuda::set_prefill_blas(was); }
+  } restore{was};
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 300; ++i) ids.push_back(int32_t((i * 2741 + 17) % V));
+  Engines e(*cpu, KvDtype::BF16, false, false, 100);
+  const int64_t calls = cuda::prefill_blas_calls();
+  const PromptRun r = run_prompt(e, *cpu, ids);
+  EXPECT_GT(cuda::prefill_blas_calls(), calls) << "no product took cuBLAS";
+  expect_same_choices(r.gpu, r.cpu_following, V, int64_t(ids.size()), KvDtype::BF16, false,
+                      "300 tokens over 4 experts, same choices");
+}
+
 // The indexer's branch of each attention layer on the side stream (GpuModelOptions::side_stream)
 // changes when kernels run, not what they compute: logits equal the one-stream model's bit for bit,
 // for a prefill of two sequences, decode steps of one sequence and of two, through CUDA graphs and

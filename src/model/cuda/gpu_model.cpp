@@ -208,6 +208,16 @@ GpuCache::GpuCache(const kv::CacheShape& shape, int32_t kv_lora, cuda::KvDtype d
 // MoE batches of up to this many tokens run without a host synchronization (and so in a decode
 // graph): one token per (token, expert) pair, more grouped by expert on the device.
 constexpr int64_t kSyncFreeTokens = 64;
+// The fewest tokens of an expert's group that a prefill sends to the grouped prefill kernel
+// (GpuModelOptions::expert_tiles); smaller groups take the decode kernels, as matmul does.
+constexpr int64_t kTileMinTokens = cuda::kDecodeMaxTokens + 1;
+// A prefill's expert products that take cuBLAS run on their group's tokens rounded up to a multiple
+// of this (the rows after a group are the next groups', written again after it): cuBLAS chooses its
+// kernel per shape, and a shape's first call costs 0.1-1 ms of host time (its heuristics, kernels
+// loaded), which groups of every size from 128 tokens up paid over and over (a 32K prompt in
+// 4096-token forwards: 20-50 ms of host time per forward in the experts' loops, the GPU waiting;
+// the same prompt again, its shapes seen, 44.0K -> 54.7K tokens/s; H100, docs/PERFORMANCE.md).
+constexpr int64_t kBlasTokenQuantum = 64;
 
 // ---- device state ----
 
@@ -276,6 +286,7 @@ struct GpuModel::Workspace {
   int32_t* inv = nullptr;       // [T * k]
   int32_t* active = nullptr;    // [E] experts with tokens (the grouped decode path)
   int32_t* n_active = nullptr;  // [1]
+  cuda::ExpertTile* tiles = nullptr;  // [2 (T * k / 128 + E)] the prefill's expert tiles (cuda::expert_tiles)
   // int64
   int64_t* pos = nullptr;    // [T]
   int64_t* slots = nullptr;  // [T]
@@ -323,10 +334,12 @@ uint64_t layout_workspace(const HParams& hp, bool sparse, const WsDims& d, char*
   take(ws.iw, T * ih);
   take(ws.scores, sparse ? d.score_rows * d.max_ctx : 0);
   // (One token's routed pairs and, as pair k, its shared expert: ffn's one-token path.)
-  take(ws.g, std::max(T * ffn_width, (k + 1) * hp.n_ff_exp));
-  take(ws.u, std::max(T * ffn_width, (k + 1) * hp.n_ff_exp));
-  take(ws.ye, T * k * H);
-  take(ws.oe, std::max(T * k, k + 1) * H);
+  // (The expert rows: kBlasTokenQuantum rows more, which a prefill's padded cuBLAS products may write.)
+  const int64_t slots = E > 0 ? T * k + kBlasTokenQuantum : 0;
+  take(ws.g, std::max({T * ffn_width, (k + 1) * hp.n_ff_exp, slots * hp.n_ff_exp}));
+  take(ws.u, std::max({T * ffn_width, (k + 1) * hp.n_ff_exp, slots * hp.n_ff_exp}));
+  take(ws.ye, slots * H);
+  take(ws.oe, std::max({T * k, k + 1, slots}) * H);
   take(ws.rlog, T * E);
   take(ws.rw, T * k);
   take(ws.rows_h, d.R * H);
@@ -347,6 +360,7 @@ uint64_t layout_workspace(const HParams& hp, bool sparse, const WsDims& d, char*
   take(ws.inv, T * k);
   take(ws.active, E);
   take(ws.n_active, E > 0 ? 1 : 0);
+  take(ws.tiles, E > 0 ? 2 * (T * k / 128 + E) : 0);  // (gate / up's, then down's)
   take(ws.pos, T);
   take(ws.slots, T);
   char* group = nullptr;
@@ -419,6 +433,7 @@ struct GpuModel::State {
   bool selection_made = false;  // ws.sel holds this forward's selection (a full indexer layer ran)
   Decisions* record = nullptr;  // the current forward's choices go here when set
   std::vector<int32_t> host_counts;  // [E]
+  std::vector<cuda::ExpertTile> host_tiles;  // the prefill's expert tiles before their upload to ws.tiles
   cuda::DeviceBuffer sample_buf;     // sample(): the rows' parameters, the ids, the sampler's scratch
   std::unique_ptr<gpu::StepTimer> timer;  // SPARSEMLA_STEP_PROFILE=1: device time by operation
   cuda::Q8Activations q8[2];              // the int8 activations of ws.q8 (GpuModel::quantized)
@@ -625,6 +640,8 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   if (env_off("SPARSEMLA_Q8_ACTIVATIONS")) g->opts_.q8_two_level = false;
   if (env_off("SPARSEMLA_ABSORB_IN_PLACE")) g->opts_.absorb_in_place = false;
   if (const int q = env_switch("SPARSEMLA_ABSORB_QUANT"); q >= 0) g->opts_.absorb_quantized_in_place = q == 1;
+  if (const int q = env_switch("SPARSEMLA_EXPERT_TILES"); q >= 0) g->opts_.expert_tiles = q == 1;
+  if (const char* m = std::getenv("SPARSEMLA_EXPERT_TILES_MAX"); m && *m) g->opts_.expert_tiles_max = std::atoll(m);
 
   // SPARSEMLA_STEP_PROFILE=1: events between the operations of every decode step (graphs off), and the
   // device time by operation printed to stderr when the model goes away. Each step waits behind a
@@ -1511,31 +1528,73 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
   cuda::moe_group(ids, T * k, E, w.counts, w.offsets, w.perm, w.group_ws, s);
   st.host_counts.resize(size_t(E));
   gpu::download(st.host_counts.data(), w.counts, size_t(E) * sizeof(int32_t), s);
+  // The groups that take the grouped prefill kernel (expert_tiles), their tiles uploaded while the
+  // stream is empty (a copy from pageable memory waits for the stream); the others one product each.
+  const auto tiles_below = [&](const QuantMatrix& m) -> int64_t {
+    if (opts_.precise || !opts_.expert_tiles) return 0;
+    if (opts_.expert_tiles_max > 0) return opts_.expert_tiles_max;
+    return cuda::prefill_blas_enabled() ? cuda::blas_min_tokens(m.type) : INT64_MAX;
+  };
+  const int64_t gu_below = std::min(tiles_below(L.gate_exps), tiles_below(L.up_exps)), down_below = tiles_below(L.down_exps);
+  const cuda::ExpertTileLists gu_tiles = cuda::expert_tiles(st.host_counts.data(), E, kTileMinTokens, gu_below);
+  const cuda::ExpertTileLists down_tiles = cuda::expert_tiles(st.host_counts.data(), E, kTileMinTokens, down_below);
+  st.host_tiles.clear();
+  for (const cuda::ExpertTileLists* l : {&gu_tiles, &down_tiles})
+    for (const auto& v : l->of_width) st.host_tiles.insert(st.host_tiles.end(), v.begin(), v.end());
+  gpu::upload_async(w.tiles, st.host_tiles.data(), st.host_tiles.size() * sizeof(cuda::ExpertTile), s);
   shared();
 
   int64_t n_routed = 0;
   for (int32_t c : st.host_counts) n_routed += c;
   if (n_routed == 0) return;
   gpu::gather_rows(w.x, H, w.perm, int32_t(k), n_routed, w.ye, s);
+  // One launch per tile width of the tiled groups' products (m2: a second product in the launch).
+  const cuda::ExpertTile* next_tiles = w.tiles;
+  const auto tiled = [&](const cuda::ExpertTileLists& l, const QuantMatrix& m, const QuantMatrix* m2, int64_t rows,
+                         const float* x, float* y, float* y2) {
+    for (int i = 0; i < 3; ++i) {
+      const int64_t n = int64_t(l.of_width[i].size());
+      cuda::matmul_expert_tiles(m, m2, rows, next_tiles, n, cuda::kExpertTileWidths[i], x, y, y2, s);
+      next_tiles += n;
+    }
+  };
+  const auto is_tiled = [](int64_t n, int64_t below) { return n >= kTileMinTokens && n < below; };
+  // The groups that take cuBLAS on their tokens rounded up to kBlasTokenQuantum: the rows past a
+  // group are later groups' (or the kBlasTokenQuantum spare rows past the last), whose products all
+  // run after it: the expert loops go in expert order, before the tiles.
+  const auto padded = [&](int64_t n, const QuantMatrix& m) {
+    const bool blas = !opts_.precise && cuda::prefill_blas_enabled() && n >= cuda::blas_min_tokens(m.type);
+    return blas ? (n + kBlasTokenQuantum - 1) / kBlasTokenQuantum * kBlasTokenQuantum : n;
+  };
   int64_t off = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = st.host_counts[size_t(e)];
-    if (n == 0) continue;
-    // (One call: at cuBLAS sizes the two share the activations' bf16 rounding.)
-    const QuantMatrix gate = rows(L.gate_exps, e * Fe, Fe), up = rows(L.up_exps, e * Fe, Fe);
-    const QuantMatrix* mats[2] = {&gate, &up};
-    float* outs[2] = {w.g + off * Fe, w.u + off * Fe};
-    product_many(mats, outs, 2, w.ye + off * H, n, nullptr);
+    if (n > 0 && !is_tiled(n, gu_below)) {
+      // (One call: at cuBLAS sizes the two share the activations' bf16 rounding.)
+      const QuantMatrix gate = rows(L.gate_exps, e * Fe, Fe), up = rows(L.up_exps, e * Fe, Fe);
+      const QuantMatrix* mats[2] = {&gate, &up};
+      float* outs[2] = {w.g + off * Fe, w.u + off * Fe};
+      product_many(mats, outs, 2, w.ye + off * H, std::max(padded(n, gate), padded(n, up)), nullptr);
+    }
     off += n;
+  }
+  if (L.gate_exps.type == L.up_exps.type) {
+    tiled(gu_tiles, L.gate_exps, &L.up_exps, Fe, w.ye, w.g, w.u);
+  } else {
+    const cuda::ExpertTile* first = next_tiles;
+    tiled(gu_tiles, L.gate_exps, nullptr, Fe, w.ye, w.g, nullptr);
+    next_tiles = first;
+    tiled(gu_tiles, L.up_exps, nullptr, Fe, w.ye, w.u, nullptr);
   }
   cuda::silu_mul(w.g, w.u, n_routed * Fe, s);
   off = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = st.host_counts[size_t(e)];
-    if (n == 0) continue;
-    product(rows(L.down_exps, e * H, H), w.g + off * Fe, n, w.oe + off * H);
+    if (n > 0 && !is_tiled(n, down_below))
+      product(rows(L.down_exps, e * H, H), w.g + off * Fe, padded(n, L.down_exps), w.oe + off * H);
     off += n;
   }
+  tiled(down_tiles, L.down_exps, nullptr, H, w.g, w.oe, nullptr);
   gpu::moe_combine(w.oe, w.perm, n_routed, ids, w.rw, T, int(k), H, w.inv, w.attn, s);
   mark("moe: shared + routed experts (grouped)");
 }

@@ -141,6 +141,14 @@ struct GpuModelOptions {
   // tensor-core kernel at 2-8 tokens (docs/PERFORMANCE.md, "Session 32").
   // SPARSEMLA_ABSORB_QUANT=1 / 0 turns it on / off without a rebuild.
   bool absorb_quantized_in_place = false;
+  // A prefill's routed experts (fast mode): the groups of 9 tokens up to `expert_tiles_max` (0: the
+  // cuBLAS threshold of the weight's type, cuda::blas_min_tokens, where the cuBLAS prefill is on;
+  // else every group) all go through one launch of the prefill kernel per tile width
+  // (cuda::matmul_expert_tiles: gate and up together, then down), without column splits, instead
+  // of one product (and split sum) per expert. Off: one product per expert for every group.
+  // SPARSEMLA_EXPERT_TILES=0 / 1 and SPARSEMLA_EXPERT_TILES_MAX=N set them without a rebuild.
+  bool expert_tiles = true;
+  int64_t expert_tiles_max = 0;
 };
 
 // One rank's part of the model under tensor parallelism (dist/cuda/sharded_gpu_model.h makes it, by

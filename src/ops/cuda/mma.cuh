@@ -30,6 +30,16 @@ __device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], const
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// The bf16 product without `volatile`, so that the compiler may schedule it among the code around
+// it (the prefill tiles of gemm_kernel.cuh, the tensor-core decode kernels): d += a b, a row-major
+// 16x16 (4 regs), b column-major 16x8 (b0, b1).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // Four 8x8 b16 matrices, transposed: lane i gives the address of row i % 8 of matrix i / 8.
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* smem) {
   const uint32_t addr = uint32_t(__cvta_generic_to_shared(smem));

@@ -557,6 +557,33 @@ void matmul_expert_groups_q8(const QuantMatrix& w, int64_t rows_per_expert, cons
   if (g.max_groups > 0 && g.max_slots > 0) launch_q8(w.type, a, static_cast<cudaStream_t>(s));
 }
 
+namespace {
+std::atomic<int64_t> g_tile_launches{0};
+}  // namespace
+
+void matmul_expert_tiles(const QuantMatrix& w, const QuantMatrix* w2, int64_t rows_per_expert, const ExpertTile* tiles,
+                         int64_t n_tiles, int width, const float* x, float* y, float* y2, Stream s) {
+  const char* op = "matmul_expert_tiles";
+  const TypeKernels& k = kernels_for(w.type, op);
+  if (width != 32 && width != 64 && width != 128) fail("cuda::{}: tiles of {} tokens (32, 64 or 128)", op, width);
+  if (n_tiles < 0 || n_tiles > 65535) fail("cuda::{}: {} tiles (at most 65535 per call)", op, n_tiles);
+  if (rows_per_expert <= 0 || w.n_rows % rows_per_expert != 0)
+    fail("cuda::{}: {} rows are not whole experts of {} rows", op, w.n_rows, rows_per_expert);
+  if (n_tiles > 0 && !tiles) fail("cuda::{}: {} tiles without a tile list", op, n_tiles);
+  if (w2 && !same_shape(w, *w2))
+    fail("cuda::{}: the second weight ({} x {} {}) is not of the first's shape ({} x {} {})", op, w2->n_rows,
+         w2->n_cols, gguf::type_name(w2->type), w.n_rows, w.n_cols, gguf::type_name(w.type));
+  if (w2 && !y2) fail("cuda::{}: a second weight without its output", op);
+  MatArgs a = checked_product(w, x, 0, y, op);
+  a.n_rows = rows_per_expert;
+  if (w2) a = with_product(a, checked_product(*w2, x, 0, y2, op));
+  if (n_tiles == 0) return;
+  k.prefill_groups(a, tiles, int(n_tiles), width, static_cast<cudaStream_t>(s));
+  g_tile_launches.fetch_add(1);
+}
+
+int64_t expert_tile_launches() { return g_tile_launches.load(); }
+
 void dequantize_rows(const QuantMatrix& w, const int32_t* rows, int64_t n, float* out, Stream s) {
   const TypeKernels& k = kernels_for(w.type, "dequantize_rows");
   if (n < 0 || n > INT32_MAX) fail("cuda::dequantize_rows: bad row count {}", n);

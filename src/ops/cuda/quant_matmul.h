@@ -34,6 +34,7 @@
 
 #include "gguf/ggml_types.h"
 #include "ops/cuda/buffer.h"
+#include "ops/cuda/expert_tiles.h"
 
 namespace sparsemla::cuda {
 
@@ -174,6 +175,17 @@ struct ExpertGroups {
 };
 void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g, const float* x,
                           int64_t x_div, float* y, Stream s, bool tensor_cores = false);
+
+// The experts of a prefill in few launches: their token groups cut into tiles (expert_tiles.h), one
+// launch per tile width.
+// One launch of n_tiles tiles (device memory) of `width` tokens: y = W_e x for w and, where w2 is
+// given (same type and shape: an expert's gate and up), y2 = W2_e x in the same launch. w holds
+// whole experts of rows_per_expert rows; x: [rows, w.n_cols] and y, y2: [rows, rows_per_expert],
+// where rows is past every tile's rows (the tiles are on the device: not checked here).
+void matmul_expert_tiles(const QuantMatrix& w, const QuantMatrix* w2, int64_t rows_per_expert, const ExpertTile* tiles,
+                         int64_t n_tiles, int width, const float* x, float* y, float* y2, Stream s);
+// The launches matmul_expert_tiles made so far in this process (tests).
+int64_t expert_tile_launches();
 
 // Embedding lookup: out[i] = row rows[i] of W as fp32, equal bit for bit to ops::dequantize_row.
 // rows: [n] device int32; out: [n, n_cols] device fp32, 16-byte aligned. A negative id gives a row

@@ -14,6 +14,7 @@
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/dequant.cuh"
 #include "ops/cuda/dequant_bf16.cuh"
+#include "ops/cuda/expert_tiles.h"
 #include "ops/cuda/mat_args.cuh"
 
 namespace sparsemla::cuda {
@@ -21,6 +22,8 @@ namespace sparsemla::cuda {
 using MatmulLauncher = void (*)(const MatArgs& a, cudaStream_t s);
 // out: [n, n_cols], 16-byte aligned; ids: [n] device.
 using RowsLauncher = void (*)(const MatArgs& a, const int32_t* ids, int64_t n, float* out, cudaStream_t s);
+// The grouped prefill launch (matmul_expert_tiles; gemm.cuh).
+using GroupsLauncher = void (*)(const MatArgs& a, const ExpertTile* tiles, int n_tiles, int width, cudaStream_t s);
 // Rows [row0, row0 + n) of a.w as bf16 into out: [n, n_cols], 16-byte aligned.
 using Bf16Launcher = void (*)(const MatArgs& a, int64_t row0, int64_t n, __nv_bfloat16* out, cudaStream_t s);
 
@@ -30,6 +33,7 @@ struct TypeKernels {
   MatmulLauncher prefill;
   RowsLauncher rows;
   Bf16Launcher to_bf16;
+  GroupsLauncher prefill_groups;
 };
 
 struct KernelFamily {
@@ -124,12 +128,14 @@ template <class D>
 void launch_gemv(const MatArgs& a, cudaStream_t s);
 template <class D>
 void launch_gemm(const MatArgs& a, cudaStream_t s);
+template <class D>
+void launch_gemm_groups(const MatArgs& a, const ExpertTile* tiles, int n_tiles, int width, cudaStream_t s);
 
 // The table entry of type T: its launchers, instantiated in the including file.
 template <gguf::GgmlType T>
 constexpr TypeKernels kernels_of() {
   using D = dq::Dq<T>;
-  return {T, &launch_gemv<D>, &launch_gemm<D>, &launch_dequantize_rows<D>, &launch_rows_bf16<D>};
+  return {T, &launch_gemv<D>, &launch_gemm<D>, &launch_dequantize_rows<D>, &launch_rows_bf16<D>, &launch_gemm_groups<D>};
 }
 
 }  // namespace sparsemla::cuda

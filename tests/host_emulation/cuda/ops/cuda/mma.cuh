@@ -104,6 +104,10 @@ inline void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2], __nv
 inline void mma_16816(float c[4], const uint32_t a[4], const uint32_t b[2], __half) {
   emu_mma::mma_16816<__half>(c, a, b);
 }
+inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  const uint32_t b[2] = {b0, b1};
+  emu_mma::mma_16816<__nv_bfloat16>(d, a, b);
+}
 inline void ldmatrix_x4_trans(uint32_t r[4], const void* smem) { emu_mma::ldmatrix_x4(r, smem, true); }
 inline void ldmatrix_x4(uint32_t r[4], const void* smem) { emu_mma::ldmatrix_x4(r, smem, false); }
 
