@@ -434,6 +434,7 @@ struct GpuModel::State {
   Decisions* record = nullptr;  // the current forward's choices go here when set
   std::vector<int32_t> host_counts;  // [E]
   std::vector<cuda::ExpertTile> host_tiles;  // the prefill's expert tiles before their upload to ws.tiles
+  std::vector<int32_t> host_small;           // the prefill's experts of few tokens, before their upload to ws.active
   cuda::DeviceBuffer sample_buf;     // sample(): the rows' parameters, the ids, the sampler's scratch
   std::unique_ptr<gpu::StepTimer> timer;  // SPARSEMLA_STEP_PROFILE=1: device time by operation
   cuda::Q8Activations q8[2];              // the int8 activations of ws.q8 (GpuModel::quantized)
@@ -1398,8 +1399,12 @@ void GpuModel::mlp(const QuantMatrix& gate, const QuantMatrix& up, const QuantMa
 //    tensor-core kernel for groups and, at one token, the one-token kernel for Q4_K (faster, and
 //    closer to fp32), so its bits differ between batch 1 and a batch.
 //  - larger batches (prefill): the per-expert token counts are read back to the host (one
-//    synchronization per MoE layer) and each expert with tokens runs cuda::matmul over its rows of
-//    the stacked expert tensors, on the tokens gathered for it (tensor cores past 16 tokens).
+//    synchronization per MoE layer) and the tokens gathered by expert. In the fast mode
+//    (GpuModelOptions::expert_tiles) the groups of up to 8 tokens take one launch per product of the
+//    grouped decode kernels, those of 9 up to the type's cuBLAS threshold one launch per tile width
+//    of the prefill kernel (cuda::matmul_expert_tiles), and each larger group cuBLAS, on its tokens
+//    rounded up to kBlasTokenQuantum. Otherwise (precise mode, or expert_tiles off) each expert
+//    with tokens runs cuda::matmul (matmul_decode) over its rows of the stacked expert tensors.
 void GpuModel::ffn(const Layer& L, int32_t il) {
   State& st = *st_;
   Workspace& w = st.ws;
@@ -1542,6 +1547,19 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
   for (const cuda::ExpertTileLists* l : {&gu_tiles, &down_tiles})
     for (const auto& v : l->of_width) st.host_tiles.insert(st.host_tiles.end(), v.begin(), v.end());
   gpu::upload_async(w.tiles, st.host_tiles.data(), st.host_tiles.size() * sizeof(cuda::ExpertTile), s);
+  // With the tiles, the groups of up to kDecodeMaxTokens tokens take one launch per product too: the
+  // decode kernels grouped by expert (cuda::matmul_expert_groups, the decode batches' path) over the
+  // list of those experts, in w.active / w.n_active (which only the decode batches use otherwise).
+  const bool few_grouped = gu_below > 0;
+  st.host_small.clear();
+  if (few_grouped)
+    for (int64_t e = 0; e < E; ++e)
+      if (const int32_t c = st.host_counts[size_t(e)]; c > 0 && c < kTileMinTokens) st.host_small.push_back(int32_t(e));
+  const int32_t n_small = int32_t(st.host_small.size());
+  if (n_small > 0) {
+    gpu::upload_async(w.active, st.host_small.data(), st.host_small.size() * sizeof(int32_t), s);
+    gpu::upload_async(w.n_active, &n_small, sizeof(int32_t), s);
+  }
   shared();
 
   int64_t n_routed = 0;
@@ -1558,7 +1576,17 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
       next_tiles += n;
     }
   };
-  const auto is_tiled = [](int64_t n, int64_t below) { return n >= kTileMinTokens && n < below; };
+  const auto is_tiled = [&](int64_t n, int64_t below) { return (n >= kTileMinTokens && n < below) || (few_grouped && n < kTileMinTokens); };
+  // The few-token groups' launch (rows in grouped order, in place: no perm).
+  cuda::ExpertGroups few;
+  few.offsets = w.offsets;
+  few.active = w.active;
+  few.n_active = w.n_active;
+  few.max_groups = n_small;
+  few.max_slots = kTileMinTokens - 1;
+  const auto few_products = [&](const QuantMatrix& m, int64_t rows, const float* x, float* y) {
+    if (n_small > 0) cuda::matmul_expert_groups(m, rows, few, x, 1, y, s, /*tensor_cores=*/true);
+  };
   // The groups that take cuBLAS on their tokens rounded up to kBlasTokenQuantum: the rows past a
   // group are later groups' (or the kBlasTokenQuantum spare rows past the last), whose products all
   // run after it: the expert loops go in expert order, before the tiles.
@@ -1578,6 +1606,8 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
     }
     off += n;
   }
+  few_products(L.gate_exps, Fe, w.ye, w.g);
+  few_products(L.up_exps, Fe, w.ye, w.u);
   if (L.gate_exps.type == L.up_exps.type) {
     tiled(gu_tiles, L.gate_exps, &L.up_exps, Fe, w.ye, w.g, w.u);
   } else {
@@ -1594,6 +1624,7 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
       product(rows(L.down_exps, e * H, H), w.g + off * Fe, padded(n, L.down_exps), w.oe + off * H);
     off += n;
   }
+  few_products(L.down_exps, H, w.g, w.oe);
   tiled(down_tiles, L.down_exps, nullptr, H, w.g, w.oe, nullptr);
   gpu::moe_combine(w.oe, w.perm, n_routed, ids, w.rw, T, int(k), H, w.inv, w.attn, s);
   mark("moe: shared + routed experts (grouped)");
