@@ -1570,11 +1570,13 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
   const cuda::ExpertTile* next_tiles = w.tiles;
   const auto tiled = [&](const cuda::ExpertTileLists& l, const QuantMatrix& m, const QuantMatrix* m2, int64_t rows,
                          const float* x, float* y, float* y2) {
-    for (int i = 0; i < 3; ++i) {
-      const int64_t n = int64_t(l.of_width[i].size());
-      cuda::matmul_expert_tiles(m, m2, rows, next_tiles, n, cuda::kExpertTileWidths[i], x, y, y2, s);
-      next_tiles += n;
-    }
+    for (int i = 0; i < 3; ++i)  // (at most 65535 tiles a launch)
+      for (int64_t n = int64_t(l.of_width[i].size()); n > 0;) {
+        const int64_t part = std::min<int64_t>(n, 65535);
+        cuda::matmul_expert_tiles(m, m2, rows, next_tiles, part, cuda::kExpertTileWidths[i], x, y, y2, s);
+        next_tiles += part;
+        n -= part;
+      }
   };
   const auto is_tiled = [&](int64_t n, int64_t below) { return (n >= kTileMinTokens && n < below) || (few_grouped && n < kTileMinTokens); };
   // The few-token groups' launch (rows in grouped order, in place: no perm).
