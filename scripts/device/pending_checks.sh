@@ -14,7 +14,8 @@
 #             prompt through the whole model), memcheck on them, `bench_cuda_matmul --prefill` (the
 #             tile kernel "pf:T" against "blas:T" at 64-4096 tokens, "dq" the bf16 rows alone), the
 #             GLM-5-width 3-layer prefill at 4K and 32K with it on and off, a 32K prompt in forwards
-#             of 512-16384 tokens (session 39's sweep, H100 only so far), and the kernel time of
+#             of 512-16384 tokens (session 39's sweep, H100 only so far) with session 40's expert
+#             tiles on and off (and decode batches of 128 / 256, which take the same path), and the kernel time of
 #             one 4096-token chunk under Nsight Compute with the split norms at their default limit
 #             (128 rows) and at 64 rows (SPARSEMLA_SPLIT_NORM_MAX_ROWS). blas_min_tokens
 #             (quant_matmul.cu) holds the crossovers the "pf" / "blas" lines give.
@@ -66,9 +67,15 @@ if has prefill; then
         -m /tmp/g3pf.gguf --device cuda --prompt $p --gen 4 --batch 1 2>&1 | grep '^prefill')" | tee -a "$OUT/prefill_model.log"
     done
   done
-  # Prefill chunk sizes (serve's --batch-tokens; 4096 on a GPU by default since session 39).
-  timeout 150 "$BIN/sparsemla" bench -m /tmp/g3pf.gguf --device cuda --prompt 32768 --gen 2 --batch 1 \
-    --batch-tokens 512,2048,4096,8192,16384 2>&1 | grep -E '^prefill|workspace' | tee -a "$OUT/prefill_model.log"
+  # Prefill chunk sizes (serve's --batch-tokens; 4096 on a GPU by default since session 39), with the
+  # experts' tiles (session 40) on and off (SPARSEMLA_EXPERT_TILES), and decode batches past 64.
+  for t in 1 0; do
+    echo "SPARSEMLA_EXPERT_TILES=$t:" | tee -a "$OUT/prefill_model.log"
+    SPARSEMLA_EXPERT_TILES=$t timeout 150 "$BIN/sparsemla" bench -m /tmp/g3pf.gguf --device cuda --prompt 4096,32768 --gen 2 \
+      --batch 1 --batch-tokens 512,2048,4096,8192,16384 2>&1 | grep -E '^prefill|workspace' | tee -a "$OUT/prefill_model.log"
+    SPARSEMLA_EXPERT_TILES=$t timeout 100 "$BIN/sparsemla" bench -m /tmp/g3pf.gguf --device cuda --prompt 1024 --gen 24 \
+      --batch 128,256 2>&1 | grep -E '^decode' | tee -a "$OUT/prefill_model.log"
+  done
   for r in 128 64; do
     SPARSEMLA_PREFILL_BLAS=1 SPARSEMLA_SPLIT_NORM_MAX_ROWS=$r SPARSEMLA_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none \
       --metrics gpu__time_duration.sum --csv "$BIN/sparsemla" bench -m /tmp/g3pf.gguf --device cuda --prompt 4096 --gen 1 \
