@@ -1578,7 +1578,10 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
         n -= part;
       }
   };
-  const auto is_tiled = [&](int64_t n, int64_t below) { return (n >= kTileMinTokens && n < below) || (few_grouped && n < kTileMinTokens); };
+  // Whether a group of n tokens is in a grouped launch (tiles below `below`, or the few-token one).
+  const auto in_group_launch = [&](int64_t n, int64_t below) {
+    return (n >= kTileMinTokens && n < below) || (few_grouped && n < kTileMinTokens);
+  };
   // The few-token groups' launch (rows in grouped order, in place: no perm).
   cuda::ExpertGroups few;
   few.offsets = w.offsets;
@@ -1599,7 +1602,7 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
   int64_t off = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = st.host_counts[size_t(e)];
-    if (n > 0 && !is_tiled(n, gu_below)) {
+    if (n > 0 && !in_group_launch(n, gu_below)) {
       // (One call: at cuBLAS sizes the two share the activations' bf16 rounding.)
       const QuantMatrix gate = rows(L.gate_exps, e * Fe, Fe), up = rows(L.up_exps, e * Fe, Fe);
       const QuantMatrix* mats[2] = {&gate, &up};
@@ -1622,7 +1625,7 @@ void GpuModel::ffn(const Layer& L, int32_t il) {
   off = 0;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = st.host_counts[size_t(e)];
-    if (n > 0 && !is_tiled(n, down_below))
+    if (n > 0 && !in_group_launch(n, down_below))
       product(rows(L.down_exps, e * H, H), w.g + off * Fe, padded(n, L.down_exps), w.oe + off * H);
     off += n;
   }

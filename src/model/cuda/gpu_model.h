@@ -145,7 +145,8 @@ struct GpuModelOptions {
   // cuBLAS threshold of the weight's type, cuda::blas_min_tokens, where the cuBLAS prefill is on;
   // else every group) all go through one launch of the prefill kernel per tile width
   // (cuda::matmul_expert_tiles: gate and up together, then down), without column splits, instead
-  // of one product (and split sum) per expert. Off: one product per expert for every group.
+  // of one product (and split sum) per expert; and the groups of up to 8 tokens through one launch
+  // per product of the grouped decode kernels. Off: one product per expert for every group.
   // SPARSEMLA_EXPERT_TILES=0 / 1 and SPARSEMLA_EXPERT_TILES_MAX=N set them without a rebuild.
   bool expert_tiles = true;
   int64_t expert_tiles_max = 0;

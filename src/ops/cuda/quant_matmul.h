@@ -176,9 +176,8 @@ struct ExpertGroups {
 void matmul_expert_groups(const QuantMatrix& w, int64_t rows_per_expert, const ExpertGroups& g, const float* x,
                           int64_t x_div, float* y, Stream s, bool tensor_cores = false);
 
-// The experts of a prefill in few launches: their token groups cut into tiles (expert_tiles.h), one
-// launch per tile width.
-// One launch of n_tiles tiles (device memory) of `width` tokens: y = W_e x for w and, where w2 is
+// The experts of a prefill in few launches, their token groups cut into tiles (expert_tiles.h): one
+// launch of n_tiles tiles (device memory) of `width` tokens: y = W_e x for w and, where w2 is
 // given (same type and shape: an expert's gate and up), y2 = W2_e x in the same launch. w holds
 // whole experts of rows_per_expert rows; x: [rows, w.n_cols] and y, y2: [rows, rows_per_expert],
 // where rows is past every tile's rows (the tiles are on the device: not checked here).
