@@ -95,6 +95,7 @@ const char* dtype_name(KvDtype d) { return d == KvDtype::FP8 ? "fp8" : d == KvDt
 const char* mma_name(IndexerMma k) {
   if (k == IndexerMma::kStaged) return "staged";
   if (k == IndexerMma::kRegs) return "regs";
+  if (k == IndexerMma::kTokens) return "tokens";
   return k == IndexerMma::kQfrag ? "qfrag" : "auto";
 }
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -106,6 +107,7 @@ struct IndexerCase {
   std::vector<int> ctx;  // per query token: its context length (tokens t share sequences round-robin)
   int n_seq;
   int block_size;
+  int run = 1;  // tokens t .. t + run - 1 share a sequence (runs of the sequences in turn)
 };
 
 // Prefill rows: `T` tokens of one sequence at positions first .. first + T - 1 (the causal mask).
@@ -128,7 +130,7 @@ struct Problem {
   Problem(const IndexerCase& c_, KvDtype d, std::mt19937& rng) : c(c_), dtype(d), pg(lens(c_), c_.block_size, rng) {
     const int T = int(c.ctx.size());
     for (int t = 0; t < T; ++t) {
-      seq.push_back(t % c.n_seq);
+      seq.push_back(t / c.run % c.n_seq);
       n_ctx.push_back(c.ctx[size_t(t)]);
     }
     keys = make_keys(random_vec(size_t(pg.n_slots() * c.dim), rng), pg.n_slots(), c.dim, dtype);
@@ -140,7 +142,10 @@ struct Problem {
   }
   static std::vector<int> lens(const IndexerCase& c) {
     std::vector<int> l(size_t(c.n_seq), 1);
-    for (size_t t = 0; t < c.ctx.size(); ++t) l[t % size_t(c.n_seq)] = std::max(l[t % size_t(c.n_seq)], c.ctx[t]);
+    for (size_t t = 0; t < c.ctx.size(); ++t) {
+      const size_t s = t / size_t(c.run) % size_t(c.n_seq);
+      l[s] = std::max(l[s], c.ctx[t]);
+    }
     return l;
   }
   IndexerArgs args(bool use_q16) const {
@@ -189,10 +194,10 @@ Scored run_mma(const Problem& p, IndexerMma choice, bool use_q16, int64_t slots,
     a.counts.row_words = topk::kMaxBins;
     a.counts.k = count_k;
   }
-  auto launch = [&](auto kernel, int threads, auto smem_bytes, auto... extra) {
-    const int per_block = one_wave_tiles(a, slots);
+  auto launch = [&](auto kernel, int threads, int tokens_per_block, auto smem_bytes, auto... extra) {
+    const int per_block = one_wave_tiles(a, slots, tokens_per_block);
     const int64_t tiles = (a.max_ctx + kKeysPerTile - 1) / kKeysPerTile;
-    const dim3 grid{unsigned((tiles + per_block - 1) / per_block), unsigned(T)};
+    const dim3 grid{unsigned((tiles + per_block - 1) / per_block), unsigned(token_groups(a, tokens_per_block))};
     emu::launch(kernel, grid, dim3(unsigned(threads)), smem_bytes(per_block), order, a, per_block, extra...);
   };
   const bool fp8 = p.dtype == KvDtype::FP8;
@@ -389,6 +394,94 @@ TEST(IndexerOnTheHost, LongRowsStreamManyTiles) {
     }
     check_mma(Problem({16, 128, {12000}, 1, 64}, d, rng), IndexerMma::kQfrag, 2048);  // one warp of one m-tile
   }
+}
+
+// The tokens kernel (several tokens of a sequence per block sharing each key tile) against the CPU
+// and, bit for bit, against the qfrag kernel, whose sums it keeps: prefill rows of one sequence
+// (causal: each token sees one key more than the one before), runs of two and three sequences in
+// turn whose boundaries fall inside a block (and round-robin ones, every token of a block another
+// sequence's), each head grouping (16, 32 with and without padding, 48 and 64: two warps per token),
+// dims 64 and 128, pages smaller than a tile (bf16) and larger; a last group of fewer tokens than a
+// block holds. Can fail: a block's tiles shared by tokens of different sequences would score one
+// sequence's keys for the other.
+TEST(IndexerOnTheHost, TokensKernelGivesTheQfragBits) {
+  std::mt19937 rng(21);
+  std::vector<IndexerCase> cases = {
+      prefill(32, 128, 100, 40, 64),  // GLM-5: 8 tokens per block, 5 blocks of tokens
+      prefill(64, 128, 0, 21, 128),   // DeepSeek-V3.2: 4 per block, from position 0 (keys shorter than a tile)
+      prefill(16, 64, 250, 19, 64),   // one m-tile per warp
+      prefill(24, 128, 30, 9, 64),    // padding heads
+      prefill(48, 64, 70, 11, 64),    // three m-tiles: two warps per token, one padded
+  };
+  {
+    IndexerCase c = prefill(32, 128, 0, 0, 64);  // two sequences in runs of 13, then 7 of the first
+    c.n_seq = 2;
+    c.run = 13;
+    for (int t = 0; t < 33; ++t) c.ctx.push_back(300 + 5 * t);
+    cases.push_back(c);
+    c = IndexerCase{64, 128, {}, 3, 64, 5};  // three sequences, runs of 5 (blocks of 4 tokens)
+    for (int t = 0; t < 30; ++t) c.ctx.push_back(150 + 11 * t);
+    cases.push_back(c);
+    cases.push_back(IndexerCase{32, 128, {90, 400, 33, 700, 5, 64, 65, 128, 1}, 3, 64});  // round-robin
+  }
+  for (KvDtype d : {KvDtype::BF16, KvDtype::FP8})
+    for (const IndexerCase& c : cases) {
+      const Problem p(c, d, rng);
+      IndexerArgs a = p.args(false);
+      a.tokens_per_run = kTokensMinRun;
+      ASSERT_EQ(choose_mma(a, IndexerMma::kAuto), IndexerMma::kTokens) << "heads " << c.heads;
+      check_mma(p, IndexerMma::kTokens, 0);
+      const Scored tokens = run_mma(p, IndexerMma::kTokens, true, 2, 2, emu::Order::kForward, 0);
+      const Scored qfrag = run_mma(p, IndexerMma::kQfrag, true, 2, 2, emu::Order::kForward, 0);
+      EXPECT_TRUE(same_bits(tokens.scores, qfrag.scores))
+          << dtype_name(d) << " heads " << c.heads << " dim " << c.dim << ": the tokens kernel's scores are not qfrag's";
+      if (HasFailure()) return;
+    }
+  // Pages smaller than a tile (bf16 keys only: the fp8 copies need whole tiles per page).
+  const Problem p(prefill(32, 128, 40, 17, 16), KvDtype::BF16, rng);
+  check_mma(p, IndexerMma::kTokens, 0);
+  EXPECT_TRUE(same_bits(run_mma(p, IndexerMma::kTokens, true, 2, 2, emu::Order::kForward, 0).scores,
+                        run_mma(p, IndexerMma::kQfrag, true, 2, 2, emu::Order::kForward, 0).scores));
+}
+
+// Where the tokens kernel is taken: runs of 8 tokens or more on average, the qfrag kernel's shapes,
+// nothing counted; asked for elsewhere, the default choice.
+TEST(IndexerOnTheHost, TokensKernelTakesRunsOfOneSequence) {
+  alignas(16) static uint8_t fake[64];
+  using M = IndexerMma;
+  IndexerArgs a;
+  a.heads = 32;
+  a.dim = 128;
+  a.T = 4096;
+  a.q16 = reinterpret_cast<const uint16_t*>(fake);
+  a.keys.data = fake;
+  a.keys.block_size = 64;
+  a.keys.row_bytes = 256;
+  EXPECT_EQ(choose_mma(a, M::kAuto), M::kQfrag);  // one token per run: a decode batch
+  a.tokens_per_run = 7;
+  EXPECT_EQ(choose_mma(a, M::kAuto), M::kQfrag);
+  a.tokens_per_run = 8;
+  EXPECT_EQ(choose_mma(a, M::kAuto), M::kTokens);
+  EXPECT_EQ(choose_mma(a, M::kQfrag), M::kQfrag);  // SPARSEMLA_INDEXER_MMA=qfrag
+  a.dtype = KvDtype::FP8;
+  a.keys.row_bytes = 132;
+  EXPECT_EQ(choose_mma(a, M::kAuto), M::kTokens);
+  a.keys.block_size = 16;  // fp8 rows need pages of whole tiles
+  EXPECT_EQ(choose_mma(a, M::kAuto), M::kStaged);
+  a.dtype = KvDtype::BF16;
+  a.keys.row_bytes = 256;
+  EXPECT_EQ(choose_mma(a, M::kAuto), M::kTokens);
+  uint32_t hist[1];
+  a.counts.hist = hist;  // counting: the kernels that count
+  EXPECT_EQ(choose_mma(a, M::kAuto), M::kQfrag);
+  a.counts.hist = nullptr;
+  a.heads = 80;  // more heads than its warps hold
+  EXPECT_EQ(choose_mma(a, M::kAuto), M::kStaged);
+  a.tokens_per_run = 1;
+  a.heads = 32;
+  EXPECT_EQ(choose_mma(a, M::kTokens), M::kTokens);  // asked for by name
+  a.T = 1;
+  EXPECT_EQ(choose_mma(a, M::kTokens), M::kQfrag);  // one token: the default
 }
 
 // The fma kernel: every case on bf16, fp8 and f32 keys, and shapes only it takes.

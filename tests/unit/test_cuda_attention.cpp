@@ -324,6 +324,7 @@ struct IndexerCase {
   std::vector<int> ctx;  // per query token: its context length (tokens t share sequences round-robin)
   int n_seq;
   int block_size;
+  int run = 1;  // tokens t .. t + run - 1 share a sequence (runs of the sequences in turn)
 };
 
 // The indexer's arguments for T tokens of `heads` x `dim` fp32 queries and head weights, scoring into
@@ -349,20 +350,21 @@ cuda::IndexerArgs indexer_args(const DeviceBuffer& q, const DeviceBuffer& w, int
 
 // The mma indexer's kernels, each asked for by name (regs: bf16 keys only; others fall back to staged).
 const std::vector<cuda::IndexerMma> kMmaKernels = {cuda::IndexerMma::kRegs, cuda::IndexerMma::kStaged,
-                                                     cuda::IndexerMma::kQfrag};
+                                                     cuda::IndexerMma::kQfrag, cuda::IndexerMma::kTokens};
 
 // GPU scores vs model::indexer_score on the values the GPU reads (keys decoded from the cache; the
 // mma kernel also rounds q to bf16, or to fp16 for fp8 keys).
-// mma: IndexerArgs::mma, the mma kernel (kAuto: the default choice).
+// mma: IndexerArgs::mma, the mma kernel (kAuto: the default choice). The tokens kernel, where it
+// runs, also gives the qfrag kernel's scores bit for bit (it keeps their sums).
 void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kernel, std::mt19937& rng,
                    cuda::IndexerMma mma = cuda::IndexerMma::kAuto) {
   const int T = int(c.ctx.size());
   std::vector<int> lens(size_t(c.n_seq), 1);
   std::vector<int32_t> seq(static_cast<size_t>(T)), n_ctx(static_cast<size_t>(T));
   for (int t = 0; t < T; ++t) {
-    seq[size_t(t)] = t % c.n_seq;
+    seq[size_t(t)] = t / c.run % c.n_seq;
     n_ctx[size_t(t)] = c.ctx[size_t(t)];
-    lens[size_t(t % c.n_seq)] = std::max(lens[size_t(t % c.n_seq)], c.ctx[size_t(t)]);
+    lens[size_t(seq[size_t(t)])] = std::max(lens[size_t(seq[size_t(t)])], c.ctx[size_t(t)]);
   }
   Paged pg(lens, c.block_size, rng);
   std::vector<float> keys = random_vec(size_t(pg.n_slots() * c.dim), rng);
@@ -376,6 +378,18 @@ void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kern
   a.mma = mma;
   cuda::indexer_scores(a, kernel, nullptr);
   const std::vector<float> got = cuda::to_host<float>(d_scores, size_t(T * max_ctx));
+  if (kernel == cuda::IndexerKernel::Mma && cuda::indexer_mma_choice(a) == cuda::IndexerMma::kTokens) {
+    DeviceBuffer d_qfrag(size_t(T * max_ctx) * 4);
+    cuda::IndexerArgs aq = a;
+    aq.mma = cuda::IndexerMma::kQfrag;
+    aq.scores = d_qfrag.as<float>();
+    cuda::indexer_scores(aq, kernel, nullptr);
+    const std::vector<float> qfrag = cuda::to_host<float>(d_qfrag, size_t(T * max_ctx));
+    for (int t = 0; t < T; ++t)
+      for (int p = 0; p < n_ctx[size_t(t)]; ++p)
+        ASSERT_EQ(got[size_t(t * max_ctx + p)], qfrag[size_t(t * max_ctx + p)])
+            << "tokens kernel against qfrag: token " << t << " position " << p;
+  }
   std::vector<float> qr = q;
   if (kernel == cuda::IndexerKernel::Mma)
     for (float& x : qr) x = dtype == KvDtype::BF16 ? round_bf16(x) : round_f16(x);
@@ -489,6 +503,23 @@ TEST(CudaAttention, IndexerScoresMatchTheCpuReference) {
   for (const IndexerCase& c : kIndexerCases) check_indexer(c, KvDtype::F32, cuda::IndexerKernel::Fma, rng);
   check_indexer({6, 40, {9, 70}, 2, 16}, KvDtype::BF16, cuda::IndexerKernel::Fma, rng);
   check_indexer({3, 96, {50}, 1, 8}, KvDtype::FP8, cuda::IndexerKernel::Fma, rng);
+}
+
+// The tokens kernel on a prefill's shapes: GLM-5's and DeepSeek-V3.2's indexer, 300 tokens of one
+// sequence after 3,000 cached ones (the causal mask), pages of 64; and runs of 37 tokens of two
+// sequences in turn (blocks that hold both). Within the CPU's bound, and the qfrag kernel's bits.
+TEST(CudaAttention, IndexerTokensKernelOnAPrefill) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  for (int heads : {32, 64})
+    for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+      IndexerCase c{heads, 128, {}, 1, 64};
+      for (int t = 0; t < 300; ++t) c.ctx.push_back(3000 + t + 1);
+      check_indexer(c, d, cuda::IndexerKernel::Mma, rng, cuda::IndexerMma::kTokens);
+    }
+  IndexerCase c{32, 128, {}, 2, 64, 37};
+  for (int t = 0; t < 148; ++t) c.ctx.push_back(500 + 3 * t);
+  check_indexer(c, KvDtype::BF16, cuda::IndexerKernel::Mma, rng, cuda::IndexerMma::kTokens);
 }
 
 // One decode token at long context: every block streams several tiles through its stages.

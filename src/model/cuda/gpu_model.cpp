@@ -429,6 +429,7 @@ struct GpuModel::State {
   WsDims ws_dims;
   Workspace ws;
   int64_t T = 0, max_ctx = 0;
+  int64_t tokens_per_run = 1;  // T / the runs of consecutive positions of one sequence (IndexerArgs)
   int32_t max_blocks = 0, block_size = 0;
   bool selection_made = false;  // ws.sel holds this forward's selection (a full indexer layer ran)
   Decisions* record = nullptr;  // the current forward's choices go here when set
@@ -941,6 +942,9 @@ int64_t GpuModel::enqueue(const std::vector<SeqInput>& batch, GpuCache& cache, D
     nctx[size_t(t)] = int32_t(tok.pos + 1);
   }
   for (int64_t r = 0; r < R; ++r) out_rows[size_t(r)] = int32_t(b.out_rows[size_t(r)]);
+  int64_t runs = 0;
+  for (int64_t t = 0; t < T; ++t)
+    runs += t == 0 || seq[size_t(t)] != seq[size_t(t - 1)] || pos[size_t(t)] != pos[size_t(t - 1)] + 1;
   if (sharded())  // this rank's rows of the embedding; -1 (a zero row) for the others'
     for (int32_t& id : ids)
       id = id >= shard_.vocab_first && id < shard_.vocab_first + shard_.vocab_count ? int32_t(id - shard_.vocab_first)
@@ -962,6 +966,7 @@ int64_t GpuModel::enqueue(const std::vector<SeqInput>& batch, GpuCache& cache, D
   st.ws_dims = d;
   st.T = T;
   st.max_ctx = max_ctx;
+  st.tokens_per_run = T / std::max<int64_t>(runs, 1);
   st.max_blocks = max_blocks;
   st.block_size = bs;
   st.record = record;
@@ -1226,6 +1231,7 @@ void GpuModel::indexer(int32_t il, GpuCache& cache) {
     a.dtype = cache.dtype();
     a.scores = w.scores;
     a.score_stride = st.max_ctx;
+    a.tokens_per_run = st.tokens_per_run;
     // The top-k's first histogram counted by the mma kernel as it writes the scores (one pass fewer).
     if (mma) a.counts = cuda::top_k_counts(w.scores, n, st.max_ctx, k, s, &st.topk_ws);
     cuda::indexer_scores(a, st.idx_kernel[fi], s);

@@ -83,10 +83,12 @@ struct TopKCounts {
 // in different orders): kStaged, keys through shared-memory stages against queries read from shared
 // memory per 16 (bf16) or 32 (fp8) keys, any head count; kRegs (bf16 keys, up to 64 heads), keys
 // straight into registers; kQfrag (up to 64 heads; fp8 keys in pages of a multiple of 64 slots), the
-// queries held in registers against keys from the stages. kAuto: the kernel named by
-// SPARSEMLA_INDEXER_MMA=staged|regs|qfrag, else the measured default (launch_mma). A kernel asked
-// for on a shape it does not take falls back to kStaged.
-enum class IndexerMma { kAuto, kStaged, kRegs, kQfrag };
+// queries held in registers against keys from the stages; kTokens (a prefill: the qfrag kernel's
+// shapes and sums, the same bits), several tokens of one sequence per block sharing each key tile.
+// kAuto: the kernel named by SPARSEMLA_INDEXER_MMA=staged|regs|qfrag|tokens, else the measured
+// default (choose_mma). A kernel asked for on a shape it does not take falls back to kStaged (kTokens:
+// to the default).
+enum class IndexerMma { kAuto, kStaged, kRegs, kQfrag, kTokens };
 
 // Lightning-indexer scores of T query tokens: score[t][p] = sum_h w[t][h] * relu(q[t][h] . k[p]) for
 // p < n_ctx[t] over the keys of sequence seq[t]; entries p >= n_ctx[t] are left unwritten.
@@ -114,10 +116,13 @@ struct IndexerArgs {
   TopKCounts counts;
   // Which of the mma kernels scores them (IndexerMma).
   IndexerMma mma = IndexerMma::kAuto;
+  // The call's tokens per run of consecutive tokens of one sequence, on average (T / runs): from 8
+  // (a prefill) the tokens kernel scores them, each key tile read once for up to 8 of them.
+  int64_t tokens_per_run = 1;
 };
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
 // The mma kernel indexer_scores(a, IndexerKernel::Mma) runs (never kAuto), and its name ("staged",
-// "regs", "qfrag"; "auto" for kAuto).
+// "regs", "qfrag", "tokens"; "auto" for kAuto).
 IndexerMma indexer_mma_choice(const IndexerArgs& a);
 const char* indexer_mma_name(IndexerMma k);
 

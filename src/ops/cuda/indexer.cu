@@ -13,6 +13,9 @@
 //     and for fp8 keys of up to 32 heads): the queries are the A operand, in each warp's registers
 //     for the whole block, and the keys the B operand from the stages: shared memory serves each
 //     key once per 32 heads instead of every query per 16 (or 32) keys.
+//   tokens (a prefill's runs of one sequence, on the qfrag kernel's shapes; the default from 8 tokens
+//     per run): up to 8 consecutive tokens per block share each key tile, each warp holding one
+//     token's queries (indexer_tokens_kernel.cuh); the qfrag kernel's sums, the same bits.
 // Fma: one warp per key, any shape.
 // The kernels and the choice among them are in indexer_kernels.cuh (built by the host emulation too).
 #include <algorithm>
@@ -37,13 +40,15 @@ using namespace indexer;
 // blocks covers them, so that each block streams several tiles; smem_bytes(tiles): the kernel's
 // shared memory for blocks of that many tiles. `extra`: the kernel's arguments after (a, tiles).
 template <class Kernel, class SmemBytes, class... Extra>
-void launch_one_wave(Kernel kernel, int threads, SmemBytes smem_bytes, const IndexerArgs& a, cudaStream_t st,
-                     Extra... extra) {
+void launch_one_wave(Kernel kernel, int threads, int tokens_per_block, SmemBytes smem_bytes, const IndexerArgs& a,
+                     cudaStream_t st, Extra... extra) {
   const size_t smem_max = smem_bytes(kMaxTilesPerBlock);
   allow_smem(kernel, smem_max);
   const int per_sm = blocks_per_sm(kernel, threads, smem_max);
-  const int per_block = one_wave_tiles(a, int64_t(sm_count()) * per_sm);
-  const dim3 grid{unsigned(ceil_div(ceil_div(a.max_ctx, kKeysPerTile), per_block)), unsigned(a.T)};
+  const int per_block = one_wave_tiles(a, int64_t(sm_count()) * per_sm, tokens_per_block);
+  const int64_t groups = token_groups(a, tokens_per_block);
+  if (groups > 65535) fail("indexer: {} tokens in one call (at most {} here)", a.T, 65535LL * tokens_per_block);
+  const dim3 grid{unsigned(ceil_div(ceil_div(a.max_ctx, kKeysPerTile), per_block)), unsigned(groups)};
   pdl::launch(kernel, grid, dim3(threads), smem_bytes(per_block), st, a, per_block, extra...);
 }
 
@@ -54,6 +59,7 @@ IndexerMma indexer_mma_from_env() {
   if (name == "staged") return IndexerMma::kStaged;
   if (name == "regs") return IndexerMma::kRegs;
   if (name == "qfrag") return IndexerMma::kQfrag;
+  if (name == "tokens") return IndexerMma::kTokens;
   return IndexerMma::kAuto;
 }
 
@@ -65,8 +71,8 @@ void launch_mma(const IndexerArgs& a, cudaStream_t st) {
   // SPARSEMLA_INDEXER_QFRAG_STAGES=3 (A/B runs): three stages instead of two
   static const int64_t stages = env_int("SPARSEMLA_INDEXER_QFRAG_STAGES", 2);
   dispatch_mma<DIM, FP8>(a, indexer_mma_choice(a), stages == 3 ? 3 : 2,
-                         [&](auto kernel, int threads, auto smem_bytes, auto... extra) {
-                           launch_one_wave(kernel, threads, smem_bytes, a, st, extra...);
+                         [&](auto kernel, int threads, int tokens_per_block, auto smem_bytes, auto... extra) {
+                           launch_one_wave(kernel, threads, tokens_per_block, smem_bytes, a, st, extra...);
                          });
 }
 
@@ -130,6 +136,7 @@ const char* indexer_mma_name(IndexerMma k) {
     case IndexerMma::kStaged: return "staged";
     case IndexerMma::kRegs: return "regs";
     case IndexerMma::kQfrag: return "qfrag";
+    case IndexerMma::kTokens: return "tokens";
     default: return "auto";
   }
 }

@@ -787,15 +787,26 @@ __global__ void indexer_fma_kernel(IndexerArgs a) {
   if (lane == 0) a.scores[int64_t(t) * a.score_stride + p] = score;
 }
 
+}  // namespace sparsemla::cuda::indexer
+
+// The tokens kernel (a prefill's tokens sharing each key tile) uses the helpers above.
+#include "ops/cuda/indexer_tokens_kernel.cuh"
+
+namespace sparsemla::cuda::indexer {
+
 // --- Host side: the launch shape ------------------------------------------------------------------
 
 // Tiles per block of a launch where `slots` blocks are resident at once (SMs x blocks per SM): enough
 // that one wave covers the tokens' keys, so that each block streams several tiles (1 to
 // kMaxTilesPerBlock); the grid is then (ceil(tiles / per_block), T).
-inline int one_wave_tiles(const IndexerArgs& a, int64_t slots) {
+// With several tokens per block (the tokens kernel) the grid's rows are groups of that many tokens.
+inline int64_t token_groups(const IndexerArgs& a, int tokens_per_block) {
+  return (a.T + tokens_per_block - 1) / tokens_per_block;
+}
+inline int one_wave_tiles(const IndexerArgs& a, int64_t slots, int tokens_per_block = 1) {
   const int64_t tiles = (a.max_ctx + kKeysPerTile - 1) / kKeysPerTile;
   slots = std::max<int64_t>(1, slots);
-  return int(std::clamp<int64_t>((tiles * a.T + slots - 1) / slots, 1, kMaxTilesPerBlock));
+  return int(std::clamp<int64_t>((tiles * token_groups(a, tokens_per_block) + slots - 1) / slots, 1, kMaxTilesPerBlock));
 }
 
 // Shared memory of the regs and qfrag kernels for blocks of `tiles` tiles (count: the digit table).
@@ -824,11 +835,28 @@ inline int fp8_run(const IndexerArgs& a) {
   return fits ? r : 0;
 }
 
+// Whether the tokens kernel takes a's shape: the qfrag kernel's (up to 64 heads; bf16 rows of dim
+// values, 16-byte aligned, or fp8 rows in pages of whole tiles), more than one token, nothing counted.
+inline bool tokens_fit(const IndexerArgs& a) {
+  if (heads_padded(a.heads) > 64 || a.T < 2 || a.counts.hist) return false;
+  if (a.dtype == KvDtype::FP8) return fp8_run(a) == kKeysPerTile;
+  return a.dtype == KvDtype::BF16 && a.keys.row_bytes == int64_t(a.dim) * 2 &&
+         reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0 &&
+         (a.q16 ? reinterpret_cast<uintptr_t>(a.q16) % 16 == 0 : reinterpret_cast<uintptr_t>(a.q) % 16 == 0);
+}
+
 // The mma kernel that scores a (never kAuto): a.mma, else `env_kernel` (SPARSEMLA_INDEXER_MMA), else
 // the measured default; a kernel asked for on a shape it does not take falls back to kStaged.
 inline IndexerMma choose_mma(const IndexerArgs& a, IndexerMma env_kernel) {
   IndexerMma k = a.mma != IndexerMma::kAuto ? a.mma : env_kernel;
   const int hp16 = heads_padded(a.heads) / 16;
+  // The tokens kernel: where the tokens come in runs of one sequence (a prefill; IndexerArgs::
+  // tokens_per_run), on the qfrag kernel's shapes, counting nothing. Otherwise, or asked for where it
+  // does not apply, the choice below.
+  if (k == IndexerMma::kTokens || (k == IndexerMma::kAuto && a.tokens_per_run >= kTokensMinRun)) {
+    if (tokens_fit(a)) return IndexerMma::kTokens;
+    k = IndexerMma::kAuto;
+  }
   if (a.dtype == KvDtype::FP8) {
     // Fp8 keys: the qfrag kernel by default for up to 32 heads (GLM-5's, and the tensor-parallel
     // shares), the staged kernel for more. Measured on an H200 (session 22, two rounds; us, staged ->
@@ -852,14 +880,15 @@ inline IndexerMma choose_mma(const IndexerArgs& a, IndexerMma env_kernel) {
 }
 
 // The mma kernel for keys of DIM values (FP8 or bf16) that `choice` (choose_mma) names, handed to
-// launch(kernel, threads, smem_bytes, extra...): smem_bytes(tiles) its shared memory for blocks of
-// that many tiles, `extra` its arguments after (a, tiles per block). qfrag_stages: 2, or 3 (A/B runs).
+// launch(kernel, threads, tokens per block, smem_bytes, extra...): the grid is (tile runs,
+// token_groups(a, tokens per block)), smem_bytes(tiles) the kernel's shared memory for blocks of that
+// many tiles, `extra` its arguments after (a, tiles per block). qfrag_stages: 2, or 3 (A/B runs).
 template <int DIM, bool FP8, class Launch>
 void dispatch_qfrag(const IndexerArgs& a, int qfrag_stages, Launch&& launch) {
   const bool count = a.counts.hist != nullptr;
   const int bs = a.keys.block_size, hp16 = heads_padded(a.heads) / 16;
   auto one = [&](auto kernel, auto smem) {
-    launch(kernel, kQfragThreads, [=](int tiles) { return smem(tiles, bs, count); });
+    launch(kernel, kQfragThreads, 1, [=](int tiles) { return smem(tiles, bs, count); });
   };
   // (HW warps of MH m-tiles: up to 64 heads)
   if (qfrag_stages == 3) {
@@ -871,19 +900,32 @@ void dispatch_qfrag(const IndexerArgs& a, int qfrag_stages, Launch&& launch) {
   if (hp16 == 2) return one(indexer_qfrag_kernel<DIM, FP8, 1, 2, 2>, qfrag_smem_bytes<DIM, FP8, 1, 2, 2>);
   one(indexer_qfrag_kernel<DIM, FP8, 2, 2, 2>, qfrag_smem_bytes<DIM, FP8, 2, 2, 2>);
 }
+template <int DIM, bool FP8, class Launch>
+void dispatch_tokens(const IndexerArgs& a, Launch&& launch) {
+  const int bs = a.keys.block_size, hp16 = heads_padded(a.heads) / 16;
+  // (HW warps of MH m-tiles per token, as the qfrag kernel: up to 64 heads)
+  if (hp16 == 1)
+    return launch(indexer_tokens_kernel<DIM, FP8, 1, 1>, kTokensThreads, kTokensWarps,
+                  [=](int tiles) { return tokens_smem_bytes<DIM, FP8, 1>(tiles, bs); });
+  if (hp16 == 2)
+    return launch(indexer_tokens_kernel<DIM, FP8, 1, 2>, kTokensThreads, kTokensWarps,
+                  [=](int tiles) { return tokens_smem_bytes<DIM, FP8, 1>(tiles, bs); });
+  launch(indexer_tokens_kernel<DIM, FP8, 2, 2>, kTokensThreads, kTokensWarps / 2,
+         [=](int tiles) { return tokens_smem_bytes<DIM, FP8, 2>(tiles, bs); });
+}
 template <int DIM, bool FP8, int STAGES, bool TILE_RUN, int MT, class Launch>
 void dispatch_stages(const IndexerArgs& a, int run, Launch&& launch) {
   const bool count = a.counts.hist != nullptr;
   const int heads = a.heads, bs = a.keys.block_size;
   const int64_t rb = a.keys.row_bytes;
   auto smem = [=](int tiles) { return mma_smem_bytes<DIM, FP8, STAGES>(heads, rb, pages_per_block(tiles, bs), count); };
-  launch(indexer_mma_kernel<DIM, FP8, STAGES, TILE_RUN, MT>, 128 / MT, smem, run);
+  launch(indexer_mma_kernel<DIM, FP8, STAGES, TILE_RUN, MT>, 128 / MT, 1, smem, run);
 }
 template <int DIM, int HP16, class Launch>
 void dispatch_regs(const IndexerArgs& a, Launch&& launch) {
   const bool count = a.counts.hist != nullptr;
   const int bs = a.keys.block_size;
-  launch(indexer_regs_kernel<DIM, HP16>, kRegThreads,
+  launch(indexer_regs_kernel<DIM, HP16>, kRegThreads, 1,
          [=](int tiles) { return regs_smem_bytes<DIM, HP16>(tiles, bs, count); });
 }
 
@@ -893,6 +935,7 @@ void dispatch_regs(const IndexerArgs& a, Launch&& launch) {
 // per SM against five with 3, 13-17% faster at 128 tokens, 4-7% at one).
 template <int DIM, bool FP8, class Launch>
 void dispatch_mma(const IndexerArgs& a, IndexerMma choice, int qfrag_stages, Launch&& launch) {
+  if (choice == IndexerMma::kTokens) return dispatch_tokens<DIM, FP8>(a, launch);
   if constexpr (FP8) {
     // Fp8 keys: a warp of the staged kernel scores 32 keys (MT = 2), each query fragment read from
     // shared memory serving twice the keys; their A fragments are built from scalar loads and
