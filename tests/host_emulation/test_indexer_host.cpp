@@ -431,8 +431,8 @@ TEST(IndexerOnTheHost, TokensKernelGivesTheQfragBits) {
       a.tokens_per_run = kTokensMinRun;
       ASSERT_EQ(choose_mma(a, IndexerMma::kAuto), IndexerMma::kTokens) << "heads " << c.heads;
       check_mma(p, IndexerMma::kTokens, 0);
-      const Scored tokens = run_mma(p, IndexerMma::kTokens, true, 2, 2, emu::Order::kForward, 0);
       const Scored qfrag = run_mma(p, IndexerMma::kQfrag, true, 2, 2, emu::Order::kForward, 0);
+      const Scored tokens = run_mma(p, IndexerMma::kTokens, true, 2, 2, emu::Order::kForward, 0);
       EXPECT_TRUE(same_bits(tokens.scores, qfrag.scores))
           << dtype_name(d) << " heads " << c.heads << " dim " << c.dim << ": the tokens kernel's scores are not qfrag's";
       if (HasFailure()) return;

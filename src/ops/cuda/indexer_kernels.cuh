@@ -748,11 +748,14 @@ __global__ void __launch_bounds__(kQfragThreads, kQfragMinBlocks) indexer_qfrag_
     if constexpr (HW == 2) {
       // The second warp's heads: handed over in sPart, read before the first warp reaches the next
       // tile's __syncthreads, after which the second warp writes sPart again.
-      // (barrier ids 1 and 2 named as constants: a computed id makes ptxas reserve all 16)
+      // (barrier ids 1 and 2 named as constants: a computed id makes ptxas reserve all 16.) The second
+      // warp waits at the barrier too (bar.sync, not bar.arrive): with bar.arrive compute-sanitizer's
+      // racecheck reported the first warp's read and the second warp's write of the next tile as a
+      // WAR hazard, though the loop's __syncthreads orders them (session 41).
       if (hw == 1) {
         sPart[kg * 32 + lane] = score;
-        if (kg == 0) named_arrive(1, 64);
-        else named_arrive(2, 64);
+        if (kg == 0) named_sync(1, 64);
+        else named_sync(2, 64);
         continue;
       }
       if (kg == 0) named_sync(1, 64);

@@ -4,7 +4,8 @@
 // the tensor cores, sets its pace. Here a block takes TQ consecutive tokens (8 / HW) and a run of
 // tiles: the tiles come through the qfrag kernel's shared-memory stages once, and each of the
 // block's 8 warps scores all 64 keys of a tile against the A fragments of MH m-tiles of its token's
-// heads, held in registers for the whole block (HW warps per token, MH * 16 heads each). The sums
+// heads, held in registers for the whole block (HW warps per token, MH * 16 heads each); fp8 keys
+// are widened to fp16 once per tile for all of them (not per warp, as qfrag's warps do). The sums
 // are the qfrag kernel's, term for term and in the same order (the heads' relu-weighted products
 // added per lane over its m-tiles, then over the 8 lanes of a key in one tree, then the second
 // warp's), so both kernels give the same bits.
@@ -28,11 +29,17 @@ constexpr int kTokensMinBlocks = 2;
 // tokens kernel by default: a block's worth at 32 heads.
 constexpr int64_t kTokensMinRun = 8;
 
-// Shared memory: two key stages (qfrag_stage_bytes), the partial sums of the HW > 1 warps of a token
-// [8 warps][64 keys], the run's page-table entries.
+// Two stages: on an H100 (session 41) three and four streamed a 16K prompt's indexer no faster (15.8,
+// 16.0, 15.7 ms over its 18 calls under Nsight Compute; prefill tok/s within 0.5%).
+constexpr int kTokensStages = 2;
+
+// Shared memory: the key stages (qfrag_stage_bytes: fp8 rows as stored), for fp8 keys the tile
+// widened to fp16 [64][DIM + 8], the partial sums of the HW > 1 warps of a token [8 warps][64 keys],
+// the run's page-table entries.
 template <int DIM, bool FP8, int HW>
 __host__ __device__ constexpr int tokens_fixed_bytes() {
-  return 2 * qfrag_stage_bytes<DIM, FP8>() + (HW > 1 ? kTokensWarps * kKeysPerTile * 4 : 0);
+  return kTokensStages * qfrag_stage_bytes<DIM, FP8>() + (FP8 ? kKeysPerTile * (DIM + 8) * 2 : 0) +
+         (HW > 1 ? kTokensWarps * kKeysPerTile * 4 : 0);
 }
 template <int DIM, bool FP8, int HW>
 size_t tokens_smem_bytes(int tiles, int block_size) {
@@ -58,14 +65,16 @@ __device__ __forceinline__ uint32_t query_pair(const IndexerArgs& a, int64_t t, 
 template <int DIM, bool FP8, int HW, int MH>
 __global__ void __launch_bounds__(kTokensThreads, kTokensMinBlocks) indexer_tokens_kernel(IndexerArgs a, int tiles_per_block) {
   static_assert(DIM % 32 == 0 && (HW == 1 || HW == 2) && (MH == 1 || MH == 2), "shape");
+  constexpr int STAGES = kTokensStages;
   using T16 = typename std::conditional<FP8, __half, __nv_bfloat16>::type;
   constexpr int STR = DIM + 8, KSTEPS = DIM / 16, RB8 = DIM + 4;  // RB8: an fp8 row's bytes
   constexpr int TQ = kTokensWarps / HW;                            // tokens per block
   constexpr int SB = qfrag_stage_bytes<DIM, FP8>();
   constexpr int KW = 32, NT = KW / 8, V = 2 * NT;  // keys per group (two per tile), n-tiles, a lane's sums
   SPARSEMLA_DYNAMIC_SMEM(smem);
-  unsigned char* sStage = smem;                                                  // [2][SB]
-  float* sPart = reinterpret_cast<float*>(smem + 2 * SB);                        // [8 warps][64] (HW > 1)
+  unsigned char* sStage = smem;                                                 // [STAGES][SB]
+  T16* sWide = reinterpret_cast<T16*>(smem + STAGES * SB);                      // fp8: [64][STR]
+  float* sPart = reinterpret_cast<float*>(sWide + (FP8 ? kKeysPerTile * STR : 0));  // [8 warps][64] (HW > 1)
   int32_t* sPage = reinterpret_cast<int32_t*>(smem + tokens_fixed_bytes<DIM, FP8, HW>());  // [pages]
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q4 = lane % 4;
@@ -108,8 +117,8 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensMinBlocks) indexer_toke
     return pow2 ? (int64_t(sPage[(p >> bs_shift) - page0]) << bs_shift) + (p & (bs - 1))
                 : int64_t(sPage[p / bs - page0]) * bs + p % bs;
   };
-  // The run's page-table entries (every thread, then a barrier), and the copy of its first tile.
-  auto start_run = [&] {
+  // The run's page-table entries (every thread, then a barrier).
+  auto load_pages = [&] {
     const int n_pages = (min(run.n, (tile0 + run.n_tiles) * kKeysPerTile) - 1) / bs - page0 + 1;
     for (int i = tid; i < n_pages; i += kTokensThreads)
       sPage[i] = a.keys.block_tables[int64_t(run.seq) * a.keys.max_blocks + page0 + i];
@@ -125,9 +134,16 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensMinBlocks) indexer_toke
       issue_bf16_tile<DIM, kTokensThreads>(reinterpret_cast<T16*>(dst), keys, RB, p0, n,
                                            [&](int p) { return one_page ? first + (p - p0) : slot_of(p); });
   };
+  // The copies of the run's first STAGES - 1 tiles, one group each.
+  auto start_run = [&] {
+    load_pages();
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+      if (st < run.n_tiles) issue(st, st);
+      cp_async_commit();
+    }
+  };
   start_run();
-  issue(0, 0);
-  cp_async_commit();
 
   // Launched with programmatic dependent launch (pdl.cuh), as the other mma kernels: the page table
   // and the first tile's keys load while the kernel before finishes; the queries and their weights
@@ -158,13 +174,35 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensMinBlocks) indexer_toke
     const bool in_run = have && slot >= run.s0 && slot < run.s1;
     float* out = a.scores + t * a.score_stride;
     for (int it = 0; it < n_tiles; ++it) {
-      cp_async_wait_group<0>();
+      cp_async_wait_group<STAGES - 2>();
       __syncthreads();  // tile `it` landed for every thread; the stage refilled below is no longer read
-      if (it + 1 < n_tiles) issue(it + 1, (it + 1) % 2);
+      if (it + STAGES - 1 < n_tiles) issue(it + STAGES - 1, (it + STAGES - 1) % STAGES);
       cp_async_commit();
       const int p0 = (tile0 + it) * kKeysPerTile;
       const bool active = in_run && p0 < n_tok;  // (the same for the warp)
-      const unsigned char* stage = sStage + (it % 2) * SB;
+      const unsigned char* stage = sStage + (it % STAGES) * SB;
+      if constexpr (FP8) {
+        // The tile's fp8 rows widened (exactly) to fp16 once for the block's warps, each k-step's 16
+        // dimensions in the order of the queries' fragments (qfrag's): dimension 4 q + e at column
+        // 2 q + e, 4 q + 2 + e at 8 + 2 q + e. A thread widens 16 bytes of a row (four words, read
+        // one by one: fp8 rows are 4-byte aligned) into two 16-byte stores.
+        constexpr int CH = DIM / 16;
+        for (int i = tid; i < kKeysPerTile * CH; i += kTokensThreads) {
+          const int r = i / CH, c = i % CH;
+          const uint32_t* src = reinterpret_cast<const uint32_t*>(stage + r * RB8 + c * 16);
+          uint32_t lo[4], hi[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const uint32_t w = src[q];
+            lo[q] = fp8x2_to_f16x2(w), hi[q] = fp8x2_hi_to_f16x2(w);
+          }
+          uint4* dst = reinterpret_cast<uint4*>(sWide + r * STR + c * 16);
+          dst[0] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+          dst[1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        }
+        __syncthreads();  // (the next tile's first barrier keeps it until every warp has read it)
+      }
+      const T16* tile16 = FP8 ? sWide : reinterpret_cast<const T16*>(stage);
       float score[2] = {0.0f, 0.0f};  // keys kg * 32 + key_in_group, kg = 0, 1
       // This lane's key of a group after the sums: value g of sum_over_g<8>.
       const int key_in_group = 8 * (g / 2) + 2 * q4 + g % 2;
@@ -172,40 +210,25 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensMinBlocks) indexer_toke
 #pragma unroll
         for (int kg = 0; kg < 2; ++kg) {
           const int r0 = kg * KW;
-          const T16* kb = reinterpret_cast<const T16*>(stage) + (r0 + ri) * STR + mi * 8;
-          const unsigned char* kr = stage + (r0 + g) * RB8 + 4 * q4;
+          const T16* kb = tile16 + (r0 + ri) * STR + mi * 8;
           float x[V];
 #pragma unroll
           for (int np = 0; np < NT / 2; ++np) {  // two n-tiles at a time, as the qfrag kernel
             float c[2][MH][4] = {};
-            if constexpr (FP8) {
+            // B fragments (ldmatrix): matrix mi = columns 8 mi .. 8 mi + 7 of 32, row ri = key ri
+            // of the n-tile; fp8 keys' columns in the order above, so the same products as qfrag's.
 #pragma unroll
-              for (int ks = 0; ks < KSTEPS; ++ks) {
-                uint32_t fb[2][2];
+            for (int kp = 0; kp < KSTEPS / 2; ++kp) {
+              uint32_t fb[2][4];
 #pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                  const uint32_t w = *reinterpret_cast<const uint32_t*>(kr + (2 * np + j) * 8 * RB8 + ks * 16);
-                  fb[j][0] = fp8x2_to_f16x2(w), fb[j][1] = fp8x2_hi_to_f16x2(w);
+              for (int j = 0; j < 2; ++j) ldmatrix_x4(fb[j], kb + (2 * np + j) * 8 * STR + kp * 32);
+#pragma unroll
+              for (int j = 0; j < 2; ++j)
+#pragma unroll
+                for (int mh = 0; mh < MH; ++mh) {
+                  mma_16816(c[j][mh], qa[mh][2 * kp], fb[j], T16());
+                  mma_16816(c[j][mh], qa[mh][2 * kp + 1], fb[j] + 2, T16());
                 }
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-#pragma unroll
-                  for (int mh = 0; mh < MH; ++mh) mma_16816(c[j][mh], qa[mh][ks], fb[j], T16());
-              }
-            } else {
-#pragma unroll
-              for (int kp = 0; kp < KSTEPS / 2; ++kp) {
-                uint32_t fb[2][4];
-#pragma unroll
-                for (int j = 0; j < 2; ++j) ldmatrix_x4(fb[j], kb + (2 * np + j) * 8 * STR + kp * 32);
-#pragma unroll
-                for (int j = 0; j < 2; ++j)
-#pragma unroll
-                  for (int mh = 0; mh < MH; ++mh) {
-                    mma_16816(c[j][mh], qa[mh][2 * kp], fb[j], T16());
-                    mma_16816(c[j][mh], qa[mh][2 * kp + 1], fb[j] + 2, T16());
-                  }
-              }
             }
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
@@ -250,8 +273,6 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensMinBlocks) indexer_toke
     if (run.n_tiles <= 0) break;
     __syncthreads();  // every thread is done with the last run's pages and stages
     start_run();
-    issue(0, 0);
-    cp_async_commit();
   }
 }
 
