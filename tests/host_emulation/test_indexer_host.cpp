@@ -437,11 +437,17 @@ TEST(IndexerOnTheHost, TokensKernelGivesTheQfragBits) {
           << dtype_name(d) << " heads " << c.heads << " dim " << c.dim << ": the tokens kernel's scores are not qfrag's";
       if (HasFailure()) return;
     }
-  // Pages smaller than a tile (bf16 keys only: the fp8 copies need whole tiles per page).
-  const Problem p(prefill(32, 128, 40, 17, 16), KvDtype::BF16, rng);
-  check_mma(p, IndexerMma::kTokens, 0);
-  EXPECT_TRUE(same_bits(run_mma(p, IndexerMma::kTokens, true, 2, 2, emu::Order::kForward, 0).scores,
-                        run_mma(p, IndexerMma::kQfrag, true, 2, 2, emu::Order::kForward, 0).scores));
+  // Pages smaller than a tile (the serving cache's 16 slots, and 32 at dim 64: fp8 rows copied a page
+  // at a time); qfrag takes fp8 keys only in pages of whole tiles, so those are against the CPU only.
+  for (auto [c, d] : {std::pair{prefill(32, 128, 40, 17, 16), KvDtype::BF16},
+                      std::pair{prefill(32, 128, 200, 19, 16), KvDtype::FP8},
+                      std::pair{prefill(64, 64, 90, 10, 32), KvDtype::FP8}}) {
+    const Problem p(c, d, rng);
+    check_mma(p, IndexerMma::kTokens, 0);
+    if (d == KvDtype::BF16)
+      EXPECT_TRUE(same_bits(run_mma(p, IndexerMma::kTokens, true, 2, 2, emu::Order::kForward, 0).scores,
+                            run_mma(p, IndexerMma::kQfrag, true, 2, 2, emu::Order::kForward, 0).scores));
+  }
 }
 
 // Where the tokens kernel is taken: runs of 8 tokens or more on average, the qfrag kernel's shapes,
@@ -466,7 +472,9 @@ TEST(IndexerOnTheHost, TokensKernelTakesRunsOfOneSequence) {
   a.dtype = KvDtype::FP8;
   a.keys.row_bytes = 132;
   EXPECT_EQ(choose_mma(a, M::kAuto), M::kTokens);
-  a.keys.block_size = 16;  // fp8 rows need pages of whole tiles
+  a.keys.block_size = 16;  // the serving cache's pages: fp8 rows copied a page at a time
+  EXPECT_EQ(choose_mma(a, M::kAuto), M::kTokens);
+  a.keys.block_size = 2;  // runs of 264 bytes: no 16-byte copies
   EXPECT_EQ(choose_mma(a, M::kAuto), M::kStaged);
   a.dtype = KvDtype::BF16;
   a.keys.row_bytes = 256;

@@ -378,10 +378,11 @@ void check_indexer(const IndexerCase& c, KvDtype dtype, cuda::IndexerKernel kern
   a.mma = mma;
   cuda::indexer_scores(a, kernel, nullptr);
   const std::vector<float> got = cuda::to_host<float>(d_scores, size_t(T * max_ctx));
-  if (kernel == cuda::IndexerKernel::Mma && cuda::indexer_mma_choice(a) == cuda::IndexerMma::kTokens) {
+  cuda::IndexerArgs aq = a;
+  aq.mma = cuda::IndexerMma::kQfrag;
+  if (kernel == cuda::IndexerKernel::Mma && cuda::indexer_mma_choice(a) == cuda::IndexerMma::kTokens &&
+      cuda::indexer_mma_choice(aq) == cuda::IndexerMma::kQfrag) {  // (qfrag: fp8 keys in pages of whole tiles only)
     DeviceBuffer d_qfrag(size_t(T * max_ctx) * 4);
-    cuda::IndexerArgs aq = a;
-    aq.mma = cuda::IndexerMma::kQfrag;
     aq.scores = d_qfrag.as<float>();
     cuda::indexer_scores(aq, kernel, nullptr);
     const std::vector<float> qfrag = cuda::to_host<float>(d_qfrag, size_t(T * max_ctx));
@@ -506,16 +507,19 @@ TEST(CudaAttention, IndexerScoresMatchTheCpuReference) {
 }
 
 // The tokens kernel on a prefill's shapes: GLM-5's and DeepSeek-V3.2's indexer, 300 tokens of one
-// sequence after 3,000 cached ones (the causal mask), pages of 64; and runs of 37 tokens of two
-// sequences in turn (blocks that hold both). Within the CPU's bound, and the qfrag kernel's bits.
+// sequence after 3,000 cached ones (the causal mask), pages of 64 and the serving cache's 16; and
+// runs of 37 tokens of two sequences in turn (blocks that hold both). Within the CPU's bound, and
+// the qfrag kernel's bits where qfrag takes the shape (not fp8 keys in pages of 16).
 TEST(CudaAttention, IndexerTokensKernelOnAPrefill) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(31);
   for (int heads : {32, 64})
     for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
-      IndexerCase c{heads, 128, {}, 1, 64};
-      for (int t = 0; t < 300; ++t) c.ctx.push_back(3000 + t + 1);
-      check_indexer(c, d, cuda::IndexerKernel::Mma, rng, cuda::IndexerMma::kTokens);
+      for (int pages : {64, 16}) {
+        IndexerCase c{heads, 128, {}, 1, pages};
+        for (int t = 0; t < 300; ++t) c.ctx.push_back(3000 + t + 1);
+        check_indexer(c, d, cuda::IndexerKernel::Mma, rng, cuda::IndexerMma::kTokens);
+      }
     }
   IndexerCase c{32, 128, {}, 2, 64, 37};
   for (int t = 0; t < 148; ++t) c.ctx.push_back(500 + 3 * t);

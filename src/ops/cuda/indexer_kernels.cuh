@@ -838,11 +838,12 @@ inline int fp8_run(const IndexerArgs& a) {
   return fits ? r : 0;
 }
 
-// Whether the tokens kernel takes a's shape: the qfrag kernel's (up to 64 heads; bf16 rows of dim
-// values, 16-byte aligned, or fp8 rows in pages of whole tiles), more than one token, nothing counted.
+// Whether the tokens kernel takes a's shape: up to 64 heads; bf16 rows of dim values, 16-byte
+// aligned, or fp8 rows in runs of 16-byte copies (fp8_run: the serving cache's pages of 16 slots
+// too), more than one token, nothing counted.
 inline bool tokens_fit(const IndexerArgs& a) {
   if (heads_padded(a.heads) > 64 || a.T < 2 || a.counts.hist) return false;
-  if (a.dtype == KvDtype::FP8) return fp8_run(a) == kKeysPerTile;
+  if (a.dtype == KvDtype::FP8) return fp8_run(a) > 0;
   return a.dtype == KvDtype::BF16 && a.keys.row_bytes == int64_t(a.dim) * 2 &&
          reinterpret_cast<uintptr_t>(a.keys.data) % 16 == 0 &&
          (a.q16 ? reinterpret_cast<uintptr_t>(a.q16) % 16 == 0 : reinterpret_cast<uintptr_t>(a.q) % 16 == 0);
@@ -905,16 +906,16 @@ void dispatch_qfrag(const IndexerArgs& a, int qfrag_stages, Launch&& launch) {
 }
 template <int DIM, bool FP8, class Launch>
 void dispatch_tokens(const IndexerArgs& a, Launch&& launch) {
-  const int bs = a.keys.block_size, hp16 = heads_padded(a.heads) / 16;
+  const int bs = a.keys.block_size, hp16 = heads_padded(a.heads) / 16, run = FP8 ? fp8_run(a) : 0;
   // (HW warps of MH m-tiles per token, as the qfrag kernel: up to 64 heads)
   if (hp16 == 1)
     return launch(indexer_tokens_kernel<DIM, FP8, 1, 1>, kTokensThreads, kTokensWarps,
-                  [=](int tiles) { return tokens_smem_bytes<DIM, FP8, 1>(tiles, bs); });
+                  [=](int tiles) { return tokens_smem_bytes<DIM, FP8, 1>(tiles, bs); }, run);
   if (hp16 == 2)
     return launch(indexer_tokens_kernel<DIM, FP8, 1, 2>, kTokensThreads, kTokensWarps,
-                  [=](int tiles) { return tokens_smem_bytes<DIM, FP8, 1>(tiles, bs); });
+                  [=](int tiles) { return tokens_smem_bytes<DIM, FP8, 1>(tiles, bs); }, run);
   launch(indexer_tokens_kernel<DIM, FP8, 2, 2>, kTokensThreads, kTokensWarps / 2,
-         [=](int tiles) { return tokens_smem_bytes<DIM, FP8, 2>(tiles, bs); });
+         [=](int tiles) { return tokens_smem_bytes<DIM, FP8, 2>(tiles, bs); }, run);
 }
 template <int DIM, bool FP8, int STAGES, bool TILE_RUN, int MT, class Launch>
 void dispatch_stages(const IndexerArgs& a, int run, Launch&& launch) {

@@ -63,7 +63,7 @@ __device__ __forceinline__ uint32_t query_pair(const IndexerArgs& a, int64_t t, 
 }
 
 template <int DIM, bool FP8, int HW, int MH>
-__global__ void __launch_bounds__(kTokensThreads, kTokensMinBlocks) indexer_tokens_kernel(IndexerArgs a, int tiles_per_block) {
+__global__ void __launch_bounds__(kTokensThreads, kTokensMinBlocks) indexer_tokens_kernel(IndexerArgs a, int tiles_per_block, int slot_run) {
   static_assert(DIM % 32 == 0 && (HW == 1 || HW == 2) && (MH == 1 || MH == 2), "shape");
   constexpr int STAGES = kTokensStages;
   using T16 = typename std::conditional<FP8, __half, __nv_bfloat16>::type;
@@ -91,7 +91,10 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensMinBlocks) indexer_toke
   const int bs = a.keys.block_size;
   const bool pow2 = (bs & (bs - 1)) == 0;
   const int bs_shift = __ffs(bs) - 1;
-  const bool one_page = bs % kKeysPerTile == 0;  // (fp8: always; the choice checks)
+  const bool one_page = bs % kKeysPerTile == 0;
+  // fp8: rows are copied as runs of `slot_run` consecutive slots (fp8_run: a page, or a whole tile of
+  // a larger one), 16 bytes at a time.
+  const int run_bytes = slot_run * int(RB);
 
   // The runs of the block's tokens that share a sequence, one pass each over its keys: slots s0 ..
   // s1 - 1, the largest context n among them, and the block's tiles of it.
@@ -128,9 +131,16 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensMinBlocks) indexer_toke
     const int p0 = (tile0 + j) * kKeysPerTile, n = run.n;
     const int64_t first = one_page ? slot_of(p0) : 0;
     unsigned char* dst = sStage + st * SB;
-    if constexpr (FP8)
-      issue_fp8_run_tile<DIM, kTokensThreads>(dst, keys + first * RB, p0, n);
-    else
+    if constexpr (FP8) {
+      if (one_page) {
+        issue_fp8_run_tile<DIM, kTokensThreads>(dst, keys + first * RB, p0, n);
+      } else {  // runs of a page each (chunks starting in a row from n on skipped)
+        for (int off = tid * 16; off < kKeysPerTile * RB8; off += kTokensThreads * 16) {
+          const int r = off / run_bytes, p = p0 + r * slot_run;
+          if (p0 + off / RB8 < n) cp_async16(dst + off, keys + slot_of(p) * RB + (off - r * run_bytes));
+        }
+      }
+    } else
       issue_bf16_tile<DIM, kTokensThreads>(reinterpret_cast<T16*>(dst), keys, RB, p0, n,
                                            [&](int p) { return one_page ? first + (p - p0) : slot_of(p); });
   };
