@@ -429,7 +429,7 @@ struct GpuModel::State {
   WsDims ws_dims;
   Workspace ws;
   int64_t T = 0, max_ctx = 0;
-  int64_t tokens_per_run = 1;  // T / the runs of consecutive positions of one sequence (IndexerArgs)
+  std::vector<RunSegment> index_segments;  // the indexer's calls (run_segments)
   int32_t max_blocks = 0, block_size = 0;
   bool selection_made = false;  // ws.sel holds this forward's selection (a full indexer layer ran)
   Decisions* record = nullptr;  // the current forward's choices go here when set
@@ -942,9 +942,6 @@ int64_t GpuModel::enqueue(const std::vector<SeqInput>& batch, GpuCache& cache, D
     nctx[size_t(t)] = int32_t(tok.pos + 1);
   }
   for (int64_t r = 0; r < R; ++r) out_rows[size_t(r)] = int32_t(b.out_rows[size_t(r)]);
-  int64_t runs = 0;
-  for (int64_t t = 0; t < T; ++t)
-    runs += t == 0 || seq[size_t(t)] != seq[size_t(t - 1)] || pos[size_t(t)] != pos[size_t(t - 1)] + 1;
   if (sharded())  // this rank's rows of the embedding; -1 (a zero row) for the others'
     for (int32_t& id : ids)
       id = id >= shard_.vocab_first && id < shard_.vocab_first + shard_.vocab_count ? int32_t(id - shard_.vocab_first)
@@ -966,7 +963,7 @@ int64_t GpuModel::enqueue(const std::vector<SeqInput>& batch, GpuCache& cache, D
   st.ws_dims = d;
   st.T = T;
   st.max_ctx = max_ctx;
-  st.tokens_per_run = T / std::max<int64_t>(runs, 1);
+  st.index_segments = run_segments(batch, cuda::kIndexerTokensMinRun);
   st.max_blocks = max_blocks;
   st.block_size = bs;
   st.record = record;
@@ -1215,30 +1212,34 @@ void GpuModel::indexer(int32_t il, GpuCache& cache) {
 
   const int64_t chunk = st.ws_dims.score_rows;
   const int k = int(hp.idx_top_k);
-  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-    const int64_t n = std::min(chunk, T - t0);
-    cuda::IndexerArgs a;
-    a.q = w.iq + t0 * heads * dim;
-    a.q16 = mma ? w.iq16 + t0 * heads * dim : nullptr;
-    a.w = w.iw + t0 * heads;
-    a.T = n;
-    a.heads = int(heads);
-    a.dim = int(dim);
-    a.seq = w.seq + t0;
-    a.n_ctx = w.nctx + t0;
-    a.max_ctx = st.max_ctx;
-    a.keys = {cache.keys(il), cache.key_row_bytes(), w.tables, st.max_blocks, st.block_size};
-    a.dtype = cache.dtype();
-    a.scores = w.scores;
-    a.score_stride = st.max_ctx;
-    a.tokens_per_run = st.tokens_per_run;
-    // The top-k's first histogram counted by the mma kernel as it writes the scores (one pass fewer).
-    if (mma) a.counts = cuda::top_k_counts(w.scores, n, st.max_ctx, k, s, &st.topk_ws);
-    cuda::indexer_scores(a, st.idx_kernel[fi], s);
-    mark("indexer: scores kernel");
-    // In ascending position order: the attention sums a token's positions in one order on every run.
-    cuda::top_k(w.scores, n, st.max_ctx, w.nctx + t0, k, w.sel + t0 * k, s, &st.topk_ws);
-    mark("indexer: top-k");
+  // Each segment of the batch (prefill chunks, decode tokens) in calls of its own, of at most the
+  // scores' rows each.
+  for (const RunSegment& seg : st.index_segments) {
+    for (int64_t t0 = seg.begin; t0 < seg.end; t0 += chunk) {
+      const int64_t n = std::min(chunk, seg.end - t0);
+      cuda::IndexerArgs a;
+      a.q = w.iq + t0 * heads * dim;
+      a.q16 = mma ? w.iq16 + t0 * heads * dim : nullptr;
+      a.w = w.iw + t0 * heads;
+      a.T = n;
+      a.heads = int(heads);
+      a.dim = int(dim);
+      a.seq = w.seq + t0;
+      a.n_ctx = w.nctx + t0;
+      a.max_ctx = st.max_ctx;
+      a.keys = {cache.keys(il), cache.key_row_bytes(), w.tables, st.max_blocks, st.block_size};
+      a.dtype = cache.dtype();
+      a.scores = w.scores;
+      a.score_stride = st.max_ctx;
+      a.tokens_per_run = seg.tokens_per_run;
+      // The top-k's first histogram counted by the mma kernel as it writes the scores (one pass fewer).
+      if (mma) a.counts = cuda::top_k_counts(w.scores, n, st.max_ctx, k, s, &st.topk_ws);
+      cuda::indexer_scores(a, st.idx_kernel[fi], s);
+      mark("indexer: scores kernel");
+      // In ascending position order: the attention sums a token's positions in one order on every run.
+      cuda::top_k(w.scores, n, st.max_ctx, w.nctx + t0, k, w.sel + t0 * k, s, &st.topk_ws);
+      mark("indexer: top-k");
+    }
   }
 }
 

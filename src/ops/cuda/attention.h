@@ -116,10 +116,12 @@ struct IndexerArgs {
   TopKCounts counts;
   // Which of the mma kernels scores them (IndexerMma).
   IndexerMma mma = IndexerMma::kAuto;
-  // The call's tokens per run of consecutive tokens of one sequence, on average (T / runs): from 8
-  // (a prefill) the tokens kernel scores them, each key tile read once for up to 8 of them.
+  // The call's tokens per run of consecutive tokens of one sequence, on average (T / runs): from
+  // kIndexerTokensMinRun (a prefill) the tokens kernel scores them, each key tile read once for up
+  // to 8 of them.
   int64_t tokens_per_run = 1;
 };
+constexpr int64_t kIndexerTokensMinRun = 8;
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
 // The mma kernel indexer_scores(a, IndexerKernel::Mma) runs (never kAuto), and its name ("staged",
 // "regs", "qfrag", "tokens"; "auto" for kAuto).
