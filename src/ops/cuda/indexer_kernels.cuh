@@ -573,6 +573,44 @@ __device__ __forceinline__ void sum_over_g(float (&x)[V], int lane) {
   }
 }
 
+// The step of the qfrag and tokens kernels for two n-tiles of 8 keys, 2 np and 2 np + 1, of a tile
+// of 16-bit key rows at kb (row ri of the n-tile, columns 8 mi of each 32: ldmatrix's addresses):
+// c[j][mh] = the keys of n-tile 2 np + j against the warp's MH m-tiles of queries (A fragments qa),
+// k-step by k-step. Both kernels take it, so that their sums are the same.
+template <int MH, int KSTEPS, int STR, class T16>
+__device__ __forceinline__ void key_pair_products(float (&c)[2][MH][4], const uint32_t (&qa)[MH][KSTEPS][4],
+                                                  const T16* kb, int np) {
+#pragma unroll
+  for (int kp = 0; kp < KSTEPS / 2; ++kp) {
+    uint32_t fb[2][4];  // per n-tile: k-step 2 kp in fb[j][0..1], 2 kp + 1 in fb[j][2..3]
+#pragma unroll
+    for (int j = 0; j < 2; ++j) ldmatrix_x4(fb[j], kb + (2 * np + j) * 8 * STR + kp * 32);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int mh = 0; mh < MH; ++mh) {
+        mma_16816(c[j][mh], qa[mh][2 * kp], fb[j], T16());
+        mma_16816(c[j][mh], qa[mh][2 * kp + 1], fb[j] + 2, T16());
+      }
+  }
+}
+// c[j][mh]: heads g (c0, c1) and g + 8 (c2, c3) against keys 8 nt + 2 q4 (c0, c2) and + 1 (c1, c3),
+// nt = 2 np + j: x[2 nt], x[2 nt + 1] = the lane's heads' relu-weighted sums (weights wv) for those keys.
+template <int MH, int V>
+__device__ __forceinline__ void key_pair_head_sums(float (&x)[V], const float (&c)[2][MH][4], const float (&wv)[MH][2],
+                                                   int np) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int nt = 2 * np + j;
+    x[2 * nt] = x[2 * nt + 1] = 0.0f;
+#pragma unroll
+    for (int mh = 0; mh < MH; ++mh) {
+      x[2 * nt] += wv[mh][0] * fmaxf(c[j][mh][0], 0.0f) + wv[mh][1] * fmaxf(c[j][mh][2], 0.0f);
+      x[2 * nt + 1] += wv[mh][0] * fmaxf(c[j][mh][1], 0.0f) + wv[mh][1] * fmaxf(c[j][mh][3], 0.0f);
+    }
+  }
+}
+
 // The qfrag kernel's shared memory: STAGES key stages (bf16 rows [64][DIM + 8], fp8 rows as stored
 // [64][DIM + 4]), for fp8 keys the queries' rows [HW * MH * 16][DIM + 8] (bf16 keys use the last
 // stage), the partial sums [4 / HW][32], the block's page-table entries, the digit table.
@@ -717,31 +755,9 @@ __global__ void __launch_bounds__(kQfragThreads, kQfragMinBlocks) indexer_qfrag_
             for (int mh = 0; mh < MH; ++mh) mma_16816(c[j][mh], qa[mh][ks], fb[j], T16());
         }
       } else {
-#pragma unroll
-        for (int kp = 0; kp < KSTEPS / 2; ++kp) {
-          uint32_t fb[2][4];  // per n-tile: k-step 2 kp in fb[j][0..1], 2 kp + 1 in fb[j][2..3]
-#pragma unroll
-          for (int j = 0; j < 2; ++j) ldmatrix_x4(fb[j], kb + (2 * np + j) * 8 * STR + kp * 32);
-#pragma unroll
-          for (int j = 0; j < 2; ++j)
-#pragma unroll
-            for (int mh = 0; mh < MH; ++mh) {
-              mma_16816(c[j][mh], qa[mh][2 * kp], fb[j], T16());
-              mma_16816(c[j][mh], qa[mh][2 * kp + 1], fb[j] + 2, T16());
-            }
-        }
+        key_pair_products<MH, KSTEPS, STR>(c, qa, kb, np);
       }
-      // c[j][mh]: heads g (c0, c1) and g + 8 (c2, c3) against keys 8 nt + 2 q4 (c0, c2) and + 1 (c1, c3)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int nt = 2 * np + j;
-        x[2 * nt] = x[2 * nt + 1] = 0.0f;
-#pragma unroll
-        for (int mh = 0; mh < MH; ++mh) {
-          x[2 * nt] += wv[mh][0] * fmaxf(c[j][mh][0], 0.0f) + wv[mh][1] * fmaxf(c[j][mh][2], 0.0f);
-          x[2 * nt + 1] += wv[mh][0] * fmaxf(c[j][mh][1], 0.0f) + wv[mh][1] * fmaxf(c[j][mh][3], 0.0f);
-        }
-      }
+      key_pair_head_sums(x, c, wv, np);
     }
     sum_over_g<V>(x, lane);
     float score = x[0];

@@ -224,32 +224,10 @@ __global__ void __launch_bounds__(kTokensThreads, kTokensMinBlocks) indexer_toke
           float x[V];
 #pragma unroll
           for (int np = 0; np < NT / 2; ++np) {  // two n-tiles at a time, as the qfrag kernel
+            // (fp8 keys' columns in the order above: the same products as qfrag's)
             float c[2][MH][4] = {};
-            // B fragments (ldmatrix): matrix mi = columns 8 mi .. 8 mi + 7 of 32, row ri = key ri
-            // of the n-tile; fp8 keys' columns in the order above, so the same products as qfrag's.
-#pragma unroll
-            for (int kp = 0; kp < KSTEPS / 2; ++kp) {
-              uint32_t fb[2][4];
-#pragma unroll
-              for (int j = 0; j < 2; ++j) ldmatrix_x4(fb[j], kb + (2 * np + j) * 8 * STR + kp * 32);
-#pragma unroll
-              for (int j = 0; j < 2; ++j)
-#pragma unroll
-                for (int mh = 0; mh < MH; ++mh) {
-                  mma_16816(c[j][mh], qa[mh][2 * kp], fb[j], T16());
-                  mma_16816(c[j][mh], qa[mh][2 * kp + 1], fb[j] + 2, T16());
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-              const int nt = 2 * np + j;
-              x[2 * nt] = x[2 * nt + 1] = 0.0f;
-#pragma unroll
-              for (int mh = 0; mh < MH; ++mh) {
-                x[2 * nt] += wv[mh][0] * fmaxf(c[j][mh][0], 0.0f) + wv[mh][1] * fmaxf(c[j][mh][2], 0.0f);
-                x[2 * nt + 1] += wv[mh][0] * fmaxf(c[j][mh][1], 0.0f) + wv[mh][1] * fmaxf(c[j][mh][3], 0.0f);
-              }
-            }
+            key_pair_products<MH, KSTEPS, STR>(c, qa, kb, np);
+            key_pair_head_sums(x, c, wv, np);
           }
           sum_over_g<V>(x, lane);
           score[kg] = x[0];
