@@ -329,16 +329,23 @@ const IndexerMma kAsked[] = {IndexerMma::kAuto, IndexerMma::kStaged, IndexerMma:
 // The kernel SPARSEMLA_INDEXER_MMA names (choose_mma's env_kernel) is taken where the arguments ask
 // for none, theirs where they do. (The choice by shape is CudaAttention.IndexerMmaChoiceFollowsTheShape,
 // which runs without a GPU too.)
-TEST(IndexerOnTheHost, MmaChoiceTakesTheEnvironmentsKernelUnlessTheArgumentsAsk) {
+// Arguments for the choice alone (nothing is read): bf16 keys of dim 128 in pages of 64, 16-bit
+// queries, aligned.
+IndexerArgs choice_args(int heads) {
   alignas(16) static uint8_t fake[64];
-  using M = IndexerMma;
   IndexerArgs a;
-  a.heads = 64;
+  a.heads = heads;
   a.dim = 128;
   a.q16 = reinterpret_cast<const uint16_t*>(fake);
   a.keys.data = fake;
   a.keys.block_size = 64;
   a.keys.row_bytes = 256;
+  return a;
+}
+
+TEST(IndexerOnTheHost, MmaChoiceTakesTheEnvironmentsKernelUnlessTheArgumentsAsk) {
+  using M = IndexerMma;
+  IndexerArgs a = choice_args(64);
   EXPECT_EQ(choose_mma(a, M::kAuto), M::kQfrag);
   EXPECT_EQ(choose_mma(a, M::kRegs), M::kRegs);
   EXPECT_EQ(choose_mma(a, M::kStaged), M::kStaged);
@@ -453,16 +460,9 @@ TEST(IndexerOnTheHost, TokensKernelGivesTheQfragBits) {
 // Where the tokens kernel is taken: runs of 8 tokens or more on average, the qfrag kernel's shapes,
 // nothing counted; asked for elsewhere, the default choice.
 TEST(IndexerOnTheHost, TokensKernelTakesRunsOfOneSequence) {
-  alignas(16) static uint8_t fake[64];
   using M = IndexerMma;
-  IndexerArgs a;
-  a.heads = 32;
-  a.dim = 128;
+  IndexerArgs a = choice_args(32);
   a.T = 4096;
-  a.q16 = reinterpret_cast<const uint16_t*>(fake);
-  a.keys.data = fake;
-  a.keys.block_size = 64;
-  a.keys.row_bytes = 256;
   EXPECT_EQ(choose_mma(a, M::kAuto), M::kQfrag);  // one token per run: a decode batch
   a.tokens_per_run = 7;
   EXPECT_EQ(choose_mma(a, M::kAuto), M::kQfrag);
