@@ -15,8 +15,9 @@
 // sequence's pages: correct for any batch, efficient where runs of a sequence are long, which is
 // why indexer_mma_choice takes this kernel only when IndexerArgs::tokens_per_run says so.
 //
-// Included by indexer_kernels.cuh (its helpers: BlockKeys' paging, the stages' copies, sum_over_g),
-// whose dispatch launches it; built by the host emulation too.
+// Included by indexer_kernels.cuh (its helpers: the stages' copies and sizes, the shared step
+// key_pair_products / key_pair_head_sums, sum_over_g), whose dispatch launches it; built by the host
+// emulation too.
 #pragma once
 
 namespace sparsemla::cuda::indexer {
