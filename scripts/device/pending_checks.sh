@@ -15,7 +15,9 @@
 #             tile kernel "pf:T" against "blas:T" at 64-4096 tokens, "dq" the bf16 rows alone), the
 #             GLM-5-width 3-layer prefill at 4K and 32K with it on and off, a 32K prompt in forwards
 #             of 512-16384 tokens (session 39's sweep, H100 only so far) with session 40's expert
-#             tiles on and off (and decode batches of 128 / 256, which take the same path), and the kernel time of
+#             tiles on and off (and decode batches of 128 / 256, which take the same path), session
+#             41's indexer tokens kernel against qfrag at 32K and 128K prompts (bf16 and fp8 caches),
+#             and the kernel time of
 #             one 4096-token chunk under Nsight Compute with the split norms at their default limit
 #             (128 rows) and at 64 rows (SPARSEMLA_SPLIT_NORM_MAX_ROWS). blas_min_tokens
 #             (quant_matmul.cu) holds the crossovers the "pf" / "blas" lines give.
@@ -75,6 +77,15 @@ if has prefill; then
       --batch 1 --batch-tokens 512,2048,4096,8192,16384 2>&1 | grep -E '^prefill|workspace' | tee -a "$OUT/prefill_model.log"
     SPARSEMLA_EXPERT_TILES=$t timeout 100 "$BIN/sparsemla" bench -m /tmp/g3pf.gguf --device cuda --prompt 1024 --gen 24 \
       --batch 128,256 2>&1 | grep -E '^decode' | tee -a "$OUT/prefill_model.log"
+  done
+  # Session 41's indexer tokens kernel (the default in a prefill) against qfrag, long prompts, both
+  # cache formats (H100 and H200 figures in PERFORMANCE.md, "Session 41").
+  for kv in bf16 fp8; do
+    for k in tokens qfrag; do
+      echo "SPARSEMLA_INDEXER_MMA=$k, --kv-cache $kv:" | tee -a "$OUT/prefill_model.log"
+      SPARSEMLA_INDEXER_MMA=$k timeout 200 "$BIN/sparsemla" bench -m /tmp/g3pf.gguf --device cuda --kv-cache $kv \
+        --prompt 32768,131072 --gen 2 --batch 1 2>&1 | grep -E '^prefill' | tee -a "$OUT/prefill_model.log"
+    done
   done
   for r in 128 64; do
     SPARSEMLA_PREFILL_BLAS=1 SPARSEMLA_SPLIT_NORM_MAX_ROWS=$r SPARSEMLA_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none \
