@@ -40,6 +40,7 @@ struct BenchAttentionArgs {
   int reps = 5;
   std::string topk_path = "auto";  // auto, block, rows, team, spans: the top-k path (cuda::TopKPath)
   int topk_threads = 0;            // threads per block of the team and block paths (cuda::TopKWorkspace::threads)
+  int prefill = 0;  // > 0: the indexer's scores for a prefill of this many tokens instead of the decode table
 };
 
 #if SPARSEMLA_HAVE_CUDA
@@ -62,6 +63,61 @@ double time_us(int reps, F&& f) {
     F* f;
   } ctx{&f};
   return cuda::graph_time_us(reps, 10, [](void* p, void* stream) { (*static_cast<Ctx*>(p)->f)(stream); }, &ctx);
+}
+
+// --prefill T: the indexer's scores for T tokens of one sequence ending at each context (the causal
+// mask: token t sees context - T + 1 + t keys), every mma kernel that takes the call asked for by name
+// (the tokens kernel, the default in a prefill, and qfrag and staged, which score one token per
+// block), in TFLOP/s (2 x heads x dim per key and token) against the cuBLAS bf16 GEMM's.
+void bench_prefill_indexer(const BenchAttentionArgs& a, const Shape& sh, const std::string& dname, cuda::KvDtype dt,
+                           const cuda::PagedRows& key_rows, cuda::IndexerKernel ik, double gemm_flops) {
+  for (int ctx : a.contexts) {
+    const int T = std::min(a.prefill, ctx);
+    std::vector<int32_t> seq(static_cast<size_t>(T), 0), n_ctx(static_cast<size_t>(T));
+    double keys_scored = 0;
+    for (int t = 0; t < T; ++t) {
+      n_ctx[size_t(t)] = ctx - T + 1 + t;
+      keys_scored += n_ctx[size_t(t)];
+    }
+    cuda::DeviceBuffer d_seq = cuda::to_device(seq), d_n = cuda::to_device(n_ctx);
+    cuda::DeviceBuffer q(size_t(T) * sh.idx_heads * sh.idx_dim * 4), w(size_t(T) * sh.idx_heads * 4);
+    cuda::DeviceBuffer q16(size_t(T) * sh.idx_heads * sh.idx_dim * 2), pos(size_t(T) * 8);
+    cuda::DeviceBuffer scores(size_t(T) * size_t(ctx) * 4);
+    cuda::fill_uniform(q.as<float>(), int64_t(T) * sh.idx_heads * sh.idx_dim, 21);
+    cuda::fill_uniform(w.as<float>(), int64_t(T) * sh.idx_heads, 22, 0.1f);
+    pos.zero();
+    cuda::index_queries(q.as<float>(), w.as<float>(), T, sh.idx_heads, sh.idx_dim, cuda::RopeTable{}, pos.as<int64_t>(),
+                        1.0f, dt, q16.as<uint16_t>(), nullptr);
+    cuda::IndexerArgs ia;
+    ia.q = q.as<float>();
+    ia.q16 = ik == cuda::IndexerKernel::Mma ? q16.as<uint16_t>() : nullptr;
+    ia.w = w.as<float>();
+    ia.T = T;
+    ia.heads = sh.idx_heads;
+    ia.dim = sh.idx_dim;
+    ia.seq = d_seq.as<int32_t>();
+    ia.n_ctx = d_n.as<int32_t>();
+    ia.max_ctx = ctx;
+    ia.keys = key_rows;
+    ia.dtype = dt;
+    ia.scores = scores.as<float>();
+    ia.score_stride = ctx;
+    ia.tokens_per_run = T;
+    const double flops = 2.0 * sh.idx_heads * sh.idx_dim * keys_scored;
+    std::vector<cuda::IndexerMma> done;
+    for (cuda::IndexerMma k : {cuda::IndexerMma::kTokens, cuda::IndexerMma::kQfrag, cuda::IndexerMma::kStaged}) {
+      ia.mma = k;
+      const cuda::IndexerMma ran = ik == cuda::IndexerKernel::Mma ? cuda::indexer_mma_choice(ia) : cuda::IndexerMma::kAuto;
+      if (std::find(done.begin(), done.end(), ran) != done.end()) continue;  // (a fallback already timed)
+      done.push_back(ran);
+      const double us = time_us(a.reps, [&](void* st) { cuda::indexer_scores(ia, ik, st); });
+      std::printf("prefill indexer %-6s %-4s %5d tokens ending at %7d | %-6s %10.1f us %7.1f TFLOP/s %4.0f%% of the GEMM\n",
+                  sh.name, dname.c_str(), T, ctx, ik == cuda::IndexerKernel::Mma ? cuda::indexer_mma_name(ran) : "fma", us,
+                  flops / us * 1e-6, 100.0 * flops / (us * 1e-6) / gemm_flops);
+      std::fflush(stdout);
+      if (ik != cuda::IndexerKernel::Mma) break;
+    }
+  }
 }
 
 int run_bench_attention(const BenchAttentionArgs& a) {
@@ -105,9 +161,10 @@ int run_bench_attention(const BenchAttentionArgs& a) {
   const int blocks_per_seq = (max_ctx + bs - 1) / bs;
   const int64_t n_slots = int64_t(n_seq) * blocks_per_seq * bs;
 
-  std::printf("%-6s %-4s %5s %7s | %9s %7s %5s | %8s %8s | %9s | %9s %7s %5s %7s %5s | %9s %5s | %s\n", "shape", "kv",
-              "batch", "context", "indexer", "GB/s", "%bw", "top-k", "tied", "idx+top-k", "attention", "GB/s", "%bw",
-              "TFLOP/s", "%mma", "step", "%bw", "kernels");
+  if (a.prefill == 0)
+    std::printf("%-6s %-4s %5s %7s | %9s %7s %5s | %8s %8s | %9s | %9s %7s %5s %7s %5s | %9s %5s | %s\n", "shape",
+                "kv", "batch", "context", "indexer", "GB/s", "%bw", "top-k", "tied", "idx+top-k", "attention", "GB/s",
+                "%bw", "TFLOP/s", "%mma", "step", "%bw", "kernels");
   for (const std::string& dname : a.dtypes) {
     const cuda::KvDtype dt = dname == "fp8" ? cuda::KvDtype::FP8 : cuda::KvDtype::BF16;
     for (const Shape& sh : kShapes) {
@@ -137,6 +194,10 @@ int run_bench_attention(const BenchAttentionArgs& a) {
       cuda::DeviceBuffer d_table = cuda::to_device(table);
       const cuda::PagedRows latent_rows{latent.get(), lrow, d_table.as<int32_t>(), blocks_per_seq, bs};
       const cuda::PagedRows key_rows{keys.get(), krow, d_table.as<int32_t>(), blocks_per_seq, bs};
+      if (a.prefill > 0) {
+        bench_prefill_indexer(a, sh, dname, dt, key_rows, ik, gemm_flops);
+        continue;
+      }
       cuda::AttentionWorkspace ws;
       if (a.smem_limit > 0) {  // the mma kernel's shapes on a device with this much (launches are checked against it)
         ws.sm_count = devs[0].sm_count;
@@ -264,6 +325,11 @@ int run_bench_attention(const BenchAttentionArgs& a) {
         }
     }
   }
+  if (a.prefill > 0) {
+    std::printf("times: per call, replayed from a CUDA graph (no launch overhead). TFLOP/s: 2 x index heads x dim "
+                "per key scored (the causal half counted once); %%: of the cuBLAS bf16 GEMM rate.\n");
+    return 0;
+  }
   std::printf("times: per call, replayed from a CUDA graph (no launch overhead), consecutive calls on different "
               "sequences (%s). ", a.rotate > 0 ? "--rotate sets" : "8 / batch sets");
   std::printf("indexer GB/s: index-key bytes read; top-k: over the indexer's scores, rows of context + %d as the "
@@ -314,6 +380,11 @@ Runner add_bench_attention(CLI::App& bench) {
                   "rows up to 16K; auto takes it up to 4K), rows (one block per row, reading the row on every pass), "
                   "team (one cooperative launch, where the row's blocks fit on the device), spans (three launches)")
       ->check(CLI::IsMember({"auto", "block", "rows", "team", "spans"}));
+  cmd->add_option("--prefill", a->prefill,
+                  "instead of the decode table: the indexer's scores for a prefill of this many tokens of one "
+                  "sequence ending at each --context, per mma kernel (tokens, qfrag, staged), in TFLOP/s; use "
+                  "--batch 1 (the cache is sized by the batches)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--topk-threads", a->topk_threads,
                   "threads per block of the top-k's team path and of its block path on rows of up to 4K: 256, 512 "
                   "or 1024 (0: the engine's choice)")
