@@ -16,8 +16,8 @@
 #             GLM-5-width 3-layer prefill at 4K and 32K with it on and off, a 32K prompt in forwards
 #             of 512-16384 tokens (session 39's sweep, H100 only so far) with session 40's expert
 #             tiles on and off (and decode batches of 128 / 256, which take the same path), session
-#             41's indexer tokens kernel against qfrag at 32K and 128K prompts (bf16 and fp8 caches),
-#             and the kernel time of
+#             41's indexer tokens kernel against qfrag at 32K and 128K prompts (bf16 and fp8 caches)
+#             and alone (`bench attention --prefill 4096`, not yet run), and the kernel time of
 #             one 4096-token chunk under Nsight Compute with the split norms at their default limit
 #             (128 rows) and at 64 rows (SPARSEMLA_SPLIT_NORM_MAX_ROWS). blas_min_tokens
 #             (quant_matmul.cu) holds the crossovers the "pf" / "blas" lines give.
@@ -79,7 +79,10 @@ if has prefill; then
       --batch 128,256 2>&1 | grep -E '^decode' | tee -a "$OUT/prefill_model.log"
   done
   # Session 41's indexer tokens kernel (the default in a prefill) against qfrag, long prompts, both
-  # cache formats (H100 and H200 figures in PERFORMANCE.md, "Session 41").
+  # cache formats (H100 and H200 figures in PERFORMANCE.md, "Session 41"); the kernels alone at a
+  # 4096-token prefill (`bench attention --prefill`, written in session 41 after its device time).
+  timeout 300 "$BIN/sparsemla" bench attention --prefill 4096 --batch 1 --context 32768 131072 --reps 2 2>&1 |
+    grep -E '^prefill|^ceilings|^device' | tee -a "$OUT/prefill_model.log"
   for kv in bf16 fp8; do
     for k in tokens qfrag; do
       echo "SPARSEMLA_INDEXER_MMA=$k, --kv-cache $kv:" | tee -a "$OUT/prefill_model.log"
