@@ -65,6 +65,39 @@ double time_us(int reps, F&& f) {
   return cuda::graph_time_us(reps, 10, [](void* p, void* stream) { (*static_cast<Ctx*>(p)->f)(stream); }, &ctx);
 }
 
+// Random indexer queries and head weights for T tokens (seeds `seed`, `seed` + 1), the 16-bit copy
+// the mma kernel reads (index_queries, no rotation), and the arguments that score them over `keys`
+// into rows of `stride` scores; the caller sets the tokens' sequences and contexts.
+struct IndexerInputs {
+  cuda::DeviceBuffer q, w, q16, pos;
+  cuda::IndexerArgs args;
+};
+IndexerInputs indexer_inputs(const Shape& sh, int T, cuda::KvDtype dt, cuda::IndexerKernel ik, uint64_t seed,
+                             const cuda::PagedRows& keys, float* scores, int64_t stride) {
+  IndexerInputs in{cuda::DeviceBuffer(size_t(T) * sh.idx_heads * sh.idx_dim * 4),
+                   cuda::DeviceBuffer(size_t(T) * sh.idx_heads * 4),
+                   cuda::DeviceBuffer(size_t(T) * sh.idx_heads * sh.idx_dim * 2), cuda::DeviceBuffer(size_t(T) * 8),
+                   {}};
+  cuda::fill_uniform(in.q.as<float>(), int64_t(T) * sh.idx_heads * sh.idx_dim, seed);
+  cuda::fill_uniform(in.w.as<float>(), int64_t(T) * sh.idx_heads, seed + 1, 0.1f);
+  in.pos.zero();
+  cuda::index_queries(in.q.as<float>(), in.w.as<float>(), T, sh.idx_heads, sh.idx_dim, cuda::RopeTable{},
+                      in.pos.as<int64_t>(), 1.0f, dt, in.q16.as<uint16_t>(), nullptr);
+  cuda::IndexerArgs& ia = in.args;
+  ia.q = in.q.as<float>();
+  ia.q16 = ik == cuda::IndexerKernel::Mma ? in.q16.as<uint16_t>() : nullptr;
+  ia.w = in.w.as<float>();
+  ia.T = T;
+  ia.heads = sh.idx_heads;
+  ia.dim = sh.idx_dim;
+  ia.max_ctx = stride;
+  ia.keys = keys;
+  ia.dtype = dt;
+  ia.scores = scores;
+  ia.score_stride = stride;
+  return in;
+}
+
 // --prefill T: the indexer's scores for T tokens of one sequence ending at each context (the causal
 // mask: token t sees context - T + 1 + t keys), every mma kernel that takes the call asked for by name
 // (the tokens kernel, the default in a prefill, and qfrag and staged, which score one token per
@@ -80,28 +113,11 @@ void bench_prefill_indexer(const BenchAttentionArgs& a, const Shape& sh, const s
       keys_scored += n_ctx[size_t(t)];
     }
     cuda::DeviceBuffer d_seq = cuda::to_device(seq), d_n = cuda::to_device(n_ctx);
-    cuda::DeviceBuffer q(size_t(T) * sh.idx_heads * sh.idx_dim * 4), w(size_t(T) * sh.idx_heads * 4);
-    cuda::DeviceBuffer q16(size_t(T) * sh.idx_heads * sh.idx_dim * 2), pos(size_t(T) * 8);
     cuda::DeviceBuffer scores(size_t(T) * size_t(ctx) * 4);
-    cuda::fill_uniform(q.as<float>(), int64_t(T) * sh.idx_heads * sh.idx_dim, 21);
-    cuda::fill_uniform(w.as<float>(), int64_t(T) * sh.idx_heads, 22, 0.1f);
-    pos.zero();
-    cuda::index_queries(q.as<float>(), w.as<float>(), T, sh.idx_heads, sh.idx_dim, cuda::RopeTable{}, pos.as<int64_t>(),
-                        1.0f, dt, q16.as<uint16_t>(), nullptr);
-    cuda::IndexerArgs ia;
-    ia.q = q.as<float>();
-    ia.q16 = ik == cuda::IndexerKernel::Mma ? q16.as<uint16_t>() : nullptr;
-    ia.w = w.as<float>();
-    ia.T = T;
-    ia.heads = sh.idx_heads;
-    ia.dim = sh.idx_dim;
+    IndexerInputs in = indexer_inputs(sh, T, dt, ik, 21, key_rows, scores.as<float>(), ctx);
+    cuda::IndexerArgs& ia = in.args;
     ia.seq = d_seq.as<int32_t>();
     ia.n_ctx = d_n.as<int32_t>();
-    ia.max_ctx = ctx;
-    ia.keys = key_rows;
-    ia.dtype = dt;
-    ia.scores = scores.as<float>();
-    ia.score_stride = ctx;
     ia.tokens_per_run = T;
     const double flops = 2.0 * sh.idx_heads * sh.idx_dim * keys_scored;
     std::vector<cuda::IndexerMma> done;
@@ -224,7 +240,6 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           auto next_seq = [&] { return d_seqs[size_t(call++ % sets)].as<int32_t>(); };
           std::vector<int32_t> n_ctx(static_cast<size_t>(B), ctx);
           cuda::DeviceBuffer d_n = cuda::to_device(n_ctx);
-          cuda::DeviceBuffer q_idx(size_t(B) * sh.idx_heads * sh.idx_dim * 4), w_idx(size_t(B) * sh.idx_heads * 4);
           // Score rows a little longer than the context, as the model's (its stride is the cache's
           // capacity): the top-k takes the path it takes in the model.
           const int64_t sstride = ctx + kScoreSlack;
@@ -232,29 +247,12 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           cuda::DeviceBuffer tied(size_t(B * sstride) * 4);  // all scores equal, as a model with zero weights gives
           cuda::fill_uniform(tied.as<float>(), B * sstride, 1, 0.0f);
           cuda::DeviceBuffer q(size_t(B) * sh.heads * (sh.kv_lora + sh.rope) * 4), out(size_t(B) * sh.heads * sh.kv_lora * 4);
-          cuda::fill_uniform(q_idx.as<float>(), int64_t(B) * sh.idx_heads * sh.idx_dim, 11);
-          cuda::fill_uniform(w_idx.as<float>(), int64_t(B) * sh.idx_heads, 12, 0.1f);
           cuda::fill_uniform(q.as<float>(), int64_t(B) * sh.heads * (sh.kv_lora + sh.rope), 13, 0.1f);
-          // The queries also as the model hands them to the mma kernel: rounded to its 16-bit type by
-          // index_queries (here without a rotation: no rope table).
-          cuda::DeviceBuffer q_idx16(size_t(B) * sh.idx_heads * sh.idx_dim * 2), pos(size_t(B) * 8);
-          pos.zero();
-          cuda::index_queries(q_idx.as<float>(), w_idx.as<float>(), B, sh.idx_heads, sh.idx_dim, cuda::RopeTable{},
-                              pos.as<int64_t>(), 1.0f, dt, q_idx16.as<uint16_t>(), nullptr);
-          cuda::IndexerArgs ia;
-          ia.q = q_idx.as<float>();
-          ia.q16 = ik == cuda::IndexerKernel::Mma ? q_idx16.as<uint16_t>() : nullptr;
-          ia.w = w_idx.as<float>();
-          ia.T = B;
-          ia.heads = sh.idx_heads;
-          ia.dim = sh.idx_dim;
+          // The indexer's queries as the model hands them to the mma kernel too (rounded to its 16-bit type).
+          IndexerInputs idx_in = indexer_inputs(sh, B, dt, ik, 11, key_rows, scores.as<float>(), sstride);
+          cuda::IndexerArgs& ia = idx_in.args;
           ia.seq = next_seq();
           ia.n_ctx = d_n.as<int32_t>();
-          ia.max_ctx = sstride;
-          ia.keys = key_rows;
-          ia.dtype = dt;
-          ia.scores = scores.as<float>();
-          ia.score_stride = sstride;
           const double t_idx = time_us(a.reps, [&](void* st) {
             ia.seq = next_seq();
             cuda::indexer_scores(ia, ik, st);

@@ -435,7 +435,7 @@ TEST(IndexerOnTheHost, TokensKernelGivesTheQfragBits) {
     for (const IndexerCase& c : cases) {
       const Problem p(c, d, rng);
       IndexerArgs a = p.args(false);
-      a.tokens_per_run = kTokensMinRun;
+      a.tokens_per_run = kIndexerTokensMinRun;
       ASSERT_EQ(choose_mma(a, IndexerMma::kAuto), IndexerMma::kTokens) << "heads " << c.heads;
       check_mma(p, IndexerMma::kTokens, 0);
       const Scored qfrag = run_mma(p, IndexerMma::kQfrag, true, 2, 2, emu::Order::kForward, 0);

@@ -121,6 +121,8 @@ struct IndexerArgs {
   // to 8 of them.
   int64_t tokens_per_run = 1;
 };
+// The shortest runs (IndexerArgs::tokens_per_run, on average) that take the tokens kernel by default:
+// a block's worth at 32 heads.
 constexpr int64_t kIndexerTokensMinRun = 8;
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
 // The mma kernel indexer_scores(a, IndexerKernel::Mma) runs (never kAuto), and its name ("staged",

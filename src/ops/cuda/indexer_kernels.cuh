@@ -873,7 +873,7 @@ inline IndexerMma choose_mma(const IndexerArgs& a, IndexerMma env_kernel) {
   // The tokens kernel: where the tokens come in runs of one sequence (a prefill; IndexerArgs::
   // tokens_per_run), on the qfrag kernel's shapes, counting nothing. Otherwise, or asked for where it
   // does not apply, the choice below.
-  if (k == IndexerMma::kTokens || (k == IndexerMma::kAuto && a.tokens_per_run >= kTokensMinRun)) {
+  if (k == IndexerMma::kTokens || (k == IndexerMma::kAuto && a.tokens_per_run >= kIndexerTokensMinRun)) {
     if (tokens_fit(a)) return IndexerMma::kTokens;
     k = IndexerMma::kAuto;
   }

@@ -26,9 +26,6 @@ constexpr int kTokensWarps = 8;
 constexpr int kTokensThreads = kTokensWarps * 32;
 // Two blocks per SM (registers held to 128): 64 registers of query fragments per thread.
 constexpr int kTokensMinBlocks = 2;
-// The shortest runs of one sequence's tokens (IndexerArgs::tokens_per_run, on average) that take the
-// tokens kernel by default: a block's worth at 32 heads.
-constexpr int64_t kTokensMinRun = kIndexerTokensMinRun;
 
 // Two stages: on an H100 (session 41) three and four streamed a 16K prompt's indexer no faster (15.8,
 // 16.0, 15.7 ms over its 18 calls under Nsight Compute; prefill tok/s within 0.5%).
