@@ -603,9 +603,11 @@ void GpuModel::mark(const char* label) {
 
 bool GpuModel::side_stream_on() const { return opts_.side_stream && !(st_->timer && st_->profiling); }
 
-void GpuModel::prefetch_l2(std::initializer_list<cuda::L2Span> spans) {
+void GpuModel::prefetch_l2(int window, std::initializer_list<cuda::L2Span> spans) {
   State& st = *st_;
-  if (st.l2_budget == 0 || st.T > cuda::kDecodeMaxTokens || (st.timer && st.profiling)) return;
+  if (st.l2_budget == 0 || !(opts_.l2_prefetch_windows & window) || st.T > cuda::kDecodeMaxTokens ||
+      (st.timer && st.profiling))
+    return;
   cuda::L2Span in[cuda::kMaxL2Spans], out[cuda::kMaxL2Spans];
   int n = 0;
   for (const cuda::L2Span& sp : spans)
@@ -685,6 +687,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   if (const char* m = std::getenv("SPARSEMLA_EXPERT_TILES_MAX"); m && *m) g->opts_.expert_tiles_max = std::atoll(m);
   if (const char* m = std::getenv("SPARSEMLA_L2_PREFETCH_MB"); m && *m)
     g->opts_.l2_prefetch_bytes = int64_t(std::atof(m) * 1048576.0);
+  if (const char* m = std::getenv("SPARSEMLA_L2_PREFETCH_WINDOWS"); m && *m) g->opts_.l2_prefetch_windows = std::atoi(m);
 
   // SPARSEMLA_STEP_PROFILE=1: events between the operations of every decode step (graphs off), and the
   // device time by operation printed to stderr when the model goes away. Each step waits behind a
@@ -1084,15 +1087,25 @@ void GpuModel::run_step(GpuCache& cache) {
     attention_layer(L, int32_t(il), cache);
     // Read after the norm and the router: the shared expert, or the dense MLP.
     if (L.moe) {
-      if (L.shared) prefetch_l2({span_of(L.gate_shexp), span_of(L.up_shexp), span_of(L.down_shexp)});
+      if (L.shared)
+        prefetch_l2(kL2FfnFront, {span_of(L.gate_shexp), span_of(L.up_shexp), span_of(L.down_shexp)});
     } else {
-      prefetch_l2({span_of(L.gate), span_of(L.up), span_of(L.down)});
+      prefetch_l2(kL2FfnFront, {span_of(L.gate), span_of(L.up), span_of(L.down)});
     }
     reduce(w.attn, T * H);
     nq = producer_q8(w.x, T, H, 0, ffn_readers(L), &lv);
     cuda::add_rms_norm(w.h, w.attn, L.ffn_norm, T, H, hp.rms_eps, w.x, s, nq, lv);
     mark("attention: output all-reduce, norm");
     ffn(L, int32_t(il));
+    // Read after the residual's norm: the next layer's first products (q_b and W_UK where the budget
+    // reaches), or the output head's first rows.
+    if (il + 1 < hp.n_layer) {
+      const Layer& n = st.layers[il + 1];
+      prefetch_l2(kL2NextLayer, {span_of(n.q_a), span_of(n.q), span_of(n.kv_a_mqa), span_of(n.idx_k),
+                                 span_of(n.idx_proj), span_of(n.q_b), span_of(n.idx_q_b), span_of(n.uk)});
+    } else {
+      prefetch_l2(kL2NextLayer, {span_of(st.output)});
+    }
     reduce(w.attn, T * H);
     if (il + 1 < hp.n_layer) {
       const Layer& next = st.layers[il + 1];
@@ -1181,7 +1194,7 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   // Read after the attention core (rope, W_UK, indexer, top-k, attention kernel), which leaves HBM
   // idle in a decode step: W_UV, the router (before the output projection, which the budget may cut),
   // the output projection.
-  prefetch_l2({span_of(L.uv), L.moe ? span_of(L.gate_inp) : cuda::L2Span{}, span_of(L.output)});
+  prefetch_l2(kL2AttentionCore, {span_of(L.uv), L.moe ? span_of(L.gate_inp) : cuda::L2Span{}, span_of(L.output)});
 
   if (index) {
     to_side();
