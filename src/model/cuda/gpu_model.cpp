@@ -1085,13 +1085,14 @@ void GpuModel::run_step(GpuCache& cache) {
   for (uint32_t il = 0; il < hp.n_layer; ++il) {
     const Layer& L = st.layers[il];
     attention_layer(L, int32_t(il), cache);
-    // Read after the norm and the router: the shared expert, or the dense MLP.
-    if (L.moe) {
-      if (L.shared)
-        prefetch_l2(kL2FfnFront, {span_of(L.gate_shexp), span_of(L.up_shexp), span_of(L.down_shexp)});
-    } else {
+    // Read after the norm: the router, and the shared expert (at one token its gate and up products
+    // the first blocks of the routed experts' launch, its down product after those stream through
+    // L2), or the dense MLP.
+    if (L.moe)
+      prefetch_l2(kL2FfnFront, {span_of(L.gate_inp), L.shared ? span_of(L.gate_shexp) : cuda::L2Span{},
+                                L.shared ? span_of(L.up_shexp) : cuda::L2Span{}});
+    else
       prefetch_l2(kL2FfnFront, {span_of(L.gate), span_of(L.up), span_of(L.down)});
-    }
     reduce(w.attn, T * H);
     nq = producer_q8(w.x, T, H, 0, ffn_readers(L), &lv);
     cuda::add_rms_norm(w.h, w.attn, L.ffn_norm, T, H, hp.rms_eps, w.x, s, nq, lv);
@@ -1192,9 +1193,8 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   }
   mark("attention: q_a, kv_a, q_b and the indexer's products");
   // Read after the attention core (rope, W_UK, indexer, top-k, attention kernel), which leaves HBM
-  // idle in a decode step: W_UV, the router (before the output projection, which the budget may cut),
-  // the output projection.
-  prefetch_l2(kL2AttentionCore, {span_of(L.uv), L.moe ? span_of(L.gate_inp) : cuda::L2Span{}, span_of(L.output)});
+  // idle in a decode step: W_UV, then the output projection's first rows.
+  prefetch_l2(kL2AttentionCore, {span_of(L.uv), span_of(L.output)});
 
   if (index) {
     to_side();

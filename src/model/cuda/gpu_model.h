@@ -157,10 +157,10 @@ struct GpuModelOptions {
   // Decode steps (up to cuda::kDecodeMaxTokens tokens) ask for weights to be brought into L2 while
   // the kernels before their products leave HBM idle (cuda::l2_prefetch, from a third stream), in
   // up to three windows of each layer (l2_prefetch_windows, a mask):
-  //   kL2AttentionCore: once q_b's product is enqueued, W_UV, the router's weights and the attention
-  //     output projection, read after the attention core (indexer, top-k, attention kernel);
-  //   kL2FfnFront: once the output projection is, the shared expert's (or the dense MLP's) weights,
-  //     read after the norm and the router;
+  //   kL2AttentionCore: once q_b's product is enqueued, W_UV and the attention output projection,
+  //     read after the attention core (indexer, top-k, attention kernel);
+  //   kL2FfnFront: once the output projection is, the router's weights and the shared expert's gate
+  //     and up (or the dense MLP's weights), read after the norm;
   //   kL2NextLayer: once the FFN is, the next layer's first products (or the output head's rows),
   //     read after the residual's norm.
   // At most l2_prefetch_bytes each time: -1 (the default) the device's L2 size times
