@@ -15,7 +15,6 @@ struct DeviceInfo {
   int sm_count = 0;
   uint64_t smem_per_block_optin = 0;  // largest dynamic shared memory a kernel can request
   uint64_t smem_per_sm = 0;           // shared memory of one SM (its blocks share it)
-  uint64_t l2_bytes = 0;              // the L2 cache (50 MB on H100 / H200)
 };
 
 // Whether this binary was built with CUDA, and the devices the driver reports (empty without a GPU

@@ -218,10 +218,6 @@ constexpr int64_t kTileMinTokens = cuda::kDecodeMaxTokens + 1;
 // 4096-token forwards: 20-50 ms of host time per forward in the experts' loops, the GPU waiting;
 // the same prompt again, its shapes seen, 44.0K -> 54.7K tokens/s; H100, docs/PERFORMANCE.md).
 constexpr int64_t kBlasTokenQuantum = 64;
-// The share of the device's L2 that one of a decode step's weight prefetches asks for at most
-// (GpuModelOptions::l2_prefetch_bytes = -1): what is asked beyond what L2 keeps until the product
-// reads it is read twice.
-constexpr double kL2PrefetchShare = 0.6;
 
 // ---- device state ----
 
@@ -466,23 +462,9 @@ struct GpuModel::State {
   gpu::SideStream side;
   bool on_side = false;
   cuda::Stream s() const { return on_side ? side.get() : stream.get(); }
-  // The weights' L2 prefetches (GpuModel::prefetch_l2): their stream, the bytes each asks for at
-  // most (0: none), and whether the main stream has not yet waited for the last one.
-  gpu::SideStream prefetch;
-  uint64_t l2_budget = 0;
-  bool prefetch_pending = false;
 };
 
 namespace {
-
-// A weight's device bytes, for cuda::l2_prefetch.
-cuda::L2Span span_of(const QuantMatrix& m) { return {m.data, uint64_t(m.n_rows) * m.row_bytes}; }
-cuda::L2Span span_of(const cuda::HeadBatchedGemm& g) {
-  const uint64_t rows = uint64_t(g.heads) * uint64_t(g.rows);
-  if (g.f32) return {g.w, rows * uint64_t(g.cols) * 4};
-  if (g.form == cuda::HeadWeights::Quant) return {g.w, rows * gguf::row_bytes(g.type, uint64_t(g.cols))};
-  return {g.w, rows * uint64_t(g.cols) * 2};
-}
 
 // The absorption weights' types the head-batched products read in place.
 std::optional<cuda::HeadWeights> head_weights_form(gguf::GgmlType t) {
@@ -603,29 +585,6 @@ void GpuModel::mark(const char* label) {
 
 bool GpuModel::side_stream_on() const { return opts_.side_stream && !(st_->timer && st_->profiling); }
 
-void GpuModel::prefetch_l2(int window, std::initializer_list<cuda::L2Span> spans) {
-  State& st = *st_;
-  if (st.l2_budget == 0 || !(opts_.l2_prefetch_windows & window) || st.T > cuda::kDecodeMaxTokens ||
-      (st.timer && st.profiling))
-    return;
-  cuda::L2Span in[cuda::kMaxL2Spans], out[cuda::kMaxL2Spans];
-  int n = 0;
-  for (const cuda::L2Span& sp : spans)
-    if (n < cuda::kMaxL2Spans) in[n++] = sp;
-  const int m = cuda::l2_spans_within(in, n, st.l2_budget, out);
-  if (m == 0) return;
-  st.prefetch.fork(st.stream.get());
-  cuda::l2_prefetch(out, m, st.prefetch.get());
-  st.prefetch_pending = true;
-}
-
-void GpuModel::prefetch_join() {
-  State& st = *st_;
-  if (!st.prefetch_pending) return;
-  st.prefetch.join(st.stream.get());
-  st.prefetch_pending = false;
-}
-
 std::unique_ptr<GpuModel> GpuModel::load(const Model& cpu, const GpuModelOptions& opts) {
   return load_impl(cpu, nullptr, opts);
 }
@@ -685,9 +644,6 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   if (const int q = env_switch("SPARSEMLA_ABSORB_QUANT"); q >= 0) g->opts_.absorb_quantized_in_place = q == 1;
   if (const int q = env_switch("SPARSEMLA_EXPERT_TILES"); q >= 0) g->opts_.expert_tiles = q == 1;
   if (const char* m = std::getenv("SPARSEMLA_EXPERT_TILES_MAX"); m && *m) g->opts_.expert_tiles_max = std::atoll(m);
-  if (const char* m = std::getenv("SPARSEMLA_L2_PREFETCH_MB"); m && *m)
-    g->opts_.l2_prefetch_bytes = int64_t(std::atof(m) * 1048576.0);
-  if (const char* m = std::getenv("SPARSEMLA_L2_PREFETCH_WINDOWS"); m && *m) g->opts_.l2_prefetch_windows = std::atoi(m);
 
   // SPARSEMLA_STEP_PROFILE=1: events between the operations of every decode step (graphs off), and the
   // device time by operation printed to stderr when the model goes away. Each step waits behind a
@@ -795,8 +751,6 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
     st->attn_kernel[f] = attn_kernel[f];
     st->unusable[f] = unusable[f];
   }
-  st->l2_budget = g->opts_.l2_prefetch_bytes >= 0 ? uint64_t(g->opts_.l2_prefetch_bytes)
-                                                  : uint64_t(double(dev.l2_bytes) * kL2PrefetchShare);
   g->st_ = std::move(st);
   if (!opts.precise) cuda::prefill_blas_warm_up(g->st_->s());  // (the precise mode never takes cuBLAS)
   gpu::memory_info(&free_b, &total_b);
@@ -1081,32 +1035,14 @@ void GpuModel::run_step(GpuCache& cache) {
   cuda::Q8Activations* nq = producer_q8(w.x, T, H, 0, attention_readers(st.layers[0]), &lv);
   cuda::rms_norm(w.h, H, st.layers[0].attn_norm, T, H, hp.rms_eps, w.x, H, s, nq, lv);
   mark("embedding");
-  st.prefetch_pending = false;  // (a step that failed part way left no work to wait for in this one)
   for (uint32_t il = 0; il < hp.n_layer; ++il) {
     const Layer& L = st.layers[il];
     attention_layer(L, int32_t(il), cache);
-    // Read after the norm: the router, and the shared expert (at one token its gate and up products
-    // the first blocks of the routed experts' launch, its down product after those stream through
-    // L2), or the dense MLP.
-    if (L.moe)
-      prefetch_l2(kL2FfnFront, {span_of(L.gate_inp), L.shared ? span_of(L.gate_shexp) : cuda::L2Span{},
-                                L.shared ? span_of(L.up_shexp) : cuda::L2Span{}});
-    else
-      prefetch_l2(kL2FfnFront, {span_of(L.gate), span_of(L.up), span_of(L.down)});
     reduce(w.attn, T * H);
     nq = producer_q8(w.x, T, H, 0, ffn_readers(L), &lv);
     cuda::add_rms_norm(w.h, w.attn, L.ffn_norm, T, H, hp.rms_eps, w.x, s, nq, lv);
     mark("attention: output all-reduce, norm");
     ffn(L, int32_t(il));
-    // Read after the residual's norm: the next layer's first products (q_b and W_UK where the budget
-    // reaches), or the output head's first rows.
-    if (il + 1 < hp.n_layer) {
-      const Layer& n = st.layers[il + 1];
-      prefetch_l2(kL2NextLayer, {span_of(n.q_a), span_of(n.q), span_of(n.kv_a_mqa), span_of(n.idx_k),
-                                 span_of(n.idx_proj), span_of(n.q_b), span_of(n.idx_q_b), span_of(n.uk)});
-    } else {
-      prefetch_l2(kL2NextLayer, {span_of(st.output)});
-    }
     reduce(w.attn, T * H);
     if (il + 1 < hp.n_layer) {
       const Layer& next = st.layers[il + 1];
@@ -1117,7 +1053,6 @@ void GpuModel::run_step(GpuCache& cache) {
     }
     mark("ffn: all-reduce, residual, norm");
   }
-  prefetch_join();
   // The output head, on the requested rows only.
   if (R == 0) return;
   gpu::gather_rows(w.h, H, w.out_rows, 1, R, w.rows_h, s);
@@ -1192,9 +1127,6 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
     product(L.q, w.x, T, w.q, qx);  // no q_a, so no indexer (hparams refuses one)
   }
   mark("attention: q_a, kv_a, q_b and the indexer's products");
-  // Read after the attention core (rope, W_UK, indexer, top-k, attention kernel), which leaves HBM
-  // idle in a decode step: W_UV, then the output projection's first rows.
-  prefetch_l2(kL2AttentionCore, {span_of(L.uv), span_of(L.output)});
 
   if (index) {
     to_side();

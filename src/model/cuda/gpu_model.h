@@ -27,7 +27,6 @@
 #include "model/hparams.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/buffer.h"
-#include "ops/cuda/l2_prefetch.h"
 #include "ops/cuda/quant_matmul.h"
 #include "ops/cuda/quant_matmul_q8.h"
 #include "ops/cuda/sampling.h"
@@ -79,9 +78,6 @@ inline int format_index(cuda::KvDtype d) { return d == cuda::KvDtype::FP8 ? 1 : 
 inline cuda::KvDtype format_of(int i) {
   return i == 1 ? cuda::KvDtype::FP8 : i == 2 ? cuda::KvDtype::F32 : cuda::KvDtype::BF16;
 }
-
-// GpuModelOptions::l2_prefetch_windows.
-enum : int { kL2AttentionCore = 1, kL2FfnFront = 2, kL2NextLayer = 4 };
 
 struct GpuModelOptions {
   cuda::KvDtype kv_cache = cuda::KvDtype::BF16;  // the format make_cache() uses
@@ -154,20 +150,6 @@ struct GpuModelOptions {
   // SPARSEMLA_EXPERT_TILES=0 / 1 and SPARSEMLA_EXPERT_TILES_MAX=N set them without a rebuild.
   bool expert_tiles = true;
   int64_t expert_tiles_max = 0;
-  // Decode steps (up to cuda::kDecodeMaxTokens tokens) ask for weights to be brought into L2 while
-  // the kernels before their products leave HBM idle (cuda::l2_prefetch, from a third stream), in
-  // up to three windows of each layer (l2_prefetch_windows, a mask):
-  //   kL2AttentionCore: once q_b's product is enqueued, W_UV and the attention output projection,
-  //     read after the attention core (indexer, top-k, attention kernel);
-  //   kL2FfnFront: once the output projection is, the router's weights and the shared expert's gate
-  //     and up (or the dense MLP's weights), read after the norm;
-  //   kL2NextLayer: once the FFN is, the next layer's first products (or the output head's rows),
-  //     read after the residual's norm.
-  // At most l2_prefetch_bytes each time: -1 (the default) the device's L2 size times
-  // kL2PrefetchShare, 0 off. The same results bit for bit (nothing is written).
-  // SPARSEMLA_L2_PREFETCH_MB=N and SPARSEMLA_L2_PREFETCH_WINDOWS=mask set them without a rebuild.
-  int64_t l2_prefetch_bytes = -1;
-  int l2_prefetch_windows = kL2AttentionCore | kL2FfnFront | kL2NextLayer;
 };
 
 // One rank's part of the model under tensor parallelism (dist/cuda/sharded_gpu_model.h makes it, by
@@ -269,12 +251,6 @@ class GpuModel {
   void reduce(float* data, int64_t n);  // the ranks' partial sums; nothing unsharded
   void mark(const char* label);          // SPARSEMLA_STEP_PROFILE: the time since the last mark is `label`'s
   bool side_stream_on() const;  // GpuModelOptions::side_stream, and no step profile running
-  // Weights about to be read, asked into L2 from the prefetch stream, which waits for what the main
-  // stream has enqueued so far (GpuModelOptions::l2_prefetch_bytes, where l2_prefetch_windows has
-  // `window`; decode steps only, none under the step profile). prefetch_join: the main stream waits
-  // for the prefetch stream.
-  void prefetch_l2(int window, std::initializer_list<cuda::L2Span> spans);
-  void prefetch_join();
   int64_t enqueue(const std::vector<SeqInput>& batch, GpuCache& cache, Decisions* record);
   const float* logit_rows(int64_t R);  // the enqueued forward's logits, [R, n_vocab] on the device
   void run_step(GpuCache& cache);        // the device work of one forward (enqueue() lays it out)

@@ -19,7 +19,7 @@ std::vector<DeviceInfo> list_devices(std::string* why_none) {
     cudaDeviceProp p{};
     if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
     out.push_back({i, p.name, p.major, p.minor, uint64_t(p.totalGlobalMem), p.multiProcessorCount,
-                   uint64_t(p.sharedMemPerBlockOptin), uint64_t(p.sharedMemPerMultiprocessor), uint64_t(p.l2CacheSize)});
+                   uint64_t(p.sharedMemPerBlockOptin), uint64_t(p.sharedMemPerMultiprocessor)});
   }
   if (out.empty() && why_none) *why_none = "no CUDA device found";
   return out;

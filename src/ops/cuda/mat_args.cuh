@@ -34,10 +34,9 @@ struct MatArgs {
   // output row p. n_tokens is then the number of pairs.
   const int32_t* expert_ids = nullptr;
   int64_t x_div = 1;
-  // ... with a shared expert (matmul_experts' SharedPair): pair shared_pair (the routed pairs'
-  // count; grid row 0, the routed pairs in rows 1.. after it) multiplies the shared matrix
-  // (shared_w; more[i].shared_w for product i; one expert's shape) with activation row
-  // shared_x_row into output row shared_pair; it reads no id.
+  // ... with a shared expert (matmul_experts' SharedPair): grid row shared_pair (the routed pairs'
+  // count) multiplies the shared matrix (shared_w; more[i].shared_w for product i; one expert's
+  // shape) with activation row shared_x_row into output row shared_pair; it reads no id.
   const uint8_t* shared_w = nullptr;
   int64_t shared_pair = -1, shared_x_row = 0;
   // Grouped mode (matmul_expert_groups, decode kernel only): grid row g is the expert
@@ -123,10 +122,7 @@ __device__ __forceinline__ bool block_view(const MatArgs& a, BlockView& v) {
   v.y = m.y;
   v.n_tokens = a.n_tokens;
   if (a.expert_ids) {  // the pair's expert rows, activation row and output row: a one-token product
-    // (Grid row 0 takes the shared expert where there is one, so that its blocks start first: its
-    // weights may have been brought into L2 for it, and the routed experts' stream would push
-    // them out before the last grid row starts.)
-    const int64_t pair = a.shared_pair < 0 ? int64_t(blockIdx.y) : blockIdx.y == 0 ? a.shared_pair : blockIdx.y - 1;
+    const int64_t pair = blockIdx.y;
     if (pair == a.shared_pair) {  // the shared expert's matrix
       v.w = m.shared_w;
       v.x_row = a.shared_x_row;
