@@ -241,6 +241,7 @@ struct Problem {
     a.selected = c.top_k > 0 ? sel.data() : nullptr;
     a.top_k = c.top_k;
     a.max_ctx = in.max_ctx;
+    a.selected_front = c.front;
     a.latent = {cache.bytes.data(), cache.row_bytes, pg.tables.data(), pg.max_blocks, pg.block_size};
     a.dtype = dtype;
   }
@@ -252,7 +253,7 @@ struct Problem {
     double worst = 0;
     for (int t = 0; t < int(a.T); ++t) {
       std::vector<const float*> rp;
-      const int n = c.top_k > 0 ? c.top_k : n_ctx[size_t(t)];
+      const int n = test_paged::mla_rows(c, n_ctx[size_t(t)]);
       for (int i = 0; i < n; ++i) {
         const int32_t p = c.top_k > 0 ? sel[size_t(t) * c.top_k + i] : i;
         if (p >= 0) rp.push_back(cache.decoded.data() + pg.slot(seq[size_t(t)], p) * D);
@@ -296,7 +297,8 @@ void run_both_orders(Problem& p, const Launch& launch) {
 // splits, as sparse_mla() launches them; returns the geometry's splits.
 int run_mma(Problem& p, int hg, int stages, int splits, int tile_pairs = 1) {
   const AttentionArgs& a = p.a;
-  const int64_t rows = a.selected ? a.top_k : a.max_ctx;  // (selections in any order)
+  // (plan_mma's rows: front selections up to the longest context)
+  const int64_t rows = !a.selected ? a.max_ctx : a.selected_front ? std::min<int64_t>(a.top_k, a.max_ctx) : a.top_k;
   const int tiles = std::max(1, ceil_div(rows, kRows));
   const MlaGeometry geo = mma_geometry(a, hg, stages, tiles, splits, tile_pairs);
   const MmaLaunch l = mma_launch(a, geo);
@@ -382,6 +384,39 @@ TEST(SparseMlaOnTheHost, MmaKernelMatchesTheCpuReference) {
       }
     }
   }
+}
+
+// Selections in top_k's order (AttentionArgs::selected_front) of tokens whose contexts are shorter
+// than top_k beside one that is longer (a prefill's first tokens): each token's blocks stop after its
+// own context's entries. The entries past it hold position 0 here (stale_tail), so a kernel that went
+// over them would add row 0 to the token's sum and miss the CPU's (which takes only the token's
+// entries); in four splits the short tokens' last splits are empty.
+TEST(SparseMlaOnTheHost, FrontSelectionsStopAtEachTokensContext) {
+  std::mt19937 rng(8);
+  const std::vector<MlaCase> cases = {
+      {64, 512, 64, {600, 100, 33, 255}, 256, 2, 16, true, 0.0f, true},  // GLM-5's shape
+      {4, 32, 16, {25, 5, 1, 12}, 12, 2, 4, true, 0.0f, true},          // glm_share
+  };
+  for (const MlaCase& c : cases)
+    for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+      for (int splits : {1, 4}) {
+        Problem p(c, d, rng);
+        const int got_splits = run_mma(p, c.heads > 32 ? 4 : 1, 2, splits);
+        if (HasFailure()) return;
+        const double err = p.error(true);
+        std::printf("  mma %s heads %d top-k %d, %d splits: max error %.2e\n", dtype_name(d), c.heads, c.top_k,
+                    got_splits, err);
+        EXPECT_LE(err, 1e-2) << dtype_name(d) << " heads " << c.heads << " splits " << got_splits;
+      }
+      MlaCase s = c;
+      s.heads = std::min(s.heads, 8);
+      Problem p(s, d, rng);
+      run_fma(p);
+      if (HasFailure()) return;
+      const double err = p.error(false);
+      std::printf("  fma %s heads %d top-k %d: max error %.2e\n", dtype_name(d), s.heads, s.top_k, err);
+      EXPECT_LE(err, 1e-2) << dtype_name(d) << " heads " << s.heads << " (fma)";
+    }
 }
 
 TEST(SparseMlaOnTheHost, FmaKernelMatchesTheCpuReference) {

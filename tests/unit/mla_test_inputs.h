@@ -28,7 +28,18 @@ struct MlaCase {
   // softmax maximum's slack and the fp8 group scales past their lazy bound (sparse_mla_tile.cuh,
   // sparse_mla_fp8.cu): the rescaling those make rare is taken tile after tile. Else i.i.d. rows.
   float growth = 0.0f;
+  // With front: the entries past a token's context hold position 0 instead of -1 (a stale tail the
+  // kernels must not read: AttentionArgs::selected_front says a token's positions are its first
+  // min(top_k, n_ctx) entries), so that a kernel going over them adds row 0 and fails the reference,
+  // which takes only those entries (mla_rows).
+  bool stale_tail = false;
 };
+
+// The selection entries of token t the kernels (and the reference) take: AttentionArgs's contract.
+inline int mla_rows(const MlaCase& c, int n_ctx) {
+  if (c.top_k <= 0) return n_ctx;
+  return c.front ? std::min(c.top_k, n_ctx) : c.top_k;
+}
 
 // Each sequence's length: the longest context of its query tokens (at least 1).
 inline std::vector<int> mla_lens(const MlaCase& c) {
@@ -83,6 +94,7 @@ inline MlaInputs mla_inputs(const MlaCase& c, const Paged& pg, std::mt19937& rng
       const auto first = in.sel.begin() + int64_t(t) * c.top_k;
       if (c.front) std::sort(first, first + n_sel);
       else std::shuffle(first, first + c.top_k, rng);
+      if (c.front && c.stale_tail) std::fill(first + n_sel, first + c.top_k, 0);
     }
   }
   return in;

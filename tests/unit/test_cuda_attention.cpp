@@ -1052,7 +1052,7 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   for (int t = 0; t < T; ++t) {
     std::vector<const float*> rp;
     if (c.top_k > 0) {
-      for (int i = 0; i < c.top_k; ++i)
+      for (int i = 0; i < cuda::test_paged::mla_rows(c, n_ctx[size_t(t)]); ++i)
         if (int32_t p = sel[size_t(t) * c.top_k + i]; p >= 0) rp.push_back(cache.decoded.data() + pg.slot(seq[size_t(t)], p) * D);
     } else {
       for (int p = 0; p < n_ctx[size_t(t)]; ++p) rp.push_back(cache.decoded.data() + pg.slot(seq[size_t(t)], p) * D);
@@ -1132,8 +1132,8 @@ TEST(CudaAttention, SparseMlaRescalesWhenScoresAndScalesGrow) {
 }
 
 // Selections in top_k's order (AttentionArgs::selected_front): at contexts shorter than top_k the
-// launch splits only the first max_ctx entries, so a token's blocks cover its context, not 2048
-// rows of which most are -1; the sums stay the CPU's. Contexts below, at a tile's edge of, and
+// launch splits only the first max_ctx entries, and each token's blocks stop at its own context, so
+// a token's blocks cover its context, not 2048 rows of which most are -1; the sums stay the CPU's. Contexts below, at a tile's edge of, and
 // above top-k, several sequences, 16-row cache blocks (selections crossing them), both kernels
 // this device runs.
 TEST(CudaAttention, FrontSelectionsSplitOnlyTheContext) {
@@ -1145,6 +1145,11 @@ TEST(CudaAttention, FrontSelectionsSplitOnlyTheContext) {
       {128, 512, 64, {1500, 64}, 2048, 2, 16, true},  // DeepSeek-V3.2
       {8, 512, 64, {2100, 40}, 2048, 2, 16, true},    // max_ctx above top-k: unchanged
       {4, 32, 16, {25, 5}, 12, 1, 4, true},           // glm_share
+      // A prefill's first tokens beside longer ones (max_ctx above top-k): each token's blocks stop
+      // at its own context; the entries past it hold position 0 (stale_tail), which a kernel reading
+      // them would add.
+      {64, 512, 64, {3000, 1000, 33, 2047, 64}, 2048, 2, 16, true, 0.0f, true},
+      {128, 512, 64, {2100, 700}, 2048, 1, 16, true, 0.0f, true},
   };
   std::vector<cuda::AttentionKernel> kernels = {cuda::AttentionKernel::Mma};
 #if SPARSEMLA_HAVE_SM90A

@@ -216,7 +216,8 @@ struct AttentionArgs {
   int64_t max_ctx = 0;                // >= every n_ctx (sizes the dense split)
   // Every selection lists its positions before its -1 entries, as top_k writes them: a token has at
   // most n_ctx <= max_ctx positions, so the launch splits only the first min(top_k, max_ctx) entries
-  // (at contexts shorter than top_k, no blocks over entries that are all -1). False: any order.
+  // (at contexts shorter than top_k, no blocks over entries that are all -1), and each token's
+  // blocks stop after its first min(top_k, n_ctx) (a prefill's first top_k tokens). False: any order.
   bool selected_front = false;
   PagedRows latent;
   KvDtype dtype = KvDtype::BF16;

@@ -78,11 +78,7 @@ MmaPlan plan_mma(const AttentionArgs& a, AttentionKernel k, const AttentionWorks
   // Heads per block: 64 where there are that many (each gathered row serves more heads), fewer when
   // the blocks of a small batch, even split as finely as the rows allow, would leave SMs idle.
   // Two stages (the next tile loads while this one is computed) where shared memory allows.
-  // (SPARSEMLA_MLA_SELECTED_FRONT=0: every selection split over all top_k entries, for A/B.)
-  static const bool front_off = env_off("SPARSEMLA_MLA_SELECTED_FRONT");
-  const int64_t rows = !a.selected                       ? a.max_ctx
-                       : a.selected_front && !front_off ? std::min<int64_t>(a.top_k, a.max_ctx)
-                                                        : a.top_k;
+  const int64_t rows = !a.selected ? a.max_ctx : a.selected_front ? std::min<int64_t>(a.top_k, a.max_ctx) : a.top_k;
   const int tiles = std::max(1, ceil_div(rows, kRows));
   if (heads_per_block != 0 && heads_per_block != 16 && heads_per_block != 32 && heads_per_block != 64)
     fail("sparse_mla: heads_per_block must be 16, 32 or 64, got {}", heads_per_block);
@@ -179,8 +175,13 @@ MlaLaunchPlan plan_sparse_mla(const AttentionArgs& a, AttentionKernel k, const A
           p.geo.tiles_per_split, p.geo.tile_pairs, wgmma ? 0 : p.smem};
 }
 
-void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits,
+void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits,
                 int heads_per_block) {
+  // (SPARSEMLA_MLA_SELECTED_FRONT=0: every selection over all top_k entries, in the plan and the
+  // kernels, for A/B.)
+  static const bool front_off = env_off("SPARSEMLA_MLA_SELECTED_FRONT");
+  AttentionArgs a = args;
+  if (front_off) a.selected_front = false;
   ws.last_cluster = 0;
   ws.last = {};
   if (a.T == 0) return;

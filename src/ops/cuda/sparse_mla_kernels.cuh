@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(kFmaThreads) mla_fma_kernel(AttentionArgs a) {
   __shared__ float sRed[kFmaThreads / 32];
   const int t = blockIdx.y, h = blockIdx.x, tid = threadIdx.x, D = a.kv_lora + a.rope;
   const int seq = a.seq[t];
-  const int n_rows = a.selected ? a.top_k : a.n_ctx[t];
+  const int n_rows = token_rows(a, t);
   const float* q = a.q + (int64_t(t) * a.heads + h) * D;
   const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
   float acc[kFmaMaxOut] = {};

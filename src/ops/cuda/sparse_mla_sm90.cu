@@ -495,7 +495,7 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
   w.h0 = blockIdx.x * kHeads;
   w.split = blockIdx.z;
   w.splits = gridDim.z;
-  const int n_rows = a.selected ? a.top_k : a.n_ctx[w.t];
+  const int n_rows = token_rows(a, w.t);
   w.r_begin = w.split * rows_per_split;
   w.r_end = min(n_rows, w.r_begin + rows_per_split);
   w.n_tiles = w.r_end > w.r_begin ? ceil_tiles(w.r_end - w.r_begin) : 0;

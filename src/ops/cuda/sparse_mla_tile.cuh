@@ -30,6 +30,15 @@ struct MlaGeometry {
 
 __host__ __device__ inline int latent_groups(int kv_lora) { return (kv_lora + kFp8Group - 1) / kFp8Group; }
 
+// The entries of token t's selection its blocks go over: with selections in top_k's order
+// (AttentionArgs::selected_front) the first min(top_k, n_ctx[t]), since a token has at most n_ctx
+// positions and they come first (the rest are -1: the prompt's first top_k tokens of a prefill
+// skip those tiles); else all top_k. Dense: the token's context.
+__device__ __forceinline__ int token_rows(const AttentionArgs& a, int t) {
+  if (!a.selected) return a.n_ctx[t];
+  return a.selected_front ? min(a.top_k, a.n_ctx[t]) : a.top_k;
+}
+
 // Position index -> slot, or -1 for an unused entry.
 __device__ __forceinline__ int64_t row_slot(const AttentionArgs& a, int t, int seq, int idx, int n_rows) {
   if (idx >= n_rows) return -1;
@@ -48,7 +57,7 @@ __device__ __forceinline__ BlockRows block_rows(const AttentionArgs& a, const Ml
   b.t = blockIdx.y;
   b.split = blockIdx.z;
   b.seq = a.seq[b.t];
-  b.n_rows = a.selected ? a.top_k : a.n_ctx[b.t];
+  b.n_rows = token_rows(a, b.t);
   b.r_begin = b.split * geo.tiles_per_split * mla_smem::kRows;
   b.r_end = min(b.n_rows, b.r_begin + geo.tiles_per_split * mla_smem::kRows);
   return b;
