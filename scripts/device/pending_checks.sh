@@ -17,7 +17,9 @@
 #             of 512-16384 tokens (session 39's sweep, H100 only so far) with session 40's expert
 #             tiles on and off (and decode batches of 128 / 256, which take the same path), session
 #             41's indexer tokens kernel against qfrag at 32K and 128K prompts (bf16 and fp8 caches)
-#             and alone (`bench attention --prefill 4096`, not yet run), and the kernel time of
+#             and alone (`bench attention --prefill 4096`, run in session 42), session 42's
+#             per-token rows of front selections on and off (SPARSEMLA_MLA_SELECTED_FRONT) at
+#             2K-16K prompts with their GPU tests, and the kernel time of
 #             one 4096-token chunk under Nsight Compute with the split norms at their default limit
 #             (128 rows) and at 64 rows (SPARSEMLA_SPLIT_NORM_MAX_ROWS). blas_min_tokens
 #             (quant_matmul.cu) holds the crossovers the "pf" / "blas" lines give.
@@ -90,6 +92,18 @@ if has prefill; then
         --prompt 32768,131072 --gen 2 --batch 1 2>&1 | grep -E '^prefill' | tee -a "$OUT/prefill_model.log"
     done
   done
+  # Session 42's per-token rows of front selections (each token's attention blocks stop after its
+  # first min(top_k, n_ctx) entries; SPARSEMLA_MLA_SELECTED_FRONT=0 goes over all top_k entries, as
+  # before): prompts of 2048 and 4096 tokens (one forward; the first 2048 tokens have fewer rows)
+  # and 16K (only its first forward's tokens), and its GPU tests (the stale tail past the context).
+  for p in 2048 4096 16384; do
+    for f in 1 0 1 0; do
+      echo "prompt $p, SPARSEMLA_MLA_SELECTED_FRONT=$f: $(SPARSEMLA_MLA_SELECTED_FRONT=$f timeout 90 "$BIN/sparsemla" bench \
+        -m /tmp/g3pf.gguf --device cuda --prompt $p --gen 2 --batch 1 2>&1 | grep '^prefill')" | tee -a "$OUT/prefill_model.log"
+    done
+  done
+  timeout 120 "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.FrontSelections*:CudaAttention.SparseMla*' 2>&1 |
+    grep -E "^\[  (PASSED|FAILED)|FAILED" | tee -a "$OUT/prefill_model.log"
   for r in 128 64; do
     SPARSEMLA_PREFILL_BLAS=1 SPARSEMLA_SPLIT_NORM_MAX_ROWS=$r SPARSEMLA_CUDA_GRAPHS=0 timeout 200 ncu --clock-control none \
       --metrics gpu__time_duration.sum --csv "$BIN/sparsemla" bench -m /tmp/g3pf.gguf --device cuda --prompt 4096 --gen 1 \
