@@ -162,14 +162,23 @@ MmaPlan plan_mma(const AttentionArgs& a, AttentionKernel k, const AttentionWorks
   return p;
 }
 
+// The arguments as launched: SPARSEMLA_MLA_SELECTED_FRONT=0 takes every selection over all top_k
+// entries, in the plan and the kernels (A/B of AttentionArgs::selected_front).
+AttentionArgs as_launched(const AttentionArgs& args) {
+  static const bool front_off = env_off("SPARSEMLA_MLA_SELECTED_FRONT");
+  AttentionArgs a = args;
+  if (front_off) a.selected_front = false;
+  return a;
+}
+
 }  // namespace
 
-MlaLaunchPlan plan_sparse_mla(const AttentionArgs& a, AttentionKernel k, const AttentionWorkspace& ws, int splits,
+MlaLaunchPlan plan_sparse_mla(const AttentionArgs& args, AttentionKernel k, const AttentionWorkspace& ws, int splits,
                               int heads_per_block) {
   if (k == AttentionKernel::Fma) return {AttentionKernel::Fma, false, 1, 0, 1, 0, 1, 0};
   if (ws.sm_count <= 0 || ws.smem_optin <= 0 || (ws.smem_per_sm <= 0 && ws.device_smem_per_sm <= 0))
     fail("plan_sparse_mla: the workspace holds no device limits (SM count, shared memory)");
-  const MmaPlan p = plan_mma(a, k, ws, splits, heads_per_block);
+  const MmaPlan p = plan_mma(as_launched(args), k, ws, splits, heads_per_block);
   const bool wgmma = p.k == AttentionKernel::Wgmma;
   return {p.k,          p.fp8_rows,           p.geo.hg * 16, wgmma ? 2 : p.geo.stages, p.geo.splits,
           p.geo.tiles_per_split, p.geo.tile_pairs, wgmma ? 0 : p.smem};
@@ -177,11 +186,7 @@ MlaLaunchPlan plan_sparse_mla(const AttentionArgs& a, AttentionKernel k, const A
 
 void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits,
                 int heads_per_block) {
-  // (SPARSEMLA_MLA_SELECTED_FRONT=0: every selection over all top_k entries, in the plan and the
-  // kernels, for A/B.)
-  static const bool front_off = env_off("SPARSEMLA_MLA_SELECTED_FRONT");
-  AttentionArgs a = args;
-  if (front_off) a.selected_front = false;
+  const AttentionArgs a = as_launched(args);
   ws.last_cluster = 0;
   ws.last = {};
   if (a.T == 0) return;
