@@ -1129,6 +1129,16 @@ TEST(CudaAttention, SparseMlaRescalesWhenScoresAndScalesGrow) {
         check_mla(c, d, cuda::AttentionKernel::Mma, splits, rng);
         if (c.heads >= 32) check_mla(c, d, cuda::AttentionKernel::Mma, splits, rng, 16);
       }
+#if SPARSEMLA_HAVE_SM90A
+  // The Hopper kernel (its seesaw form passes the two tiles' maximum between its consumers).
+  const ops::DeviceInfo dev = ops::list_devices().at(0);
+  if (dev.cc_major == 9 && dev.cc_minor == 0)
+    for (const MlaCase& c : cases) {
+      if (c.kv_lora != 512 || c.rope != 64) continue;
+      for (KvDtype d : {KvDtype::BF16, KvDtype::FP8})
+        for (int splits : {1, 0}) check_mla(c, d, cuda::AttentionKernel::Wgmma, splits, rng);
+    }
+#endif
 }
 
 // Selections in top_k's order (AttentionArgs::selected_front): at contexts shorter than top_k the
