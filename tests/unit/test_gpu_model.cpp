@@ -32,6 +32,7 @@
 #include "model/cuda/gpu_ops.h"
 #include "model/model.h"
 #include "model/synthetic.h"
+#include "ops/cuda/attention.h"
 #include "ops/cuda/buffer.h"
 #include "ops/cuda/quant_matmul.h"
 #include "legacy_kv_b.h"
@@ -890,6 +891,76 @@ TEST(GpuModel, SideStreamGivesTheOneStreamLogitsBitForBit) {
       }
       if (graphs) EXPECT_GT(branched->graph_replays(), 0) << tag;
       EXPECT_EQ(branched->graph_error(), "") << tag;
+    }
+  }
+}
+
+// Where every token of a forward has at most top_k positions (the decode graph's context bucket,
+// else the longest context), the indexer would select all of them in order: the model skips its
+// queries, scores and top-k and attends to each token's context (GpuModelOptions::short_context_dense).
+// The same rows in the same order, so the logits equal those of the model that runs the indexer, bit
+// for bit: a two-sequence prefill below top-k (256 here, the smallest graph bucket), decode steps
+// through graphs and without, up to and past top-k (from there both run the indexer); and the
+// scores are skipped only while the contexts fit.
+TEST(GpuModel, ShortContextsSkipTheIndexerWithTheSameLogits) {
+  SPARSEMLA_REQUIRE_GPU();
+  test::TempDir dir("gpu-short-context");
+  SyntheticSpec spec = SyntheticSpec::glm5_small();
+  spec.n_layer = 3;
+  spec.idx_top_k = 256;
+  const std::string path = dir.file("m.gguf");
+  write_synthetic_model(spec, path);
+  auto cpu = Model::load(path, {AttentionMode::Sparse, 2});
+  const int64_t V = cpu->hparams().n_vocab;
+  for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+    for (bool graphs : {true, false}) {
+      GpuModelOptions o = options(d, false);
+      o.cuda_graphs = graphs;
+      o.short_context_dense = true;
+      auto dense = GpuModel::load(*cpu, o);
+      o.short_context_dense = false;
+      auto indexed = GpuModel::load(*cpu, o);
+      GpuCache dc = dense->make_cache(64, 16), ic = indexed->make_cache(64, 16);
+      const std::string tag = fmt::format("{} graphs {}", dtype_name(d), graphs);
+      std::vector<int32_t> da, db, ia, ib;
+      ASSERT_TRUE(dc.reserve(da, 300) && dc.reserve(db, 300) && ic.reserve(ia, 300) && ic.reserve(ib, 300));
+      auto same = [&](const std::vector<float>& x, const std::vector<float>& y, const std::string& what) {
+        ASSERT_EQ(x.size(), y.size()) << tag << " " << what;
+        ASSERT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0) << tag << " " << what;
+      };
+      std::vector<int32_t> pa, pb;
+      for (int i = 0; i < 200; ++i) pa.push_back(int32_t((i * 389 + 11) % V));
+      for (int i = 0; i < 90; ++i) pb.push_back(int32_t((i * 577 + 5) % V));
+      std::vector<float> dl, il;
+      int64_t calls = cuda::indexer_score_calls();
+      dense->forward({SeqInput{pa, 0, &da, false}, SeqInput{pb, 0, &db, false}}, dc, dl);
+      EXPECT_EQ(cuda::indexer_score_calls(), calls) << tag << ": the prefill scored keys";
+      indexed->forward({SeqInput{pa, 0, &ia, false}, SeqInput{pb, 0, &ib, false}}, ic, il);
+      EXPECT_GT(cuda::indexer_score_calls(), calls) << tag << ": the indexed model skipped its scores";
+      same(dl, il, "prefill");
+      int32_t na = test::argmax(il.data(), V), nb = test::argmax(il.data() + V, V);
+      int64_t qa = int64_t(pa.size()), qb = int64_t(pb.size());
+      // Sequence a goes from 201 to 280 positions: the last 24 steps past top-k (and, through
+      // graphs, from the 256 bucket to 512 from its 57th step).
+      for (int i = 0; i < 80; ++i) {
+        const bool both = i % 4 == 1;
+        std::vector<SeqInput> din{SeqInput{{na}, qa, &da, false}}, iin{SeqInput{{na}, qa, &ia, false}};
+        if (both) {
+          din.push_back(SeqInput{{nb}, qb, &db, false});
+          iin.push_back(SeqInput{{nb}, qb, &ib, false});
+        }
+        const int64_t bound = graphs ? (qa + 1 <= 256 ? 256 : 512) : qa + 1;  // the forward's context bound
+        calls = cuda::indexer_score_calls();
+        dense->forward(din, dc, dl);
+        if (bound <= 256) EXPECT_EQ(cuda::indexer_score_calls(), calls) << tag << ": step " << i << " scored keys";
+        if (!graphs && bound > 256) EXPECT_GT(cuda::indexer_score_calls(), calls) << tag << ": step " << i;
+        indexed->forward(iin, ic, il);
+        same(dl, il, fmt::format("decode step {} (context {})", i, qa + 1));
+        na = test::argmax(il.data(), V), ++qa;
+        if (both) nb = test::argmax(il.data() + V, V), ++qb;
+      }
+      if (graphs) EXPECT_GT(dense->graph_replays(), 0) << tag;
+      EXPECT_EQ(dense->graph_error(), "") << tag;
     }
   }
 }

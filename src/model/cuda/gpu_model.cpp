@@ -641,6 +641,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   if (env_off("SPARSEMLA_SIDE_STREAM")) g->opts_.side_stream = false;
   if (env_off("SPARSEMLA_Q8_ACTIVATIONS")) g->opts_.q8_two_level = false;
   if (env_off("SPARSEMLA_ABSORB_IN_PLACE")) g->opts_.absorb_in_place = false;
+  if (env_off("SPARSEMLA_SHORT_CONTEXT_DENSE")) g->opts_.short_context_dense = false;
   if (const int q = env_switch("SPARSEMLA_ABSORB_QUANT"); q >= 0) g->opts_.absorb_quantized_in_place = q == 1;
   if (const int q = env_switch("SPARSEMLA_EXPERT_TILES"); q >= 0) g->opts_.expert_tiles = q == 1;
   if (const char* m = std::getenv("SPARSEMLA_EXPERT_TILES_MAX"); m && *m) g->opts_.expert_tiles_max = std::atoll(m);
@@ -1073,11 +1074,16 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   const int64_t T = st.T, nh = ahp_.n_head, nope = hp.qk_nope, rope = hp.qk_rope, kvl = hp.kv_lora_rank;
   const int64_t qk = nope + rope, lat = kvl + rope;
   const bool sparse = attention_ == AttentionMode::Sparse && hp.has_indexer();
+  // Every token's positions are at most top_k: the indexer would select them all, in order
+  // (GpuModelOptions::short_context_dense); its keys are still written for longer contexts.
+  const bool all_rows = sparse && opts_.short_context_dense && st.max_ctx <= hp.idx_top_k;
+  const bool select = sparse && !all_rows;
 
   // The products first, those of the layer input and then those of q_a's normed output, each
   // input quantized once (slot 0: x, until the output projection; slot 1: qr): products in a row
   // overlap each other's start (pdl.cuh), the small operations on their outputs follow.
   const bool index = sparse && L.indexer;
+  const bool score = select && L.indexer;
   // (At one token those of one type share a launch: product_many.)
   const cuda::Q8Activations* qx = quantized(w.x, T, hp.n_embd, 0, attention_readers(L));
   {
@@ -1105,7 +1111,7 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
     ~MainAgain() { st.on_side = false; }
   } main_again{st};
   to_side();
-  if (index) product(L.idx_proj, w.x, T, w.iw, qx);
+  if (score) product(L.idx_proj, w.x, T, w.iw, qx);
   mark("attention: q_a, kv_a, q_b and the indexer's products");
   if (index) index_keys(L, il, cache);
   // The latent rows [rmsnorm(c) | rope(k_pe)] into the cache (one launch).
@@ -1116,24 +1122,26 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   if (hp.q_lora_rank > 0) {
     const int64_t ql = hp.q_lora_rank;
     int lv = 0;
+    // (The indexer's q_b stays a reader even where it is skipped: qr is quantized as it would be
+    // for it, so q_b's product is the same either way.)
     const Readers qr_readers{&L.q_b, index ? &L.idx_q_b : nullptr};
     cuda::Q8Activations* nq = producer_q8(w.qr, T, ql, 1, qr_readers, &lv);
     cuda::rms_norm(w.qr, ql, L.q_a_norm, T, ql, hp.rms_eps, w.qr, ql, s, nq, lv);
     const cuda::Q8Activations* qqr = quantized(w.qr, T, ql, 1, qr_readers);
     const QuantMatrix* mats[2] = {&L.q_b, &L.idx_q_b};
     float* outs[2] = {w.q, w.iq};
-    product_many(mats, outs, index ? 2 : 1, w.qr, T, qqr);
+    product_many(mats, outs, score ? 2 : 1, w.qr, T, qqr);
   } else {
     product(L.q, w.x, T, w.q, qx);  // no q_a, so no indexer (hparams refuses one)
   }
   mark("attention: q_a, kv_a, q_b and the indexer's products");
 
-  if (index) {
+  if (score) {
     to_side();
     indexer(il, cache);
     to_main();
-    st.selection_made = true;
   }
+  if (index) st.selection_made = true;
   if (sparse && !st.selection_made)
     fail("GPU forward: layer {} shares the indexer selection, but no earlier layer has an indexer", il);
 
@@ -1143,14 +1151,21 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   mark("attention: rope, W_UK absorption");
   if (branch) st.side.join(s);
   if (sparse && st.record) {
-    const int64_t k = hp.idx_top_k;
-    std::vector<int32_t> sel(size_t(T * k));
-    gpu::download(sel.data(), w.sel, sel.size() * sizeof(int32_t), s);
     auto& out = st.record->layers[size_t(il)].selected;
     out.assign(size_t(T), {});
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t i = 0; i < k; ++i)
-        if (sel[size_t(t * k + i)] >= 0) out[size_t(t)].push_back(sel[size_t(t * k + i)]);
+    if (all_rows) {  // every position of the token's context
+      std::vector<int32_t> nctx(static_cast<size_t>(T));
+      gpu::download(nctx.data(), w.nctx, nctx.size() * sizeof(int32_t), s);
+      for (int64_t t = 0; t < T; ++t)
+        for (int32_t p = 0; p < nctx[size_t(t)]; ++p) out[size_t(t)].push_back(p);
+    } else {
+      const int64_t k = hp.idx_top_k;
+      std::vector<int32_t> sel(size_t(T * k));
+      gpu::download(sel.data(), w.sel, sel.size() * sizeof(int32_t), s);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < k; ++i)
+          if (sel[size_t(t * k + i)] >= 0) out[size_t(t)].push_back(sel[size_t(t * k + i)]);
+    }
   }
 
   cuda::AttentionArgs a;
@@ -1162,15 +1177,15 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   a.scale = hp.softmax_scale();
   a.seq = w.seq;
   a.n_ctx = w.nctx;
-  a.selected = sparse ? w.sel : nullptr;
-  a.top_k = sparse ? int(hp.idx_top_k) : 0;
+  a.selected = select ? w.sel : nullptr;
+  a.top_k = select ? int(hp.idx_top_k) : 0;
   a.max_ctx = st.max_ctx;
-  a.selected_front = sparse;  // top_k's order
+  a.selected_front = select;  // top_k's order
   a.latent = {cache.latent(il), cache.latent_row_bytes(), w.tables, st.max_blocks, st.block_size};
   a.dtype = cache.dtype();
   a.out = w.olat;
   cuda::sparse_mla(a, st.attn_kernel[format_index(cache.dtype())], st.attn_ws, s);
-  mark(sparse ? "attention: sparse MLA kernel" : "attention: dense MLA kernel");
+  mark(select ? "attention: sparse MLA kernel" : "attention: dense MLA kernel");
 
   // Out of the latent space per head, then the output projection.
   st.blas.per_head(L.uv, w.olat, kvl, T, w.o, hp.v_head, s);

@@ -150,6 +150,13 @@ struct GpuModelOptions {
   // SPARSEMLA_EXPERT_TILES=0 / 1 and SPARSEMLA_EXPERT_TILES_MAX=N set them without a rebuild.
   bool expert_tiles = true;
   int64_t expert_tiles_max = 0;
+  // Sparse mode, where every token of a forward has at most top_k positions (its bound: the decode
+  // graph's context bucket, else the longest context): the indexer would select all of them, in
+  // order, so its queries, head weights, scores and top-k are skipped and the attention goes over
+  // each token's context (the same rows in the same order; the index keys are still written).
+  // Off: the indexer runs at every context. SPARSEMLA_SHORT_CONTEXT_DENSE=0 turns it off without a
+  // rebuild.
+  bool short_context_dense = true;
 };
 
 // One rank's part of the model under tensor parallelism (dist/cuda/sharded_gpu_model.h makes it, by

@@ -125,6 +125,8 @@ struct IndexerArgs {
 // a block's worth at 32 heads.
 constexpr int64_t kIndexerTokensMinRun = 8;
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s);
+// Calls of indexer_scores that enqueued work since the process started (tests: what a forward ran).
+int64_t indexer_score_calls();
 // The mma kernel indexer_scores(a, IndexerKernel::Mma) runs (never kAuto), and its name ("staged",
 // "regs", "qfrag", "tokens"; "auto" for kAuto).
 IndexerMma indexer_mma_choice(const IndexerArgs& a);

@@ -19,6 +19,7 @@
 // Fma: one warp per key, any shape.
 // The kernels and the choice among them are in indexer_kernels.cuh (built by the host emulation too).
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -141,8 +142,15 @@ const char* indexer_mma_name(IndexerMma k) {
   }
 }
 
+namespace {
+std::atomic<int64_t> g_score_calls{0};
+}  // namespace
+
+int64_t indexer_score_calls() { return g_score_calls.load(); }
+
 void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s) {
   if (a.T == 0 || a.max_ctx == 0) return;
+  g_score_calls.fetch_add(1);
   auto st = static_cast<cudaStream_t>(s);
   const bool fp8 = a.dtype == KvDtype::FP8;
   if (fp8 && a.dim > kFp8Group) fail("indexer: fp8 keys need dim <= {} (one scale per key), got {}", kFp8Group, a.dim);
