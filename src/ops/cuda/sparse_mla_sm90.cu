@@ -31,7 +31,6 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -72,24 +71,6 @@ static_assert(kSmemBytes == mla_smem::kWgmmaBytes, "the selector checks devices 
 // (__launch_bounds__(384, 1) on 64K registers); setmaxnreg moves registers between warpgroups.
 constexpr int kRegsQk = 224, kRegsPv = 160, kRegsProducer = 120;
 static_assert(kRegsQk + kRegsPv + kRegsProducer == 3 * 168, "the block's registers are 384 x 168");
-
-// The seesaw form's shared memory and registers (its kernel: namespace seesaw below).
-namespace seesaw {
-constexpr int kOffP1 = kOffK + 2 * kMatBytes;  // consumer 1's P, [8][64 heads][8 rows] bf16
-constexpr int kP0 = (kLora / 8) * 1024;        // consumer 0's P: buffer 0's rope chunks
-constexpr int kOffMax = kOffP1 + 8 * 1024;     // [64] the running maximum passed between the consumers
-constexpr int kOffL = kOffMax + 64 * 4;        // [2][64] each consumer's denominators (epilogue)
-constexpr int kOffM = kOffMax;                 // [64] the final maxima (epilogue: consumer 0's, equal to 1's)
-constexpr int kOffValid = kOffL + 2 * 64 * 4;  // [2][64] uint32: the tile's row is used
-constexpr int kOffBar = kOffValid + 2 * kTile * 4;  // mbarriers ready[2 buffers][2 halves], free[2][2]
-constexpr int kSmemBytes = kOffBar + 8 * 8;
-static_assert(kSmemBytes <= mla_smem::kWgmmaBytes, "the seesaw form fits where the plain one does");
-constexpr int kLeftChunks = 256 / 8;  // chunks of a left half; the right half has kChunks - 32
-// Registers: 208 + 208 + 88 = 3 x 168.
-constexpr int kRegsConsumer = 208, kRegsProducer = 88;
-static_assert(2 * kRegsConsumer + kRegsProducer == 3 * 168, "the block's registers are 384 x 168");
-// Named barriers (1 is q, as above).
-}  // namespace seesaw
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -198,7 +179,7 @@ __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t
 // rows are then prefetched into L2), and fp8 rows are loaded into registers before the buffer they
 // go to is free. Slots are int32 here (a layer's cache has fewer than 2^31 rows).
 template <bool FP8, bool PAIR>
-__device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, unsigned char* smem, int ptid, int ablate) {
+__device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, unsigned char* smem, int ptid) {
   constexpr int kRounds = PAIR ? 1 : 2;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
   uint64_t* empty = full + 2;
@@ -237,7 +218,7 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
       pos3[round] = position(j + 3, round);
       blk2[round] = block_of(pos2[round]);
       slot1[round] = slot_at(pos1[round], blk1[round]);
-      if (!(ablate & 1) && part == 0 && slot1[round] >= 0)  // tile j + 1's rows into L2, one bulk prefetch per row
+      if (part == 0 && slot1[round] >= 0)  // tile j + 1's rows into L2, one bulk prefetch per row
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + int64_t(slot1[round]) * row_bytes),
                      "r"(uint32_t(row_bytes))
                      : "memory");
@@ -248,9 +229,7 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
       unsigned char* row = tile + (row_a + 32 * round) * 16;
       return Dest{row, PAIR ? peer_u32addr(smem_u32addr(row), peer) : 0u, peer_bar};
     };
-    if (ablate & 1) {
-      mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
-    } else if constexpr (FP8) {  // the rows into registers before the buffer is free
+    if constexpr (FP8) {  // the rows into registers before the buffer is free
       Fp8Piece x[kRounds];
 #pragma unroll
       for (int round = 0; round < kRounds; ++round) load_fp8_piece(x[round], base, slot0[round], row_bytes, part);
@@ -347,14 +326,15 @@ __device__ __forceinline__ void rescale(float (&o)[128], float alpha0, float alp
 // Output of one consumer warpgroup (columns wg * 256 .. + 255): normalized when unsplit, else the
 // split's unnormalized sum with its maximum and denominator (from shared memory, kBarEpi).
 __device__ __forceinline__ void store_output(const AttentionArgs& a, const Work& w, const Lane& ln, int wg,
-                                             const float (&o)[128], const float* sL, const float* sL1, const float* sM,
-                                             float* part) {
+                                             const float (&o)[128], const unsigned char* smem, float* part) {
+  const float* sL = reinterpret_cast<const float*>(smem + kOffL);
+  const float* sM = reinterpret_cast<const float*>(smem + kOffM);
   const int col0 = wg * 256 + 2 * ln.q4;
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
     const int row = ln.row0 + 8 * rr, h = w.h0 + row;
     if (h >= a.heads) continue;
-    const float lr = sL1 ? sL[row] + sL1[row] : sL[row];
+    const float lr = sL[row];
     if (w.splits == 1) {
       const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
       float* dst = a.out + (int64_t(w.t) * a.heads + h) * kLora + col0;
@@ -468,8 +448,7 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
     sM[ln.row0 + 8] = m[1];
   }
   named_sync(kBarEpi, 256);
-  store_output(a, w, ln, 0, o, reinterpret_cast<const float*>(smem + kOffL), nullptr,
-               reinterpret_cast<const float*>(smem + kOffM), part);
+  store_output(a, w, ln, 0, o, smem, part);
 }
 
 // Warpgroup 1: O[:, 256:512] += P V with P and the rescale from consumer 0.
@@ -505,12 +484,11 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
     if (j + 1 < w.n_tiles) named_sync(kBarPFree, 256);  // nothing to do before the next P anyway
   }
   named_sync(kBarEpi, 256);
-  store_output(a, w, ln, 1, o, reinterpret_cast<const float*>(smem + kOffL), nullptr,
-               reinterpret_cast<const float*>(smem + kOffM), part);
+  store_output(a, w, ln, 1, o, smem, part);
 }
 
 template <bool FP8, bool PAIR>
-__device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part, int ablate) {
+__device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part) {
   extern __shared__ __align__(128) unsigned char smem[];
   Work w;
   w.t = blockIdx.y;
@@ -542,451 +520,24 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
     consume_pv<PAIR>(a, w, smem, part);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsProducer));
-    produce<FP8, PAIR>(a, w, smem, threadIdx.x - 256, ablate);
+    produce<FP8, PAIR>(a, w, smem, threadIdx.x - 256);
   }
   if (PAIR) cluster_sync();  // neither block leaves while the other may still reach its shared memory
 }
-
-// ---- Seesaw form (bf16 rows, unpaired blocks, two tiles or more per block): the consumers take
-// the tiles two at a time, each scoring one (consumer 0 the even tile in buffer 0, consumer 1 the
-// odd one in buffer 1), so that one's softmax runs while the other's products do; each still adds
-// P V into its own half of O's columns, for both tiles: its own P from registers, the other's
-// through shared memory. The two tiles' running maximum passes from consumer 0 to consumer 1 and
-// back, so both halves of O are taken against the same maximum. Every tile is handed over in two
-// halves of its columns (left: dims 0-255; right: 256-575), each with its own ready and free
-// barrier, so the producer refills a half as soon as its last reader is done:
-//   buffer 0 left:  consumer 0's scores and its P0 V[:, 0:256]             -> freed by consumer 0
-//   buffer 0 right: consumer 0's scores, consumer 1's P0 V[:, 256:512]     -> freed by consumer 1
-//   buffer 1 right: consumer 1's scores and its P1 V[:, 256:512]           -> freed by consumer 1
-//   buffer 1 left:  consumer 1's scores, consumer 0's P1 V[:, 0:256]       -> freed by consumer 0
-// Consumer 0's P0 lies in buffer 0's rope columns (dead once its scores are taken, refilled only
-// after consumer 1's P0 V): the shared memory has no room for a second P buffer.
-namespace seesaw {
-constexpr int kBarMax0 = 2, kBarMax1 = 3, kBarS0 = 4, kBarS1 = 5, kBarEpi2 = 6;
-
-__device__ __forceinline__ void cp_async16_zfill(unsigned char* dst, const void* src, bool copy) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32addr(dst)), "l"(src),
-               "r"(copy ? 16 : 0));
-}
-
-// Warpgroup 2: tile 2 i into buffer 0 and 2 i + 1 into buffer 1, in halves in the order the consumers
-// free them (0 left, 1 right, 0 right, 1 left). Thread (warp w, lane) takes rows w * 8 + lane % 8
-// and that + 32 of each tile and 16-byte pieces lane / 8 + 4 k of each half; rows without a slot
-// are zero-filled. A half's ready barrier is arrived at once the next half's copies are issued
-// (two halves in flight). Slots are found as in produce(): one pair ahead, rows prefetched into L2.
-__device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, unsigned char* smem, int ptid) {
-  uint64_t* ready = reinterpret_cast<uint64_t*>(smem + kOffBar);
-  uint64_t* freed = ready + 4;
-  uint32_t* valid = reinterpret_cast<uint32_t*>(smem + kOffValid);
-  const int part = (ptid % 32) / 8, row_a = (ptid / 32) * 8 + ptid % 8;
-  const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
-  const int64_t row_bytes = a.latent.row_bytes;
-  const int32_t* table = a.latent.block_tables + int64_t(a.seq[w.t]) * a.latent.max_blocks;
-  const int bs = a.latent.block_size;
-  const int first = w.r_begin + row_a, rows = w.r_end - first;
-  const int32_t* sel = a.selected ? a.selected + int64_t(w.t) * a.top_k + first : nullptr;
-  // Row r of pair i: tile 2 i + r / 2, round r % 2.
-  auto position = [&](int i, int r) {
-    const int k = (2 * i + r / 2) * kTile + 32 * (r % 2);
-    if (k >= rows) return -1;
-    return sel ? sel[k] : first + k;
-  };
-  auto block_of = [&](int pos) { return pos >= 0 ? table[pos / bs] : 0; };
-  auto slot_at = [&](int pos, int blk) { return pos >= 0 ? blk * bs + pos % bs : -1; };
-  const int pairs = (w.n_tiles + 1) / 2;
-  int pos1[4], blk1[4], pos2[4], slot0[4], slot1[4];
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int p0 = position(0, r);
-    slot0[r] = slot_at(p0, block_of(p0));
-    pos1[r] = position(1, r);
-    blk1[r] = block_of(pos1[r]);
-    pos2[r] = position(2, r);
-  }
-  uint64_t* pending = nullptr;  // the half whose copies were issued last, not yet arrived on
-  auto half = [&](int i, int b, int h) {
-    mbar_wait(&freed[2 * b + h], (i & 1) ^ 1);
-    unsigned char* tile = smem + kOffK + b * kMatBytes;
-#pragma unroll
-    for (int round = 0; round < 2; ++round) {
-      const int slot = slot0[2 * b + round];
-      unsigned char* dst = tile + (row_a + 32 * round) * 16;
-      const uint8_t* src = slot >= 0 ? base + int64_t(slot) * row_bytes : base;
-      constexpr int kLeft = kLeftChunks / 4, kRight = (kChunks - kLeftChunks) / 4;
-      if (h == 0) {
-#pragma unroll
-        for (int k = 0; k < kLeft; ++k) {
-          const int c = part + 4 * k;
-          cp_async16_zfill(dst + c * 1024, src + c * 16, slot >= 0);
-        }
-      } else {
-#pragma unroll
-        for (int k = 0; k < kRight; ++k) {
-          const int c = kLeftChunks + part + 4 * k;
-          cp_async16_zfill(dst + c * 1024, src + c * 16, slot >= 0);
-        }
-      }
-      // A tile's flags go with its first half (0 left, 1 right); its scorer reads them after both.
-      if (part == 0 && h == (b == 0 ? 0 : 1)) valid[b * kTile + row_a + 32 * round] = slot >= 0;
-    }
-    cp_async_commit();
-    if (pending) {
-      cp_async_wait_group<1>();
-      fence_async_smem();
-      mbar_arrive(pending);
-    }
-    pending = &ready[2 * b + h];
-  };
-  for (int i = 0; i < pairs; ++i) {
-    int pos3[4], blk2[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      pos3[r] = position(i + 3, r);
-      blk2[r] = block_of(pos2[r]);
-      slot1[r] = slot_at(pos1[r], blk1[r]);
-      if (part == 0 && slot1[r] >= 0)  // pair i + 1's rows into L2, one bulk prefetch per row
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + int64_t(slot1[r]) * row_bytes),
-                     "r"(uint32_t(row_bytes))
-                     : "memory");
-    }
-    half(i, 0, 0);
-    half(i, 1, 1);
-    half(i, 0, 1);
-    half(i, 1, 0);
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      slot0[r] = slot1[r];
-      pos1[r] = pos2[r];
-      blk1[r] = blk2[r];
-      pos2[r] = pos3[r];
-    }
-  }
-  if (pending) {
-    cp_async_wait_all();
-    fence_async_smem();
-    mbar_arrive(pending);
-  }
-}
-
-// S = Q K^T of one tile over k-steps [k0, k1) of 16 dims; the first one of the tile sets s.
-__device__ __forceinline__ void scores(float (&s)[32], uint64_t dq, uint64_t dk, int k0, int k1, bool first) {
-#pragma unroll
-  for (int ks = k0; ks < k1; ++ks) wgmma_m64n64k16_ss(s, dq + ks * (2048 >> 4), dk + ks * (2048 >> 4), !(first && ks == k0));
-}
-
-// Scales, masks with the tile's flags and returns each of the lane's two rows' maximum.
-__device__ __forceinline__ void mask_scale(float (&s)[32], const uint32_t* valid, const Lane& ln, float sl2, float mx[2]) {
-  mx[0] = mx[1] = -INFINITY;
-#pragma unroll
-  for (int jn = 0; jn < 8; ++jn)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      s[4 * jn + e] = valid[8 * jn + 2 * ln.q4 + (e & 1)] ? s[4 * jn + e] * sl2 : -INFINITY;
-      mx[e / 2] = fmaxf(mx[e / 2], s[4 * jn + e]);
-    }
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
-    mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
-  }
-}
-
-// The softmax step against the pair's maximum: m_base is the maximum so far (consumer 0: its own;
-// consumer 1: what consumer 0 passed), moved lazily (kMaxSlack) by the tile's maximum mx; s becomes
-// P against it, l and the running output's factor alpha follow this consumer's own m.
-__device__ __forceinline__ void softmax_step(float (&s)[32], const float m_base[2], const float mx[2], float m[2],
-                                             float l[2], float alpha[2]) {
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    const float m_new = mx[rr] > m_base[rr] + kMaxSlack ? mx[rr] : m_base[rr];
-    const bool none = m_new == -INFINITY;
-    alpha[rr] = m_new == m[rr] ? 1.0f : fast_exp2(m[rr] - m_new);
-    float sum = 0.0f;
-#pragma unroll
-    for (int jn = 0; jn < 8; ++jn)
-#pragma unroll
-      for (int e = 2 * rr; e < 2 * rr + 2; ++e) {
-        const float p = none ? 0.0f : fast_exp2(s[4 * jn + e] - m_new);
-        s[4 * jn + e] = p;
-        sum += p;
-      }
-    l[rr] = l[rr] * alpha[rr] + sum;
-    m[rr] = m_new;
-  }
-}
-
-__device__ __forceinline__ void pack_p(uint32_t (&p)[16], const float (&s)[32]) {
-#pragma unroll
-  for (int jn = 0; jn < 8; ++jn) {
-    p[2 * jn] = pack_bf16(s[4 * jn], s[4 * jn + 1]);
-    p[2 * jn + 1] = pack_bf16(s[4 * jn + 2], s[4 * jn + 3]);
-  }
-}
-
-// P (bf16) times its rows' factors f0 (row0) and f1 (row0 + 8), where a lane of the warp has one
-// other than 1 (rare: the other tile moved the lazy maximum); else P stays as it is, bit for bit.
-__device__ __forceinline__ void scale_p(uint32_t (&p)[16], float f0, float f1) {
-  if (!warp_rescales(f0, f1)) return;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const float f = i % 2 ? f1 : f0;
-    const float lo = __uint_as_float(p[i] << 16), hi = __uint_as_float(p[i] & 0xffff0000u);
-    p[i] = pack_bf16(lo * f, hi * f);
-  }
-}
-
-// P (bf16, this lane's fragment) into a [8][64 heads][8 rows] operand in shared memory.
-__device__ __forceinline__ void store_p(unsigned char* dst, const uint32_t (&p)[16], const Lane& ln) {
-#pragma unroll
-  for (int jn = 0; jn < 8; ++jn)
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr)
-      *reinterpret_cast<uint32_t*>(dst + jn * 1024 + (ln.row0 + 8 * rr) * 16 + ln.q4 * 4) = p[2 * jn + rr];
-}
-
-// O[:, half] += P V over a tile's 64 rows, P from registers (rs) or from shared memory at dp.
-__device__ __forceinline__ void pv_rs(float (&o)[128], const uint32_t (&p)[16], uint64_t dv) {
-#pragma unroll
-  for (int kk = 0; kk < kTile / 16; ++kk) {
-    const uint32_t frag[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-    wgmma_m64n256k16_rs(o, frag, dv + kk * (256 >> 4));
-  }
-}
-__device__ __forceinline__ void pv_ss(float (&o)[128], uint64_t dp, uint64_t dv) {
-#pragma unroll
-  for (int kk = 0; kk < kTile / 16; ++kk) wgmma_m64n256k16_ss(o, dp + kk * (2048 >> 4), dv + kk * (256 >> 4));
-}
-
-// The epilogue of both consumers: denominators summed over the two, the maxima (equal in both).
-__device__ __forceinline__ void finish(const AttentionArgs& a, const Work& w, const Lane& ln, int wg,
-                                       const float (&o)[128], float l[2], const float m[2], unsigned char* smem,
-                                       float* part) {
-  float* sL = reinterpret_cast<float*>(smem + kOffL);
-  float* sM = reinterpret_cast<float*>(smem + kOffM);
-#pragma unroll
-  for (int rr = 0; rr < 2; ++rr) {
-    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
-    l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
-  }
-  if (ln.q4 == 0) {
-    sL[wg * 64 + ln.row0] = l[0];
-    sL[wg * 64 + ln.row0 + 8] = l[1];
-    if (wg == 0) {
-      sM[ln.row0] = m[0];
-      sM[ln.row0 + 8] = m[1];
-    }
-  }
-  named_sync(kBarEpi2, 256);
-  store_output(a, w, ln, wg, o, sL, sL + 64, sM, part);
-}
-
-// Warpgroup 0: scores of the even tiles, O[:, 0:256].
-__device__ __forceinline__ void consume0(const AttentionArgs& a, const Work& w, unsigned char* smem, float* part) {
-  const Lane ln(threadIdx.x);
-  uint64_t* ready = reinterpret_cast<uint64_t*>(smem + kOffBar);
-  uint64_t* freed = ready + 4;
-  float* sMax = reinterpret_cast<float*>(smem + kOffMax);
-  const uint32_t* valid = reinterpret_cast<const uint32_t*>(smem + kOffValid);
-  const uint32_t sbase = smem_u32addr(smem), tile0 = sbase + kOffK, tile1 = tile0 + kMatBytes;
-  load_q(a, w.t, w.h0, smem + kOffQ, threadIdx.x);
-  fence_async_smem();
-  named_sync(kBarQ, 256);
-  const uint64_t dq = wgmma_desc(sbase + kOffQ, 1024, 128), dk = wgmma_desc(tile0, 1024, 128);
-  const uint64_t dv0 = wgmma_desc(tile0, 128, 1024), dv1 = wgmma_desc(tile1, 128, 1024);
-  const uint64_t dp1 = wgmma_desc(sbase + kOffP1, 1024, 128);
-  const float sl2 = a.scale * kLog2e;
-  const int pairs = (w.n_tiles + 1) / 2;
-  float o[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float s[32];
-  if (pairs > 0) {
-    mbar_wait(&ready[0], 0);
-    wgmma_fence();
-    scores(s, dq, dk, 0, kLeftChunks / 2, true);
-    mbar_wait(&ready[1], 0);
-    scores(s, dq, dk, kLeftChunks / 2, kDim / 16, false);
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(s);
-  }
-  for (int i = 0; i < pairs; ++i) {
-    float mx[2], alpha[2];
-    mask_scale(s, valid, ln, sl2, mx);
-    softmax_step(s, m, mx, m, l, alpha);
-    if (ln.q4 == 0) {
-      sMax[ln.row0] = m[0];
-      sMax[ln.row0 + 8] = m[1];
-    }
-    named_arrive(kBarMax0, 256);
-    rescale(o, alpha[0], alpha[1]);
-    uint32_t p[16];
-    pack_p(p, s);
-    wgmma_fence();
-    pv_rs(o, p, dv0);  // O[:, 0:256] += P0 V0
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(o);
-    reg_fence(p);
-    mbar_arrive(&freed[0]);  // buffer 0's left half
-    named_sync(kBarMax1, 256);
-    float f[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const float m1 = sMax[ln.row0 + 8 * rr];
-      f[rr] = m1 == m[rr] ? 1.0f : fast_exp2(m[rr] - m1);
-      m[rr] = m1;
-      l[rr] *= f[rr];
-    }
-    scale_p(p, f[0], f[1]);
-    store_p(smem + kOffK + kP0, p, ln);
-    fence_async_smem();
-    named_arrive(kBarS0, 256);
-    rescale(o, f[0], f[1]);
-    named_sync(kBarS1, 256);
-    wgmma_fence();
-    pv_ss(o, dp1, dv1);  // O[:, 0:256] += P1 V1
-    wgmma_commit();
-    if (i + 1 < pairs) {
-      const uint32_t par = (i + 1) & 1;
-      mbar_wait(&ready[0], par);
-      scores(s, dq, dk, 0, kLeftChunks / 2, true);
-      wgmma_commit();
-      wgmma_wait<1>();  // P1 V1 is done
-      reg_fence(o);
-      mbar_arrive(&freed[2]);  // buffer 1's left half
-      mbar_wait(&ready[1], par);
-      scores(s, dq, dk, kLeftChunks / 2, kDim / 16, false);
-      wgmma_commit();
-      wgmma_wait<0>();
-      reg_fence(s);
-    } else {
-      wgmma_wait<0>();
-      reg_fence(o);
-      mbar_arrive(&freed[2]);
-    }
-  }
-  finish(a, w, ln, 0, o, l, m, smem, part);
-}
-
-// Warpgroup 1: scores of the odd tiles, O[:, 256:512].
-__device__ __forceinline__ void consume1(const AttentionArgs& a, const Work& w, unsigned char* smem, float* part) {
-  const Lane ln(threadIdx.x);
-  uint64_t* ready = reinterpret_cast<uint64_t*>(smem + kOffBar);
-  uint64_t* freed = ready + 4;
-  float* sMax = reinterpret_cast<float*>(smem + kOffMax);
-  const uint32_t* valid = reinterpret_cast<const uint32_t*>(smem + kOffValid) + kTile;
-  const uint32_t sbase = smem_u32addr(smem), tile0 = sbase + kOffK, tile1 = tile0 + kMatBytes;
-  load_q(a, w.t, w.h0, smem + kOffQ, threadIdx.x);
-  fence_async_smem();
-  named_sync(kBarQ, 256);
-  const uint64_t dq = wgmma_desc(sbase + kOffQ, 1024, 128), dk = wgmma_desc(tile1, 1024, 128);
-  const uint64_t dv0 = wgmma_desc(tile0 + 32 * 1024, 128, 1024), dv1 = wgmma_desc(tile1 + 32 * 1024, 128, 1024);
-  const uint64_t dp0 = wgmma_desc(tile0 + kP0, 1024, 128);
-  const float sl2 = a.scale * kLog2e;
-  const int pairs = (w.n_tiles + 1) / 2;
-  float o[128];
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  for (int i = 0; i < pairs; ++i) {
-    const uint32_t par = i & 1;
-    float s[32];
-    mbar_wait(&ready[3], par);  // buffer 1's right half first: the producer fills it first
-    wgmma_fence();
-    scores(s, dq, dk, kLeftChunks / 2, kDim / 16, true);
-    mbar_wait(&ready[2], par);
-    scores(s, dq, dk, 0, kLeftChunks / 2, false);
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(s);
-    float mx[2], alpha[2], m0[2];
-    mask_scale(s, valid, ln, sl2, mx);
-    named_sync(kBarMax0, 256);
-    m0[0] = sMax[ln.row0];
-    m0[1] = sMax[ln.row0 + 8];
-    softmax_step(s, m0, mx, m, l, alpha);
-    __syncwarp();  // the quad's reads of sMax before its first lane's write
-    if (ln.q4 == 0) {
-      sMax[ln.row0] = m[0];
-      sMax[ln.row0 + 8] = m[1];
-    }
-    named_arrive(kBarMax1, 256);
-    rescale(o, alpha[0], alpha[1]);
-    uint32_t p[16];
-    pack_p(p, s);
-    wgmma_fence();
-    pv_rs(o, p, dv1);  // O[:, 256:512] += P1 V1
-    wgmma_commit();
-    store_p(smem + kOffP1, p, ln);
-    named_sync(kBarS0, 256);
-    pv_ss(o, dp0, dv0);  // O[:, 256:512] += P0 V0
-    wgmma_commit();
-    fence_async_smem();
-    named_arrive(kBarS1, 256);
-    wgmma_wait<1>();
-    reg_fence(p);
-    mbar_arrive(&freed[3]);  // buffer 1's right half
-    wgmma_wait<0>();
-    reg_fence(o);
-    mbar_arrive(&freed[1]);  // buffer 0's right half (and P0)
-  }
-  finish(a, w, ln, 1, o, l, m, smem, part);
-}
-
-__device__ __forceinline__ void body(const AttentionArgs& a, int rows_per_split, float* part) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  Work w;
-  w.t = blockIdx.y;
-  w.h0 = blockIdx.x * kHeads;
-  w.split = blockIdx.z;
-  w.splits = gridDim.z;
-  const int n_rows = token_rows(a, w.t);
-  w.r_begin = w.split * rows_per_split;
-  w.r_end = min(n_rows, w.r_begin + rows_per_split);
-  w.n_tiles = w.r_end > w.r_begin ? ceil_tiles(w.r_end - w.r_begin) : 0;
-  if (threadIdx.x == 0) {
-    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kOffBar);
-    for (int i = 0; i < 8; ++i) mbar_init(&bars[i], 128);  // ready: the producer; free: one consumer
-  }
-  __syncthreads();
-  const int wg = threadIdx.x / 128;
-  if (wg == 0) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegsConsumer));
-    consume0(a, w, smem, part);
-  } else if (wg == 1) {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegsConsumer));
-    consume1(a, w, smem, part);
-  } else {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsProducer));
-    produce(a, w, smem, threadIdx.x - 256);
-  }
-}
-}  // namespace seesaw
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <bool FP8, bool PAIR>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const __grid_constant__ AttentionArgs a,
-                                                                int rows_per_split, float* part, int ablate) {
+                                                                int rows_per_split, float* part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  mla_wgmma_body<FP8, PAIR>(a, rows_per_split, part, ablate);
+  mla_wgmma_body<FP8, PAIR>(a, rows_per_split, part);
 #else
   __trap();  // no sm_90a code in this pass: the host side never launches it here
 #endif
 }
 
-__global__ void __launch_bounds__(kThreads, 1) mla_seesaw_kernel(const __grid_constant__ AttentionArgs a,
-                                                                 int rows_per_split, float* part) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  seesaw::body(a, rows_per_split, part);
-#else
-  __trap();
-#endif
-}
-
-using Kernel = void (*)(AttentionArgs, int, float*, int);
+using Kernel = void (*)(AttentionArgs, int, float*);
 
 cudaLaunchConfig_t pair_config(dim3 grid, cudaStream_t s, cudaLaunchAttribute& attr) {
   attr.id = cudaLaunchAttributeClusterDimension;
@@ -1036,7 +587,6 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
     fail("sparse_mla: latent rows of {} bytes, the wgmma kernel expects {}", a.latent.row_bytes,
          latent_row_bytes(a.dtype, kLora, kRope));
   const dim3 grid(unsigned(ceil_div(a.heads, kHeads)), unsigned(a.T), unsigned(splits));
-  static const int ablate = [] { const char* e = std::getenv("SPARSEMLA_WGMMA_ABLATE"); return e ? std::atoi(e) : 0; }();
   const auto st = static_cast<cudaStream_t>(s);
   // Pairs where there are two blocks of heads per token and each block has two tiles or more (with
   // one, the cluster's launch and barriers cost more than the halved gather saves: H200, DeepSeek-V3.2
@@ -1047,20 +597,13 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
     if (pairs_fit(kernel)) {
       cudaLaunchAttribute attr;
       const cudaLaunchConfig_t cfg = pair_config(grid, st, attr);
-      SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, rows_per_split, part, ablate));
+      SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, rows_per_split, part));
       return 2;
     }
   }
-  static const bool seesaw_on = [] { const char* e = std::getenv("SPARSEMLA_WGMMA_SEESAW"); return e && std::atoi(e) != 0; }();
-  if (seesaw_on && a.dtype == KvDtype::BF16 && rows_per_split >= 4 * kTile) {
-    allow_smem(mla_seesaw_kernel, seesaw::kSmemBytes);
-    mla_seesaw_kernel<<<grid, kThreads, seesaw::kSmemBytes, st>>>(a, rows_per_split, part);
-    SPARSEMLA_CUDA_LAUNCH_CHECK();
-    return 1;
-  }
   const Kernel kernel = a.dtype == KvDtype::FP8 ? mla_wgmma_kernel<true, false> : mla_wgmma_kernel<false, false>;
   allow_smem(kernel, kSmemBytes);
-  kernel<<<grid, kThreads, kSmemBytes, st>>>(a, rows_per_split, part, ablate);
+  kernel<<<grid, kThreads, kSmemBytes, st>>>(a, rows_per_split, part);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
   return 1;
 }
