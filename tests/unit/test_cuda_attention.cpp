@@ -1130,7 +1130,7 @@ TEST(CudaAttention, SparseMlaRescalesWhenScoresAndScalesGrow) {
         if (c.heads >= 32) check_mla(c, d, cuda::AttentionKernel::Mma, splits, rng, 16);
       }
 #if SPARSEMLA_HAVE_SM90A
-  // The Hopper kernel (its seesaw form passes the two tiles' maximum between its consumers).
+  // The Hopper kernel (exact running maximum, rescaled on every tile where it moves).
   const ops::DeviceInfo dev = ops::list_devices().at(0);
   if (dev.cc_major == 9 && dev.cc_minor == 0)
     for (const MlaCase& c : cases) {
