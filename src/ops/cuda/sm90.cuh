@@ -19,6 +19,10 @@ __device__ __forceinline__ uint32_t smem_u32addr(const void* p) { return uint32_
 __device__ __forceinline__ uint64_t wgmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return uint64_t((addr & 0x3ffff) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32);
 }
+// Descriptor of an operand in 128-byte swizzled lines (atoms of 8 lines, 1024-byte aligned).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return wgmma_desc(addr, lbo, sbo) | (uint64_t(1) << 62);
+}
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -104,6 +108,11 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "@!done bra WAIT;\n}\n" ::"r"(smem_u32addr(bar)),
       "r"(parity)
       : "memory");
+}
+// Arrives on `bar` once every cp.async this thread issued before has completed; the arrival is one
+// of those the barrier was initialized with (.noinc).
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32addr(bar)) : "memory");
 }
 // Orders this thread's ordinary shared-memory writes before later reads by the tensor cores.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }

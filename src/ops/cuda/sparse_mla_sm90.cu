@@ -42,6 +42,7 @@
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/sm90.cuh"
 #include "ops/cuda/sparse_mla_tile.cuh"
+#include "util/env.h"
 
 namespace sparsemla::cuda {
 namespace {
@@ -88,13 +89,28 @@ constexpr int kBarEpi = 4;     // denominators and maxima are in shared memory
 
 __device__ constexpr int ceil_tiles(int rows) { return (rows + kTile - 1) / kTile; }
 
-// Where a producer's writes go: this block's tile, and in a pair also the other block's.
+// Layouts of a K tile in shared memory (GATHER below): interleaved core matrices ([72][64 rows][16 B],
+// chunk cc of row r at cc * 1024 + r * 16), or 128-byte swizzled lines (the layout TMA and FlashMLA use:
+// 9 pieces of 64 dims, [9][64 rows][128 B], chunk cc of row r in piece cc / 8 at line position
+// (cc % 8) ^ (r % 8); atoms of 8 rows x 128 B, 1024-byte aligned).
+// `piece` is cc / 8 and c8 is cc % 8 (a thread's c8 is mostly fixed, so its few line positions are
+// computed once).
+template <bool SW>
+__device__ __forceinline__ int kv_off(int r, int piece, int c8) {
+  if constexpr (SW) return piece * 8192 + r * 128 + ((c8 ^ (r % 8)) * 16);
+  else return (piece * 8 + c8) * 1024 + r * 16;
+}
+
+// Where a producer's writes go: row `row` of this block's tile, and in a pair also the other block's.
+template <bool SW>
 struct Dest {
-  unsigned char* local;  // this block's buffer (the row's first 16 bytes)
-  uint32_t peer;         // the same place in the other block (shared::cluster), if paired
-  uint32_t peer_bar;     // the other block's remote[b]
-  __device__ void put16(int off, uint4 v, bool paired) const {
-    *reinterpret_cast<uint4*>(local + off) = v;
+  unsigned char* tile;  // this block's buffer
+  uint32_t peer;        // the same buffer in the other block (shared::cluster), if paired
+  uint32_t peer_bar;    // the other block's remote[b]
+  int row;
+  __device__ void put16(int piece, int c8, uint4 v, bool paired) const {
+    const int off = kv_off<SW>(row, piece, c8);
+    *reinterpret_cast<uint4*>(tile + off) = v;
     if (paired) st_async16(peer + off, v, peer_bar);
   }
 };
@@ -152,8 +168,9 @@ __device__ __forceinline__ void load_fp8_piece(Fp8Piece& x, const uint8_t* base,
 
 // Widens a piece to bf16 into its row of a tile (and of the other block's, if paired) and copies
 // the row's rope pieces part and part + 4.
+template <bool SW>
 __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t* base, int slot, int64_t row_bytes,
-                                                const Dest& dst, int part, bool paired) {
+                                                const Dest<SW>& dst, int part, bool paired) {
   uint4 rope[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -163,39 +180,60 @@ __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int p = part + 4 * i;
-    dst.put16((2 * p) * 1024, widen_fp8x8(make_uint2(x.v[i].x, x.v[i].y), scales[i / 2]), paired);
-    dst.put16((2 * p + 1) * 1024, widen_fp8x8(make_uint2(x.v[i].z, x.v[i].w), scales[i / 2]), paired);
+    // chunks 2 p and 2 p + 1: piece i, positions 2 part and 2 part + 1 (part < 4)
+    dst.put16(i, 2 * part, widen_fp8x8(make_uint2(x.v[i].x, x.v[i].y), scales[i / 2]), paired);
+    dst.put16(i, 2 * part + 1, widen_fp8x8(make_uint2(x.v[i].z, x.v[i].w), scales[i / 2]), paired);
   }
 #pragma unroll
-  for (int i = 0; i < 2; ++i) dst.put16((kLora / 8 + part + 4 * i) * 1024, rope[i], paired);
+  for (int i = 0; i < 2; ++i) dst.put16(kLora / 64, part + 4 * i, rope[i], paired);
 }
 
-// Warpgroup 2. Thread (warp w, lane) takes rows w * 8 + lane % 8 and that + 32 (rounds 0 and 1) of
-// every tile (in a pair only the first, + 32 r for cluster rank r), and of each row the 16-byte
-// pieces lane / 8 + 4 i: four lanes read 64 contiguous bytes of a row, eight lanes write one
-// 128-byte line of shared memory.
+// How the producer gathers (SPARSEMLA_WGMMA_GATHER, an A/B switch while the forms are compared):
+//   0: interleaved tiles; a thread takes rows w * 8 + lane % 8 (+ 32 per round) of warp w and the 16-byte
+//      pieces lane / 8 + 4 i: four lanes read 64 contiguous bytes of a row, eight lanes write one
+//      128-byte line of shared memory; the producer waits for its copies, then arrives.
+//   1: swizzled tiles; bf16 unpaired rows by lines: a group of 8 lanes copies a row's 128-byte pieces
+//      whole (lane q the 16 bytes q of each), so a warp reads 4 whole lines of 4 rows per instruction;
+//      group g takes rows g + 16 i. Paired and fp8 rows keep form 0's threads, into the swizzled tile.
+//   2: as 1, but the copies' completion arrives on the full barrier by itself
+//      (cp.async.mbarrier.arrive.noinc): the producer never waits for its own copies.
+//   3: as 2 with idle consumers (they wait and release, no products): what the gather alone takes.
+//      Wrong results; timing only.
+template <int GATHER>
+struct Form {
+  static constexpr bool kSwizzled = GATHER != 0;
+  static constexpr bool kIdle = GATHER == 3;
+};
+
+// Warpgroup 2. Rows and pieces per thread: see Form above.
 // No load's result is waited for soon after it is issued: a row's slot is found in three steps one
 // tile apart (position for tile j + 3, block-table entry for tile j + 2, slot for tile j + 1, whose
 // fp8 rows are then prefetched into L2), and fp8 rows are loaded into registers before the buffer
 // they go to is free. Slots are int32 here (a layer's cache has fewer than 2^31 rows).
-template <bool FP8, bool PAIR>
+template <bool FP8, bool PAIR, int GATHER>
 __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, unsigned char* smem, int ptid) {
-  constexpr int kRounds = PAIR ? 1 : 2;
+  constexpr bool kSw = Form<GATHER>::kSwizzled;
+  constexpr bool kLines = kSw && !FP8 && !PAIR;          // whole 128-byte lines per group of 8 lanes
+  constexpr bool kAsync = GATHER >= 2 && !FP8 && !PAIR;  // completion arrives by itself
+  constexpr int kRounds = kLines ? 4 : PAIR ? 1 : 2;
+  constexpr int kStep = kLines ? 16 : 32;  // rows between a thread's rounds
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
   uint64_t* empty = full + 2;
   uint64_t* remote = full + 4;
   uint32_t* valid = reinterpret_cast<uint32_t*>(smem + kOffValid);
   const uint32_t rank = PAIR ? cluster_rank() : 0u, peer = rank ^ 1u;
-  const int part = (ptid % 32) / 8, row_a = (ptid / 32) * 8 + ptid % 8 + 32 * int(rank);
+  // part: which of the row's 16-byte pieces (form 0: part + 4 i; lines: part + 8 p); row_a: round 0's row.
+  const int part = kLines ? ptid % 8 : (ptid % 32) / 8;
+  const int row_a = kLines ? ptid / 8 : (ptid / 32) * 8 + ptid % 8 + 32 * int(rank);
   const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
   const int64_t row_bytes = a.latent.row_bytes;
   const int32_t* table = a.latent.block_tables + int64_t(a.seq[w.t]) * a.latent.max_blocks;
   const int bs = a.latent.block_size;
-  // Row (tile j, round) is entry first + j * 64 + 32 * round of the token's rows, if below `rows`.
+  // Row (tile j, round) is entry first + j * 64 + kStep * round of the token's rows, if below `rows`.
   const int first = w.r_begin + row_a, rows = w.r_end - first;
   const int32_t* sel = a.selected ? a.selected + int64_t(w.t) * a.top_k + first : nullptr;
   auto position = [&](int j, int round) {  // -1: no row (an unused entry, or past the split)
-    const int k = j * kTile + 32 * round;
+    const int k = j * kTile + kStep * round;
     if (k >= rows) return -1;
     return sel ? sel[k] : first + k;
   };
@@ -229,8 +267,7 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
     unsigned char* tile = smem + kOffK + b * kMatBytes;
     const uint32_t peer_bar = PAIR ? peer_u32addr(smem_u32addr(&remote[b]), peer) : 0u;
     auto dest = [&](int round) {
-      unsigned char* row = tile + (row_a + 32 * round) * 16;
-      return Dest{row, PAIR ? peer_u32addr(smem_u32addr(row), peer) : 0u, peer_bar};
+      return Dest<kSw>{tile, PAIR ? peer_u32addr(smem_u32addr(tile), peer) : 0u, peer_bar, row_a + kStep * round};
     };
     if constexpr (FP8) {  // the rows into registers before the buffer is free
       Fp8Piece x[kRounds];
@@ -249,28 +286,31 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
         x[i] = slot0[0] >= 0 ? *reinterpret_cast<const uint4*>(src + (part + 4 * i) * 16) : make_uint4(0, 0, 0, 0);
       mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
       if (ptid == 0) mbar_arrive_expect(&remote[b], kPeerBytes);
-      const Dest d = dest(0);
+      const Dest<kSw> d = dest(0);
 #pragma unroll
-      for (int i = 0; i < kChunks / 4; ++i) d.put16((part + 4 * i) * 1024, x[i], true);
+      for (int i = 0; i < kChunks / 4; ++i) d.put16(i / 2, part + 4 * (i % 2), x[i], true);
     } else {
       mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
+      constexpr int kPieces = kLines ? kChunks / 8 : kChunks / 4, kPieceStep = kLines ? 8 : 4;
 #pragma unroll
       for (int round = 0; round < kRounds; ++round) {
-        unsigned char* dst = tile + (row_a + 32 * round) * 16;
+        const int r = row_a + kStep * round;
         const uint8_t* src = base + int64_t(slot0[round]) * row_bytes;
 #pragma unroll
-        for (int i = 0; i < kChunks / 4; ++i) {
-          const int c = part + 4 * i;
-          if (slot0[round] >= 0) cp_async16(dst + c * 1024, src + c * 16);
-          else *reinterpret_cast<uint4*>(dst + c * 1024) = make_uint4(0, 0, 0, 0);
+        for (int i = 0; i < kPieces; ++i) {
+          const int c = part + kPieceStep * i;
+          unsigned char* dst = tile + (kSw ? kv_off<true>(r, c / 8, c % 8) : c * 1024 + r * 16);
+          if (slot0[round] >= 0) cp_async16(dst, src + c * 16);
+          else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
         }
       }
-      cp_async_wait_all();
+      if constexpr (kAsync) cp_async_mbar_arrive_noinc(&full[b]);
+      else cp_async_wait_all();
     }
     if (part == 0) {
 #pragma unroll
       for (int round = 0; round < kRounds; ++round) {
-        uint32_t* flag = valid + b * kTile + row_a + 32 * round;
+        uint32_t* flag = valid + b * kTile + row_a + kStep * round;
         *flag = slot0[round] >= 0;
         if (PAIR) st_async4(peer_u32addr(smem_u32addr(flag), peer), slot0[round] >= 0, peer_bar);
       }
@@ -300,11 +340,14 @@ __device__ __forceinline__ void release_tile(uint64_t* empty_b) {
 
 // Waits until tile j is in buffer b: full[b] (this block's producer), and in a pair remote[b] (the
 // other block's half; the barriers are full[2], empty[2], remote[2] from kOffBar).
-template <bool PAIR>
+// Where the producer's copies arrive by themselves (form 2), the tensor cores' reads are ordered after
+// them here.
+template <bool PAIR, int GATHER>
 __device__ __forceinline__ void wait_tile(uint64_t* full, int j) {
   const int b = j & 1;
   mbar_wait(&full[b], (j >> 1) & 1);
   if constexpr (PAIR) mbar_wait(&full[4 + b], (j >> 1) & 1);
+  if constexpr (GATHER >= 2) fence_async_smem();
 }
 
 // Consumer fragments (m64nN accumulators): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8
@@ -358,7 +401,7 @@ __device__ __forceinline__ void store_output(const AttentionArgs& a, const Work&
 }
 
 // Warpgroup 0: S = Q K^T, the online softmax, P to consumer 1, O[:, 0:256] += P V.
-template <bool PAIR>
+template <bool PAIR, int GATHER>
 __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w, unsigned char* smem, float* part) {
   const Lane ln(threadIdx.x);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
@@ -377,16 +420,23 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
   for (int j = 0; j < w.n_tiles; ++j) {
     const int b = j & 1;
     const uint32_t tile = sbase + kOffK + b * kMatBytes;
-    wait_tile<PAIR>(full, j);
+    wait_tile<PAIR, GATHER>(full, j);
+    if constexpr (Form<GATHER>::kIdle) {
+      release_tile<PAIR>(&empty[b]);
+      continue;
+    }
 
-    // S = Q K^T over 36 k-steps of 16 dims (2048 bytes apart in both operands).
+    // S = Q K^T over 36 k-steps of 16 dims (2048 bytes apart in q; in a swizzled tile 32 bytes apart
+    // within a piece's lines, pieces 8192 bytes apart).
     float s[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-    const uint64_t dq = wgmma_desc(sbase + kOffQ, 1024, 128), dk = wgmma_desc(tile, 1024, 128);
+    const uint64_t dq = wgmma_desc(sbase + kOffQ, 1024, 128);
+    const uint64_t dk = Form<GATHER>::kSwizzled ? wgmma_desc_sw128(tile, 16, 1024) : wgmma_desc(tile, 1024, 128);
+    auto k_step = [](int ks) { return Form<GATHER>::kSwizzled ? (ks / 4) * 8192 + (ks % 4) * 32 : ks * 2048; };
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kDim / 16; ++ks) wgmma_m64n64k16_ss(s, dq + ks * (2048 >> 4), dk + ks * (2048 >> 4), ks);
+    for (int ks = 0; ks < kDim / 16; ++ks) wgmma_m64n64k16_ss(s, dq + ks * (2048 >> 4), dk + (k_step(ks) >> 4), ks);
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(s);
@@ -423,13 +473,15 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
     fence_async_smem();
     named_arrive(kBarPReady, 256);
 
-    // O[:, 0:256] += P V: k-step kk takes rows 16 kk .. 16 kk + 15 (256 bytes into the tile).
-    const uint64_t dv = wgmma_desc(tile, 128, 1024);
+    // O[:, 0:256] += P V: k-step kk takes rows 16 kk .. 16 kk + 15 (256 bytes into an interleaved
+    // tile, 2048 into a swizzled one, whose pieces of 64 dims are 8192 bytes apart).
+    const uint64_t dv = Form<GATHER>::kSwizzled ? wgmma_desc_sw128(tile, 8192, 1024) : wgmma_desc(tile, 128, 1024);
+    constexpr int kRowStep = Form<GATHER>::kSwizzled ? 2048 : 256;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
       const uint32_t frag[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-      wgmma_m64n256k16_rs(o, frag, dv + kk * (256 >> 4));
+      wgmma_m64n256k16_rs(o, frag, dv + kk * (kRowStep >> 4));
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -455,7 +507,7 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
 }
 
 // Warpgroup 1: O[:, 256:512] += P V with P and the rescale from consumer 0.
-template <bool PAIR>
+template <bool PAIR, int GATHER>
 __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w, unsigned char* smem, float* part) {
   const Lane ln(threadIdx.x);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
@@ -472,14 +524,22 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
   for (int j = 0; j < w.n_tiles; ++j) {
     const int b = j & 1;
     const uint32_t tile = sbase + kOffK + b * kMatBytes;
-    wait_tile<PAIR>(full, j);
+    wait_tile<PAIR, GATHER>(full, j);
+    if constexpr (Form<GATHER>::kIdle) {
+      release_tile<PAIR>(&empty[b]);
+      continue;
+    }
     named_sync(kBarPReady, 256);
     rescale(o, sAlpha[b * 64 + ln.row0], sAlpha[b * 64 + ln.row0 + 8]);
-    // P k-steps are 2048 bytes apart; V's dims 256.. start 32 chunks of 8 dims into the tile.
-    const uint64_t dp = wgmma_desc(sbase + kOffP, 1024, 128), dv = wgmma_desc(tile + 32 * 1024, 128, 1024);
+    // P k-steps are 2048 bytes apart; V's dims 256.. start 32 chunks of 8 dims into an interleaved
+    // tile, 4 pieces into a swizzled one.
+    const uint64_t dp = wgmma_desc(sbase + kOffP, 1024, 128);
+    const uint64_t dv = Form<GATHER>::kSwizzled ? wgmma_desc_sw128(tile + 4 * 8192, 8192, 1024)
+                                                : wgmma_desc(tile + 32 * 1024, 128, 1024);
+    constexpr int kRowStep = Form<GATHER>::kSwizzled ? 2048 : 256;
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) wgmma_m64n256k16_ss(o, dp + kk * (2048 >> 4), dv + kk * (256 >> 4));
+    for (int kk = 0; kk < kTile / 16; ++kk) wgmma_m64n256k16_ss(o, dp + kk * (2048 >> 4), dv + kk * (kRowStep >> 4));
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(o);
@@ -490,7 +550,7 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
   store_output(a, w, ln, 1, o, smem, part);
 }
 
-template <bool FP8, bool PAIR>
+template <bool FP8, bool PAIR, int GATHER>
 __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part) {
   extern __shared__ __align__(128) unsigned char smem[];
   Work w;
@@ -503,9 +563,13 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
   w.r_end = min(n_rows, w.r_begin + rows_per_split);
   w.n_tiles = w.r_end > w.r_begin ? ceil_tiles(w.r_end - w.r_begin) : 0;
   if (threadIdx.x == 0) {
+    // Swizzled tiles need 1024-byte aligned atoms: the block's shared memory starts so aligned.
+    if (Form<GATHER>::kSwizzled && (smem_u32addr(smem) & 1023u) != 0) __trap();
+    // full: the producer's threads (in form 2 also their copies' completions, for bf16 unpaired rows)
+    const uint32_t producers = GATHER >= 2 && !FP8 && !PAIR ? 256 : 128;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kOffBar);
-    mbar_init(&bars[0], 128);  // full: the producer's threads
-    mbar_init(&bars[1], 128);
+    mbar_init(&bars[0], producers);
+    mbar_init(&bars[1], producers);
     mbar_init(&bars[2], PAIR ? 256 + 8 : 256);  // empty: both consumers' threads (+ the other block's warps)
     mbar_init(&bars[3], PAIR ? 256 + 8 : 256);
     mbar_init(&bars[4], 1);  // remote: this block's producer thread 0, with the bytes the other block sends
@@ -517,30 +581,41 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegsQk));
-    consume_qk<PAIR>(a, w, smem, part);
+    consume_qk<PAIR, GATHER>(a, w, smem, part);
   } else if (wg == 1) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsPv));
-    consume_pv<PAIR>(a, w, smem, part);
+    consume_pv<PAIR, GATHER>(a, w, smem, part);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsProducer));
-    produce<FP8, PAIR>(a, w, smem, threadIdx.x - 256);
+    produce<FP8, PAIR, GATHER>(a, w, smem, threadIdx.x - 256);
   }
   if (PAIR) cluster_sync();  // neither block leaves while the other may still reach its shared memory
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <bool FP8, bool PAIR>
+template <bool FP8, bool PAIR, int GATHER>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const __grid_constant__ AttentionArgs a,
                                                                 int rows_per_split, float* part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  mla_wgmma_body<FP8, PAIR>(a, rows_per_split, part);
+  mla_wgmma_body<FP8, PAIR, GATHER>(a, rows_per_split, part);
 #else
   __trap();  // no sm_90a code in this pass: the host side never launches it here
 #endif
 }
 
 using Kernel = void (*)(AttentionArgs, int, float*);
+
+// The kernel for rows of this type, paired or not, in gather form `gather` (Form).
+template <bool FP8, bool PAIR>
+Kernel kernel_for(int gather) {
+  switch (gather) {
+    case 1: return mla_wgmma_kernel<FP8, PAIR, 1>;
+    case 2: return mla_wgmma_kernel<FP8, PAIR, 2>;
+    case 3: return mla_wgmma_kernel<FP8, PAIR, 3>;
+    default: return mla_wgmma_kernel<FP8, PAIR, 0>;
+  }
+}
 
 cudaLaunchConfig_t pair_config(dim3 grid, cudaStream_t s, cudaLaunchAttribute& attr) {
   attr.id = cudaLaunchAttributeClusterDimension;
@@ -590,12 +665,13 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
     fail("sparse_mla: latent rows of {} bytes, the wgmma kernel expects {}", a.latent.row_bytes,
          latent_row_bytes(a.dtype, kLora, kRope));
   const dim3 grid(unsigned(ceil_div(a.heads, kHeads)), unsigned(a.T), unsigned(splits));
+  static const int gather = int(env_int("SPARSEMLA_WGMMA_GATHER", 0));
   const auto st = static_cast<cudaStream_t>(s);
   // Pairs where there are two blocks of heads per token and each block has two tiles or more (with
   // one, the cluster's launch and barriers cost more than the halved gather saves: H200, DeepSeek-V3.2
   // fp8 batch 1, 23.0 us paired against 21.4).
   if (pairs && grid.x % 2 == 0 && rows_per_split >= 2 * kTile) {
-    const Kernel kernel = a.dtype == KvDtype::FP8 ? mla_wgmma_kernel<true, true> : mla_wgmma_kernel<false, true>;
+    const Kernel kernel = a.dtype == KvDtype::FP8 ? kernel_for<true, true>(gather) : kernel_for<false, true>(gather);
     allow_smem(kernel, kSmemBytes);
     if (pairs_fit(kernel)) {
       cudaLaunchAttribute attr;
@@ -604,7 +680,7 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
       return 2;
     }
   }
-  const Kernel kernel = a.dtype == KvDtype::FP8 ? mla_wgmma_kernel<true, false> : mla_wgmma_kernel<false, false>;
+  const Kernel kernel = a.dtype == KvDtype::FP8 ? kernel_for<true, false>(gather) : kernel_for<false, false>(gather);
   allow_smem(kernel, kSmemBytes);
   kernel<<<grid, kThreads, kSmemBytes, st>>>(a, rows_per_split, part);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
