@@ -28,6 +28,8 @@
 //
 // Built only for sm_90a (src/CMakeLists.txt); other architectures compile a stub that traps, and
 // the host side refuses to launch where this build has no sm_90a code or the device is not 9.0.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -199,6 +201,9 @@ __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t
 //      (cp.async.mbarrier.arrive.noinc): the producer never waits for its own copies.
 //   3: as 2 with idle consumers (they wait and release, no products): what the gather alone takes.
 //      Wrong results; timing only.
+//   4: swizzled tiles; bf16 unpaired rows through the TMA engine: one tensor copy per 128-byte piece
+//      (a 2-D map of the cache's rows, boxes of 64 dims x 1 row, 128-byte swizzle), two threads per
+//      row (pieces 0-4 and 5-8); a missing row is a box outside the map, which reads as zeros.
 template <int GATHER>
 struct Form {
   static constexpr bool kSwizzled = GATHER != 0;
@@ -211,11 +216,13 @@ struct Form {
 // fp8 rows are then prefetched into L2), and fp8 rows are loaded into registers before the buffer
 // they go to is free. Slots are int32 here (a layer's cache has fewer than 2^31 rows).
 template <bool FP8, bool PAIR, int GATHER>
-__device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, unsigned char* smem, int ptid) {
+__device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, unsigned char* smem, int ptid,
+                                        const void* rows_map) {
   constexpr bool kSw = Form<GATHER>::kSwizzled;
-  constexpr bool kLines = kSw && !FP8 && !PAIR;          // whole 128-byte lines per group of 8 lanes
-  constexpr bool kAsync = GATHER >= 2 && !FP8 && !PAIR;  // completion arrives by itself
-  constexpr int kRounds = kLines ? 4 : PAIR ? 1 : 2;
+  constexpr bool kTma = GATHER == 4 && !FP8 && !PAIR;
+  constexpr bool kLines = kSw && !FP8 && !PAIR && !kTma;  // whole 128-byte lines per group of 8 lanes
+  constexpr bool kAsync = (GATHER == 2 || GATHER == 3) && !FP8 && !PAIR;  // completion arrives by itself
+  constexpr int kRounds = kTma ? 1 : kLines ? 4 : PAIR ? 1 : 2;
   constexpr int kStep = kLines ? 16 : 32;  // rows between a thread's rounds
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
   uint64_t* empty = full + 2;
@@ -223,8 +230,8 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
   uint32_t* valid = reinterpret_cast<uint32_t*>(smem + kOffValid);
   const uint32_t rank = PAIR ? cluster_rank() : 0u, peer = rank ^ 1u;
   // part: which of the row's 16-byte pieces (form 0: part + 4 i; lines: part + 8 p); row_a: round 0's row.
-  const int part = kLines ? ptid % 8 : (ptid % 32) / 8;
-  const int row_a = kLines ? ptid / 8 : (ptid / 32) * 8 + ptid % 8 + 32 * int(rank);
+  const int part = kTma ? ptid % 2 : kLines ? ptid % 8 : (ptid % 32) / 8;
+  const int row_a = kTma ? ptid / 2 : kLines ? ptid / 8 : (ptid / 32) * 8 + ptid % 8 + 32 * int(rank);
   const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
   const int64_t row_bytes = a.latent.row_bytes;
   const int32_t* table = a.latent.block_tables + int64_t(a.seq[w.t]) * a.latent.max_blocks;
@@ -289,6 +296,13 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
       const Dest<kSw> d = dest(0);
 #pragma unroll
       for (int i = 0; i < kChunks / 4; ++i) d.put16(i / 2, part + 4 * (i % 2), x[i], true);
+    } else if constexpr (kTma) {  // pieces 0-4 (part 0) or 5-8 (part 1) of row row_a
+      mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
+      const int p0 = part ? 5 : 0, np = part ? 4 : 5;
+      mbar_expect(&full[b], np * 128);
+      const uint32_t dst = smem_u32addr(tile) + row_a * 128;
+      for (int i = 0; i < np; ++i)
+        tma_load_2d(dst + (p0 + i) * 8192, rows_map, (p0 + i) * 64, slot0[0], &full[b]);
     } else {
       mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
       constexpr int kPieces = kLines ? kChunks / 8 : kChunks / 4, kPieceStep = kLines ? 8 : 4;
@@ -551,7 +565,8 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
 }
 
 template <bool FP8, bool PAIR, int GATHER>
-__device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part) {
+__device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part,
+                                               const void* rows_map) {
   extern __shared__ __align__(128) unsigned char smem[];
   Work w;
   w.t = blockIdx.y;
@@ -566,7 +581,7 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
     // Swizzled tiles need 1024-byte aligned atoms: the block's shared memory starts so aligned.
     if (Form<GATHER>::kSwizzled && (smem_u32addr(smem) & 1023u) != 0) __trap();
     // full: the producer's threads (in form 2 also their copies' completions, for bf16 unpaired rows)
-    const uint32_t producers = GATHER >= 2 && !FP8 && !PAIR ? 256 : 128;
+    const uint32_t producers = (GATHER == 2 || GATHER == 3) && !FP8 && !PAIR ? 256 : 128;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kOffBar);
     mbar_init(&bars[0], producers);
     mbar_init(&bars[1], producers);
@@ -587,24 +602,26 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
     consume_pv<PAIR, GATHER>(a, w, smem, part);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsProducer));
-    produce<FP8, PAIR, GATHER>(a, w, smem, threadIdx.x - 256);
+    produce<FP8, PAIR, GATHER>(a, w, smem, threadIdx.x - 256, rows_map);
   }
   if (PAIR) cluster_sync();  // neither block leaves while the other may still reach its shared memory
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+// rows_map: the cache's rows as a 2-D tensor map, for form 4 (unused by the others).
 template <bool FP8, bool PAIR, int GATHER>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const __grid_constant__ AttentionArgs a,
-                                                                int rows_per_split, float* part) {
+                                                                int rows_per_split, float* part,
+                                                                const __grid_constant__ CUtensorMap rows_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  mla_wgmma_body<FP8, PAIR, GATHER>(a, rows_per_split, part);
+  mla_wgmma_body<FP8, PAIR, GATHER>(a, rows_per_split, part, &rows_map);
 #else
   __trap();  // no sm_90a code in this pass: the host side never launches it here
 #endif
 }
 
-using Kernel = void (*)(AttentionArgs, int, float*);
+using Kernel = void (*)(AttentionArgs, int, float*, CUtensorMap);
 
 // The kernel for rows of this type, paired or not, in gather form `gather` (Form).
 template <bool FP8, bool PAIR>
@@ -613,6 +630,7 @@ Kernel kernel_for(int gather) {
     case 1: return mla_wgmma_kernel<FP8, PAIR, 1>;
     case 2: return mla_wgmma_kernel<FP8, PAIR, 2>;
     case 3: return mla_wgmma_kernel<FP8, PAIR, 3>;
+    case 4: return mla_wgmma_kernel<FP8, PAIR, 4>;
     default: return mla_wgmma_kernel<FP8, PAIR, 0>;
   }
 }
@@ -630,6 +648,33 @@ cudaLaunchConfig_t pair_config(dim3 grid, cudaStream_t s, cudaLaunchAttribute& a
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   return cfg;
+}
+
+// The bf16 latent rows of a cache as a 2-D tensor map for form 4: 576 dims x 2^31 - 1 rows (the slots
+// the kernel reads come from the block tables, so the map's row count only bounds them; -1 is outside),
+// boxes of 64 dims x 1 row, 128-byte swizzle. Encoded once per cache (cuTensorMapEncodeTiled through
+// the runtime's driver entry point: no link to libcuda).
+CUtensorMap rows_map_of(const PagedRows& rows) {
+  static std::map<std::pair<const void*, int64_t>, CUtensorMap> known;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = known.find({rows.data, rows.row_bytes}); it != known.end()) return it->second;
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    SPARSEMLA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    if (!fn || q != cudaDriverEntryPointSuccess) fail("sparse_mla: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {cuuint64_t(kDim), cuuint64_t(INT32_MAX)};
+  const cuuint64_t strides[1] = {cuuint64_t(rows.row_bytes)};
+  const cuuint32_t box[2] = {64, 1}, elem_strides[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, rows.data, dims, strides, box, elem_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) fail("sparse_mla: cuTensorMapEncodeTiled refused the latent rows' map (error {})", int(r));
+  return known[{rows.data, rows.row_bytes}] = map;
 }
 
 // Whether the device can run pairs of these blocks at all (two SMs of one cluster, each holding
@@ -665,24 +710,31 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
     fail("sparse_mla: latent rows of {} bytes, the wgmma kernel expects {}", a.latent.row_bytes,
          latent_row_bytes(a.dtype, kLora, kRope));
   const dim3 grid(unsigned(ceil_div(a.heads, kHeads)), unsigned(a.T), unsigned(splits));
-  static const int gather = int(env_int("SPARSEMLA_WGMMA_GATHER", 0));
+  // The gather form (Form): 2 for bf16 unpaired rows, 0 for fp8 or paired rows (H100, session 44:
+  // GLM-5 bf16 batch 128 193 -> 130 us; fp8 and paired rows lost 3-19% in swizzled tiles);
+  // SPARSEMLA_WGMMA_GATHER forces one form on every path (A/B).
+  static const int forced = int(env_int("SPARSEMLA_WGMMA_GATHER", -1));
+  const bool fp8 = a.dtype == KvDtype::FP8;
   const auto st = static_cast<cudaStream_t>(s);
   // Pairs where there are two blocks of heads per token and each block has two tiles or more (with
   // one, the cluster's launch and barriers cost more than the halved gather saves: H200, DeepSeek-V3.2
   // fp8 batch 1, 23.0 us paired against 21.4).
   if (pairs && grid.x % 2 == 0 && rows_per_split >= 2 * kTile) {
-    const Kernel kernel = a.dtype == KvDtype::FP8 ? kernel_for<true, true>(gather) : kernel_for<false, true>(gather);
+    const int gather = forced >= 0 ? forced : 0;
+    const Kernel kernel = fp8 ? kernel_for<true, true>(gather) : kernel_for<false, true>(gather);
     allow_smem(kernel, kSmemBytes);
     if (pairs_fit(kernel)) {
       cudaLaunchAttribute attr;
       const cudaLaunchConfig_t cfg = pair_config(grid, st, attr);
-      SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, rows_per_split, part));
+      SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, rows_per_split, part, CUtensorMap{}));
       return 2;
     }
   }
-  const Kernel kernel = a.dtype == KvDtype::FP8 ? kernel_for<true, false>(gather) : kernel_for<false, false>(gather);
+  const int gather = forced >= 0 ? forced : fp8 ? 0 : 2;
+  const Kernel kernel = fp8 ? kernel_for<true, false>(gather) : kernel_for<false, false>(gather);
   allow_smem(kernel, kSmemBytes);
-  kernel<<<grid, kThreads, kSmemBytes, st>>>(a, rows_per_split, part);
+  const CUtensorMap map = gather == 4 && !fp8 ? rows_map_of(a.latent) : CUtensorMap{};
+  kernel<<<grid, kThreads, kSmemBytes, st>>>(a, rows_per_split, part, map);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
   return 1;
 }
