@@ -20,11 +20,14 @@
 // thread arrives on its block's `empty`, each consumer warp once on the other block's). The gather
 // is the producer's cost, so pairs halve it.
 //
-// Shared-memory operands are unswizzled ("interleaved") core matrices of 8 rows x 16 bytes: a
-// [rows][dims] bf16 matrix is stored as [dims / 8][rows][8]. A thread's 8 converted dims are one
-// 16-byte store and 8 consecutive rows one 128-byte line; the K tile is the K-major B operand of
+// q and P are unswizzled ("interleaved") core matrices of 8 rows x 16 bytes: a [rows][dims] bf16
+// matrix is stored as [dims / 8][rows][8]. The K tiles are stored so too for fp8 and paired rows (a
+// thread's 8 converted dims are one 16-byte store, 8 consecutive rows one 128-byte line), and for bf16
+// unpaired rows in 128-byte swizzled lines (9 pieces of 64 dims x 64 rows; see Form), so that a group
+// of 8 lanes copies whole 128-byte pieces of a row. Either way the tile is the K-major B operand of
 // Q K^T (rows = n) and, unchanged, the MN-major B operand of P V (rows = k).
-// Descriptor strides: LBO between core matrices along K, SBO along M or N.
+// Descriptor strides: LBO between core matrices along K (swizzled MN-major: between pieces along N),
+// SBO along M or N (swizzled: between 8-row atoms).
 //
 // Built only for sm_90a (src/CMakeLists.txt); other architectures compile a stub that traps, and
 // the host side refuses to launch where this build has no sm_90a code or the device is not 9.0.
@@ -181,8 +184,7 @@ __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t
   const float scales[4] = {x.scale.x, x.scale.y, x.scale.z, x.scale.w};
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    const int p = part + 4 * i;
-    // chunks 2 p and 2 p + 1: piece i, positions 2 part and 2 part + 1 (part < 4)
+    // chunks 2 p and 2 p + 1 of p = part + 4 i: piece i, positions 2 part and 2 part + 1 (part < 4)
     dst.put16(i, 2 * part, widen_fp8x8(make_uint2(x.v[i].x, x.v[i].y), scales[i / 2]), paired);
     dst.put16(i, 2 * part + 1, widen_fp8x8(make_uint2(x.v[i].z, x.v[i].w), scales[i / 2]), paired);
   }
@@ -364,6 +366,16 @@ __device__ __forceinline__ void wait_tile(uint64_t* full, int j) {
   if constexpr (GATHER >= 2) fence_async_smem();
 }
 
+// Form 3's consumers: each tile waited for and released, no products (the gather alone, for timing).
+template <bool PAIR, int GATHER>
+__device__ __forceinline__ void consume_idle(const Work& w, unsigned char* smem) {
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
+  for (int j = 0; j < w.n_tiles; ++j) {
+    wait_tile<PAIR, GATHER>(full, j);
+    release_tile<PAIR>(&full[2 + (j & 1)]);
+  }
+}
+
 // Consumer fragments (m64nN accumulators): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8
 // (g = lane / 4); register 4 j + e is column 8 j + 2 (lane % 4) + (e & 1) of row 16 w + g (+ 8 if e >= 2).
 struct Lane {
@@ -435,10 +447,6 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
     const int b = j & 1;
     const uint32_t tile = sbase + kOffK + b * kMatBytes;
     wait_tile<PAIR, GATHER>(full, j);
-    if constexpr (Form<GATHER>::kIdle) {
-      release_tile<PAIR>(&empty[b]);
-      continue;
-    }
 
     // S = Q K^T over 36 k-steps of 16 dims (2048 bytes apart in q; in a swizzled tile 32 bytes apart
     // within a piece's lines, pieces 8192 bytes apart).
@@ -539,10 +547,6 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
     const int b = j & 1;
     const uint32_t tile = sbase + kOffK + b * kMatBytes;
     wait_tile<PAIR, GATHER>(full, j);
-    if constexpr (Form<GATHER>::kIdle) {
-      release_tile<PAIR>(&empty[b]);
-      continue;
-    }
     named_sync(kBarPReady, 256);
     rescale(o, sAlpha[b * 64 + ln.row0], sAlpha[b * 64 + ln.row0 + 8]);
     // P k-steps are 2048 bytes apart; V's dims 256.. start 32 chunks of 8 dims into an interleaved
@@ -596,10 +600,12 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegsQk));
-    consume_qk<PAIR, GATHER>(a, w, smem, part);
+    if constexpr (Form<GATHER>::kIdle) consume_idle<PAIR, GATHER>(w, smem);
+    else consume_qk<PAIR, GATHER>(a, w, smem, part);
   } else if (wg == 1) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsPv));
-    consume_pv<PAIR, GATHER>(a, w, smem, part);
+    if constexpr (Form<GATHER>::kIdle) consume_idle<PAIR, GATHER>(w, smem);
+    else consume_pv<PAIR, GATHER>(a, w, smem, part);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsProducer));
     produce<FP8, PAIR, GATHER>(a, w, smem, threadIdx.x - 256, rows_map);
