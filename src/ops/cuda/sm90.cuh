@@ -122,6 +122,15 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int x
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_u32addr(bar))
       : "memory");
 }
+// The same box into both blocks of a cluster of two, at `dst` in each, counted on the barrier at
+// `bar`'s offset in each.
+__device__ __forceinline__ void tma_load_2d_pair(uint32_t dst, const void* map, int x, int y, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_u32addr(bar)), "h"(uint16_t(3))
+      : "memory");
+}
 // Arrives on `bar` once every cp.async this thread issued before has completed; the arrival is one
 // of those the barrier was initialized with (.noinc).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {

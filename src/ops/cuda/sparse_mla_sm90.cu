@@ -203,13 +203,22 @@ __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t
 //      (cp.async.mbarrier.arrive.noinc): the producer never waits for its own copies.
 //   3: as 2 with idle consumers (they wait and release, no products): what the gather alone takes.
 //      Wrong results; timing only.
-//   4: swizzled tiles; bf16 unpaired rows through the TMA engine: one tensor copy per 128-byte piece
-//      (a 2-D map of the cache's rows, boxes of 64 dims x 1 row, 128-byte swizzle), two threads per
-//      row (pieces 0-4 and 5-8); a missing row is a box outside the map, which reads as zeros.
-template <int GATHER>
+//   4: swizzled tiles; bf16 rows through the TMA engine: one tensor copy per 128-byte piece (a 2-D
+//      map of the cache's rows, boxes of 64 dims x 1 row, 128-byte swizzle); a missing row is a box
+//      outside the map, which reads as zeros. Unpaired: two threads per row (pieces 0-4 and 5-8).
+//      Paired: each block's producer copies its half of the rows into both blocks at once (multicast),
+//      four threads per row (pieces part + 4 k), and its rows' flags by st.async: each block's full
+//      barrier counts both halves' bytes, so the remote barrier is not used.
+template <bool FP8, bool PAIR, int GATHER>
 struct Form {
+  static constexpr bool kPair = PAIR;
   static constexpr bool kSwizzled = GATHER != 0;
   static constexpr bool kIdle = GATHER == 3;
+  static constexpr bool kTma = GATHER == 4 && !FP8;
+  static constexpr bool kLines = kSwizzled && !FP8 && !PAIR && !kTma;  // whole lines per 8 lanes
+  static constexpr bool kAsync = (GATHER == 2 || GATHER == 3) && !FP8 && !PAIR;  // copies arrive by themselves
+  static constexpr bool kRemote = PAIR && !kTma;  // consumers also wait for the remote barrier
+  static constexpr uint32_t kFullArrivals = kAsync ? 256 : 128;
 };
 
 // Warpgroup 2. Rows and pieces per thread: see Form above.
@@ -220,10 +229,8 @@ struct Form {
 template <bool FP8, bool PAIR, int GATHER>
 __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, unsigned char* smem, int ptid,
                                         const void* rows_map) {
-  constexpr bool kSw = Form<GATHER>::kSwizzled;
-  constexpr bool kTma = GATHER == 4 && !FP8 && !PAIR;
-  constexpr bool kLines = kSw && !FP8 && !PAIR && !kTma;  // whole 128-byte lines per group of 8 lanes
-  constexpr bool kAsync = (GATHER == 2 || GATHER == 3) && !FP8 && !PAIR;  // completion arrives by itself
+  using F = Form<FP8, PAIR, GATHER>;
+  constexpr bool kSw = F::kSwizzled, kTma = F::kTma, kLines = F::kLines, kAsync = F::kAsync;
   constexpr int kRounds = kTma ? 1 : kLines ? 4 : PAIR ? 1 : 2;
   constexpr int kStep = kLines ? 16 : 32;  // rows between a thread's rounds
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
@@ -232,8 +239,10 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
   uint32_t* valid = reinterpret_cast<uint32_t*>(smem + kOffValid);
   const uint32_t rank = PAIR ? cluster_rank() : 0u, peer = rank ^ 1u;
   // part: which of the row's 16-byte pieces (form 0: part + 4 i; lines: part + 8 p); row_a: round 0's row.
-  const int part = kTma ? ptid % 2 : kLines ? ptid % 8 : (ptid % 32) / 8;
-  const int row_a = kTma ? ptid / 2 : kLines ? ptid / 8 : (ptid / 32) * 8 + ptid % 8 + 32 * int(rank);
+  // (TMA: unpaired, pieces 0-4 or 5-8 by part; paired, pieces part + 4 k.)
+  const int part = kTma ? (PAIR ? ptid % 4 : ptid % 2) : kLines ? ptid % 8 : (ptid % 32) / 8;
+  const int row_a = kTma ? (PAIR ? ptid / 4 + 32 * int(rank) : ptid / 2)
+                         : kLines ? ptid / 8 : (ptid / 32) * 8 + ptid % 8 + 32 * int(rank);
   const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
   const int64_t row_bytes = a.latent.row_bytes;
   const int32_t* table = a.latent.block_tables + int64_t(a.seq[w.t]) * a.latent.max_blocks;
@@ -278,7 +287,16 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
     auto dest = [&](int round) {
       return Dest<kSw>{tile, PAIR ? peer_u32addr(smem_u32addr(tile), peer) : 0u, peer_bar, row_a + kStep * round};
     };
-    if constexpr (FP8) {  // the rows into registers before the buffer is free
+    if constexpr (kTma && PAIR) {  // pieces part + 4 k of row row_a into both blocks
+      mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
+      const int np = part == 0 ? 3 : 2;
+      // both blocks' copies of this piece count on this barrier (the other block's thread with this
+      // ptid copies as many), and the other block's flag of its row, if it writes one
+      mbar_expect(&full[b], 2 * np * 128 + (part == 0 ? 4 : 0));
+      const uint32_t dst = smem_u32addr(tile) + row_a * 128;
+      for (int k = 0; k < np; ++k)
+        tma_load_2d_pair(dst + (part + 4 * k) * 8192, rows_map, (part + 4 * k) * 64, slot0[0], &full[b]);
+    } else if constexpr (FP8) {  // the rows into registers before the buffer is free
       Fp8Piece x[kRounds];
 #pragma unroll
       for (int round = 0; round < kRounds; ++round) load_fp8_piece(x[round], base, slot0[round], row_bytes, part);
@@ -298,7 +316,7 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
       const Dest<kSw> d = dest(0);
 #pragma unroll
       for (int i = 0; i < kChunks / 4; ++i) d.put16(i / 2, part + 4 * (i % 2), x[i], true);
-    } else if constexpr (kTma) {  // pieces 0-4 (part 0) or 5-8 (part 1) of row row_a
+    } else if constexpr (kTma) {  // unpaired: pieces 0-4 (part 0) or 5-8 (part 1) of row row_a
       mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
       const int p0 = part ? 5 : 0, np = part ? 4 : 5;
       mbar_expect(&full[b], np * 128);
@@ -328,7 +346,9 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
       for (int round = 0; round < kRounds; ++round) {
         uint32_t* flag = valid + b * kTile + row_a + kStep * round;
         *flag = slot0[round] >= 0;
-        if (PAIR) st_async4(peer_u32addr(smem_u32addr(flag), peer), slot0[round] >= 0, peer_bar);
+        if (PAIR)  // counted on the other block's remote barrier, or with TMA pairs its full barrier
+          st_async4(peer_u32addr(smem_u32addr(flag), peer), slot0[round] >= 0,
+                    kTma ? peer_u32addr(smem_u32addr(&full[b]), peer) : peer_bar);
       }
     }
     fence_async_smem();
@@ -358,21 +378,21 @@ __device__ __forceinline__ void release_tile(uint64_t* empty_b) {
 // other block's half; the barriers are full[2], empty[2], remote[2] from kOffBar).
 // Where the producer's copies arrive by themselves (form 2), the tensor cores' reads are ordered after
 // them here.
-template <bool PAIR, int GATHER>
+template <class F>
 __device__ __forceinline__ void wait_tile(uint64_t* full, int j) {
   const int b = j & 1;
   mbar_wait(&full[b], (j >> 1) & 1);
-  if constexpr (PAIR) mbar_wait(&full[4 + b], (j >> 1) & 1);
-  if constexpr (GATHER >= 2) fence_async_smem();
+  if constexpr (F::kRemote) mbar_wait(&full[4 + b], (j >> 1) & 1);
+  if constexpr (F::kAsync) fence_async_smem();
 }
 
 // Form 3's consumers: each tile waited for and released, no products (the gather alone, for timing).
-template <bool PAIR, int GATHER>
+template <class F>
 __device__ __forceinline__ void consume_idle(const Work& w, unsigned char* smem) {
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
   for (int j = 0; j < w.n_tiles; ++j) {
-    wait_tile<PAIR, GATHER>(full, j);
-    release_tile<PAIR>(&full[2 + (j & 1)]);
+    wait_tile<F>(full, j);
+    release_tile<F::kPair>(&full[2 + (j & 1)]);
   }
 }
 
@@ -427,7 +447,7 @@ __device__ __forceinline__ void store_output(const AttentionArgs& a, const Work&
 }
 
 // Warpgroup 0: S = Q K^T, the online softmax, P to consumer 1, O[:, 0:256] += P V.
-template <bool PAIR, int GATHER>
+template <class F>
 __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w, unsigned char* smem, float* part) {
   const Lane ln(threadIdx.x);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
@@ -446,7 +466,7 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
   for (int j = 0; j < w.n_tiles; ++j) {
     const int b = j & 1;
     const uint32_t tile = sbase + kOffK + b * kMatBytes;
-    wait_tile<PAIR, GATHER>(full, j);
+    wait_tile<F>(full, j);
 
     // S = Q K^T over 36 k-steps of 16 dims (2048 bytes apart in q; in a swizzled tile 32 bytes apart
     // within a piece's lines, pieces 8192 bytes apart).
@@ -454,8 +474,8 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] = 0.0f;
     const uint64_t dq = wgmma_desc(sbase + kOffQ, 1024, 128);
-    const uint64_t dk = Form<GATHER>::kSwizzled ? wgmma_desc_sw128(tile, 16, 1024) : wgmma_desc(tile, 1024, 128);
-    auto k_step = [](int ks) { return Form<GATHER>::kSwizzled ? (ks / 4) * 8192 + (ks % 4) * 32 : ks * 2048; };
+    const uint64_t dk = F::kSwizzled ? wgmma_desc_sw128(tile, 16, 1024) : wgmma_desc(tile, 1024, 128);
+    auto k_step = [](int ks) { return F::kSwizzled ? (ks / 4) * 8192 + (ks % 4) * 32 : ks * 2048; };
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kDim / 16; ++ks) wgmma_m64n64k16_ss(s, dq + ks * (2048 >> 4), dk + (k_step(ks) >> 4), ks);
@@ -497,8 +517,8 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
 
     // O[:, 0:256] += P V: k-step kk takes rows 16 kk .. 16 kk + 15 (256 bytes into an interleaved
     // tile, 2048 into a swizzled one, whose pieces of 64 dims are 8192 bytes apart).
-    const uint64_t dv = Form<GATHER>::kSwizzled ? wgmma_desc_sw128(tile, 8192, 1024) : wgmma_desc(tile, 128, 1024);
-    constexpr int kRowStep = Form<GATHER>::kSwizzled ? 2048 : 256;
+    const uint64_t dv = F::kSwizzled ? wgmma_desc_sw128(tile, 8192, 1024) : wgmma_desc(tile, 128, 1024);
+    constexpr int kRowStep = F::kSwizzled ? 2048 : 256;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
@@ -509,7 +529,7 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
     wgmma_wait<0>();
     reg_fence(o);
     reg_fence(p);
-    release_tile<PAIR>(&empty[b]);
+    release_tile<F::kPair>(&empty[b]);
   }
 #pragma unroll
   for (int rr = 0; rr < 2; ++rr) {
@@ -529,7 +549,7 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
 }
 
 // Warpgroup 1: O[:, 256:512] += P V with P and the rescale from consumer 0.
-template <bool PAIR, int GATHER>
+template <class F>
 __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w, unsigned char* smem, float* part) {
   const Lane ln(threadIdx.x);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
@@ -546,22 +566,22 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
   for (int j = 0; j < w.n_tiles; ++j) {
     const int b = j & 1;
     const uint32_t tile = sbase + kOffK + b * kMatBytes;
-    wait_tile<PAIR, GATHER>(full, j);
+    wait_tile<F>(full, j);
     named_sync(kBarPReady, 256);
     rescale(o, sAlpha[b * 64 + ln.row0], sAlpha[b * 64 + ln.row0 + 8]);
     // P k-steps are 2048 bytes apart; V's dims 256.. start 32 chunks of 8 dims into an interleaved
     // tile, 4 pieces into a swizzled one.
     const uint64_t dp = wgmma_desc(sbase + kOffP, 1024, 128);
-    const uint64_t dv = Form<GATHER>::kSwizzled ? wgmma_desc_sw128(tile + 4 * 8192, 8192, 1024)
+    const uint64_t dv = F::kSwizzled ? wgmma_desc_sw128(tile + 4 * 8192, 8192, 1024)
                                                 : wgmma_desc(tile + 32 * 1024, 128, 1024);
-    constexpr int kRowStep = Form<GATHER>::kSwizzled ? 2048 : 256;
+    constexpr int kRowStep = F::kSwizzled ? 2048 : 256;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) wgmma_m64n256k16_ss(o, dp + kk * (2048 >> 4), dv + kk * (kRowStep >> 4));
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(o);
-    release_tile<PAIR>(&empty[b]);
+    release_tile<F::kPair>(&empty[b]);
     if (j + 1 < w.n_tiles) named_sync(kBarPFree, 256);  // nothing to do before the next P anyway
   }
   named_sync(kBarEpi, 256);
@@ -572,6 +592,7 @@ template <bool FP8, bool PAIR, int GATHER>
 __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part,
                                                const void* rows_map) {
   extern __shared__ __align__(128) unsigned char smem[];
+  using F = Form<FP8, PAIR, GATHER>;
   Work w;
   w.t = blockIdx.y;
   w.h0 = blockIdx.x * kHeads;
@@ -583,9 +604,9 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
   w.n_tiles = w.r_end > w.r_begin ? ceil_tiles(w.r_end - w.r_begin) : 0;
   if (threadIdx.x == 0) {
     // Swizzled tiles need 1024-byte aligned atoms: the block's shared memory starts so aligned.
-    if (Form<GATHER>::kSwizzled && (smem_u32addr(smem) & 1023u) != 0) __trap();
+    if (F::kSwizzled && (smem_u32addr(smem) & 1023u) != 0) __trap();
     // full: the producer's threads (in form 2 also their copies' completions, for bf16 unpaired rows)
-    const uint32_t producers = (GATHER == 2 || GATHER == 3) && !FP8 && !PAIR ? 256 : 128;
+    const uint32_t producers = F::kFullArrivals;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kOffBar);
     mbar_init(&bars[0], producers);
     mbar_init(&bars[1], producers);
@@ -600,12 +621,12 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegsQk));
-    if constexpr (Form<GATHER>::kIdle) consume_idle<PAIR, GATHER>(w, smem);
-    else consume_qk<PAIR, GATHER>(a, w, smem, part);
+    if constexpr (F::kIdle) consume_idle<F>(w, smem);
+    else consume_qk<F>(a, w, smem, part);
   } else if (wg == 1) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsPv));
-    if constexpr (Form<GATHER>::kIdle) consume_idle<PAIR, GATHER>(w, smem);
-    else consume_pv<PAIR, GATHER>(a, w, smem, part);
+    if constexpr (F::kIdle) consume_idle<F>(w, smem);
+    else consume_pv<F>(a, w, smem, part);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsProducer));
     produce<FP8, PAIR, GATHER>(a, w, smem, threadIdx.x - 256, rows_map);
@@ -732,7 +753,8 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
     if (pairs_fit(kernel)) {
       cudaLaunchAttribute attr;
       const cudaLaunchConfig_t cfg = pair_config(grid, st, attr);
-      SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, rows_per_split, part, CUtensorMap{}));
+      const CUtensorMap map = gather == 4 && !fp8 ? rows_map_of(a.latent) : CUtensorMap{};
+      SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, rows_per_split, part, map));
       return 2;
     }
   }
