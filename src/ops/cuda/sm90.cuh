@@ -109,28 +109,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
-// Adds `bytes` to the transfers the barrier's current phase waits for (no arrival).
-__device__ __forceinline__ void mbar_expect(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_u32addr(bar)), "r"(bytes) : "memory");
-}
-// The box at (x, y) of the 2-D tensor map `map` (a __grid_constant__ parameter) into shared memory
-// at `dst` through the TMA engine, its bytes counted on `bar`. Coordinates outside the tensor read
-// as zeros (and are counted all the same).
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* map, int x, int y, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_u32addr(bar))
-      : "memory");
-}
-// The same box into both blocks of a cluster of two, at `dst` in each, counted on the barrier at
-// `bar`'s offset in each.
-__device__ __forceinline__ void tma_load_2d_pair(uint32_t dst, const void* map, int x, int y, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_u32addr(bar)), "h"(uint16_t(3))
-      : "memory");
-}
 // Arrives on `bar` once every cp.async this thread issued before has completed; the arrival is one
 // of those the barrier was initialized with (.noinc).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {

@@ -11,14 +11,14 @@
 //   consumer 1 (warpgroup 1): O[:, 256:512] += P V with P from shared memory.
 // V is the first 512 columns of the same rows: one tile serves both products.
 //
-// Pairs (128 or more heads: DeepSeek-V3.2): the two blocks of 64 heads of a token and split form a
-// thread-block cluster and gather the same rows, so each producer gathers (and for fp8 widens) only
-// half of every tile (rows 32 r .. 32 r + 31 for cluster rank r) and writes them into both blocks'
+// Pairs (fp8 rows, 128 or more heads: DeepSeek-V3.2): the two blocks of 64 heads of a token and split
+// form a thread-block cluster and gather the same rows, so each producer gathers and widens only half
+// of every tile (rows 32 r .. 32 r + 31 for cluster rank r) and writes them into both blocks'
 // buffers, into the other block's with st.async, which counts its bytes on that block's `remote`
-// mbarrier. Paired bf16 rows go through registers (cp.async cannot write the other block's shared
-// memory). A buffer is free once the consumers of both blocks are done with it (every consumer
-// thread arrives on its block's `empty`, each consumer warp once on the other block's). The gather
-// is the producer's cost, so pairs halve it.
+// mbarrier. A buffer is free once the consumers of both blocks are done with it (every consumer
+// thread arrives on its block's `empty`, each consumer warp once on the other block's). The fp8
+// gather (loads and widening) is the producer's cost, so pairs halve it; bf16 rows, gathered by
+// cp.async in whole lines, are faster unpaired (see Form).
 //
 // q and P are unswizzled ("interleaved") core matrices of 8 rows x 16 bytes: a [rows][dims] bf16
 // matrix is stored as [dims / 8][rows][8]. The K tiles are stored so too for fp8 and paired rows (a
@@ -31,8 +31,6 @@
 //
 // Built only for sm_90a (src/CMakeLists.txt); other architectures compile a stub that traps, and
 // the host side refuses to launch where this build has no sm_90a code or the device is not 9.0.
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -94,7 +92,7 @@ constexpr int kBarEpi = 4;     // denominators and maxima are in shared memory
 
 __device__ constexpr int ceil_tiles(int rows) { return (rows + kTile - 1) / kTile; }
 
-// Layouts of a K tile in shared memory (GATHER below): interleaved core matrices ([72][64 rows][16 B],
+// Layouts of a K tile in shared memory (Form below): interleaved core matrices ([72][64 rows][16 B],
 // chunk cc of row r at cc * 1024 + r * 16), or 128-byte swizzled lines (the layout TMA and FlashMLA use:
 // 9 pieces of 64 dims, [9][64 rows][128 B], chunk cc of row r in piece cc / 8 at line position
 // (cc % 8) ^ (r % 8); atoms of 8 rows x 128 B, 1024-byte aligned).
@@ -106,15 +104,15 @@ __device__ __forceinline__ int kv_off(int r, int piece, int c8) {
   else return (piece * 8 + c8) * 1024 + r * 16;
 }
 
-// Where a producer's writes go: row `row` of this block's tile, and in a pair also the other block's.
-template <bool SW>
+// Where an fp8 producer's writes go (interleaved tiles): row `row` of this block's tile, and in a
+// pair also the other block's.
 struct Dest {
   unsigned char* tile;  // this block's buffer
   uint32_t peer;        // the same buffer in the other block (shared::cluster), if paired
   uint32_t peer_bar;    // the other block's remote[b]
   int row;
   __device__ void put16(int piece, int c8, uint4 v, bool paired) const {
-    const int off = kv_off<SW>(row, piece, c8);
+    const int off = kv_off<false>(row, piece, c8);
     *reinterpret_cast<uint4*>(tile + off) = v;
     if (paired) st_async16(peer + off, v, peer_bar);
   }
@@ -173,9 +171,8 @@ __device__ __forceinline__ void load_fp8_piece(Fp8Piece& x, const uint8_t* base,
 
 // Widens a piece to bf16 into its row of a tile (and of the other block's, if paired) and copies
 // the row's rope pieces part and part + 4.
-template <bool SW>
 __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t* base, int slot, int64_t row_bytes,
-                                                const Dest<SW>& dst, int part, bool paired) {
+                                                const Dest& dst, int part, bool paired) {
   uint4 rope[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -192,33 +189,26 @@ __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t
   for (int i = 0; i < 2; ++i) dst.put16(kLora / 64, part + 4 * i, rope[i], paired);
 }
 
-// How the producer gathers (SPARSEMLA_WGMMA_GATHER, an A/B switch while the forms are compared):
-//   0: interleaved tiles; a thread takes rows w * 8 + lane % 8 (+ 32 per round) of warp w and the 16-byte
-//      pieces lane / 8 + 4 i: four lanes read 64 contiguous bytes of a row, eight lanes write one
-//      128-byte line of shared memory; the producer waits for its copies, then arrives.
-//   1: swizzled tiles; bf16 unpaired rows by lines: a group of 8 lanes copies a row's 128-byte pieces
-//      whole (lane q the 16 bytes q of each), so a warp reads 4 whole lines of 4 rows per instruction;
-//      group g takes rows g + 16 i. Paired and fp8 rows keep form 0's threads, into the swizzled tile.
-//   2: as 1, but the copies' completion arrives on the full barrier by itself
-//      (cp.async.mbarrier.arrive.noinc): the producer never waits for its own copies.
-//   3: as 2 with idle consumers (they wait and release, no products): what the gather alone takes.
-//      Wrong results; timing only.
-//   4: swizzled tiles; bf16 rows through the TMA engine: one tensor copy per 128-byte piece (a 2-D
-//      map of the cache's rows, boxes of 64 dims x 1 row, 128-byte swizzle); a missing row is a box
-//      outside the map, which reads as zeros. Unpaired: two threads per row (pieces 0-4 and 5-8).
-//      Paired: each block's producer copies its half of the rows into both blocks at once (multicast),
-//      four threads per row (pieces part + 4 k), and its rows' flags by st.async: each block's full
-//      barrier counts both halves' bytes, so the remote barrier is not used.
-template <bool FP8, bool PAIR, int GATHER>
+// How the producer gathers, and the tile layout its consumers read:
+//   fp8 rows (paired or not): interleaved tiles; a thread takes rows w * 8 + lane % 8 (+ 32 per round)
+//     of warp w and the 16-byte pieces lane / 8 + 4 i, loads them into registers, widens and stores
+//     them; eight lanes write one 128-byte line of shared memory.
+//   bf16 rows (never paired), LINES: swizzled tiles gathered by cp.async in whole lines: a group of 8
+//     lanes copies a row's 128-byte pieces whole (lane q the 16 bytes q of each), so a warp reads 4
+//     whole lines of 4 rows per instruction; group g takes rows g + 16 i. The copies' completion
+//     arrives on the full barrier by itself (cp.async.mbarrier.arrive.noinc), so the producer never
+//     waits for its own copies (H100, session 44: GLM-5 batch 128 193 -> 130 us, DeepSeek-V3.2 unpaired
+//     212 us against 272 paired; fp8 and paired rows in swizzled tiles lost 3-19%, so they keep theirs).
+//   bf16 rows, !LINES (SPARSEMLA_WGMMA_LINES=0, for A/B): as fp8 rows' threads and tiles, by cp.async,
+//     the producer waiting for its copies before it arrives.
+template <bool FP8, bool PAIR, bool LINES>
 struct Form {
+  static_assert(!LINES || (!FP8 && !PAIR), "whole-line gathers are for bf16 unpaired rows");
+  static_assert(!PAIR || FP8, "only fp8 rows are paired");
   static constexpr bool kPair = PAIR;
-  static constexpr bool kSwizzled = GATHER != 0;
-  static constexpr bool kIdle = GATHER == 3;
-  static constexpr bool kTma = GATHER == 4 && !FP8;
-  static constexpr bool kLines = kSwizzled && !FP8 && !PAIR && !kTma;  // whole lines per 8 lanes
-  static constexpr bool kAsync = (GATHER == 2 || GATHER == 3) && !FP8 && !PAIR;  // copies arrive by themselves
-  static constexpr bool kRemote = PAIR && !kTma;  // consumers also wait for the remote barrier
-  static constexpr uint32_t kFullArrivals = kAsync ? 256 : 128;
+  static constexpr bool kSwizzled = LINES;
+  static constexpr bool kAsync = LINES;            // the copies arrive on the full barrier by themselves
+  static constexpr uint32_t kFullArrivals = LINES ? 256 : 128;  // the producer's threads (+ their copies)
 };
 
 // Warpgroup 2. Rows and pieces per thread: see Form above.
@@ -226,23 +216,19 @@ struct Form {
 // tile apart (position for tile j + 3, block-table entry for tile j + 2, slot for tile j + 1, whose
 // fp8 rows are then prefetched into L2), and fp8 rows are loaded into registers before the buffer
 // they go to is free. Slots are int32 here (a layer's cache has fewer than 2^31 rows).
-template <bool FP8, bool PAIR, int GATHER>
-__device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, unsigned char* smem, int ptid,
-                                        const void* rows_map) {
-  using F = Form<FP8, PAIR, GATHER>;
-  constexpr bool kSw = F::kSwizzled, kTma = F::kTma, kLines = F::kLines, kAsync = F::kAsync;
-  constexpr int kRounds = kTma ? 1 : kLines ? 4 : PAIR ? 1 : 2;
+template <bool FP8, bool PAIR, bool LINES>
+__device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, unsigned char* smem, int ptid) {
+  constexpr bool kLines = LINES;
+  constexpr int kRounds = kLines ? 4 : PAIR ? 1 : 2;
   constexpr int kStep = kLines ? 16 : 32;  // rows between a thread's rounds
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
   uint64_t* empty = full + 2;
   uint64_t* remote = full + 4;
   uint32_t* valid = reinterpret_cast<uint32_t*>(smem + kOffValid);
   const uint32_t rank = PAIR ? cluster_rank() : 0u, peer = rank ^ 1u;
-  // part: which of the row's 16-byte pieces (form 0: part + 4 i; lines: part + 8 p); row_a: round 0's row.
-  // (TMA: unpaired, pieces 0-4 or 5-8 by part; paired, pieces part + 4 k.)
-  const int part = kTma ? (PAIR ? ptid % 4 : ptid % 2) : kLines ? ptid % 8 : (ptid % 32) / 8;
-  const int row_a = kTma ? (PAIR ? ptid / 4 + 32 * int(rank) : ptid / 2)
-                         : kLines ? ptid / 8 : (ptid / 32) * 8 + ptid % 8 + 32 * int(rank);
+  // part: which of the row's 16-byte pieces (part + 4 i; lines: part + 8 p); row_a: round 0's row.
+  const int part = kLines ? ptid % 8 : (ptid % 32) / 8;
+  const int row_a = kLines ? ptid / 8 : (ptid / 32) * 8 + ptid % 8 + 32 * int(rank);
   const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
   const int64_t row_bytes = a.latent.row_bytes;
   const int32_t* table = a.latent.block_tables + int64_t(a.seq[w.t]) * a.latent.max_blocks;
@@ -285,18 +271,9 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
     unsigned char* tile = smem + kOffK + b * kMatBytes;
     const uint32_t peer_bar = PAIR ? peer_u32addr(smem_u32addr(&remote[b]), peer) : 0u;
     auto dest = [&](int round) {
-      return Dest<kSw>{tile, PAIR ? peer_u32addr(smem_u32addr(tile), peer) : 0u, peer_bar, row_a + kStep * round};
+      return Dest{tile, PAIR ? peer_u32addr(smem_u32addr(tile), peer) : 0u, peer_bar, row_a + kStep * round};
     };
-    if constexpr (kTma && PAIR) {  // pieces part + 4 k of row row_a into both blocks
-      mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
-      const int np = part == 0 ? 3 : 2;
-      // both blocks' copies of this piece count on this barrier (the other block's thread with this
-      // ptid copies as many), and the other block's flag of its row, if it writes one
-      mbar_expect(&full[b], 2 * np * 128 + (part == 0 ? 4 : 0));
-      const uint32_t dst = smem_u32addr(tile) + row_a * 128;
-      for (int k = 0; k < np; ++k)
-        tma_load_2d_pair(dst + (part + 4 * k) * 8192, rows_map, (part + 4 * k) * 64, slot0[0], &full[b]);
-    } else if constexpr (FP8) {  // the rows into registers before the buffer is free
+    if constexpr (FP8) {  // the rows into registers before the buffer is free
       Fp8Piece x[kRounds];
 #pragma unroll
       for (int round = 0; round < kRounds; ++round) load_fp8_piece(x[round], base, slot0[round], row_bytes, part);
@@ -305,24 +282,6 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
 #pragma unroll
       for (int round = 0; round < kRounds; ++round)
         store_fp8_piece(x[round], base, slot0[round], row_bytes, dest(round), part, PAIR);
-    } else if constexpr (PAIR) {  // bf16 rows through registers, into both blocks
-      uint4 x[kChunks / 4];
-      const uint8_t* src = base + int64_t(slot0[0]) * row_bytes;
-#pragma unroll
-      for (int i = 0; i < kChunks / 4; ++i)
-        x[i] = slot0[0] >= 0 ? *reinterpret_cast<const uint4*>(src + (part + 4 * i) * 16) : make_uint4(0, 0, 0, 0);
-      mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
-      if (ptid == 0) mbar_arrive_expect(&remote[b], kPeerBytes);
-      const Dest<kSw> d = dest(0);
-#pragma unroll
-      for (int i = 0; i < kChunks / 4; ++i) d.put16(i / 2, part + 4 * (i % 2), x[i], true);
-    } else if constexpr (kTma) {  // unpaired: pieces 0-4 (part 0) or 5-8 (part 1) of row row_a
-      mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
-      const int p0 = part ? 5 : 0, np = part ? 4 : 5;
-      mbar_expect(&full[b], np * 128);
-      const uint32_t dst = smem_u32addr(tile) + row_a * 128;
-      for (int i = 0; i < np; ++i)
-        tma_load_2d(dst + (p0 + i) * 8192, rows_map, (p0 + i) * 64, slot0[0], &full[b]);
     } else {
       mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
       constexpr int kPieces = kLines ? kChunks / 8 : kChunks / 4, kPieceStep = kLines ? 8 : 4;
@@ -333,12 +292,12 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
 #pragma unroll
         for (int i = 0; i < kPieces; ++i) {
           const int c = part + kPieceStep * i;
-          unsigned char* dst = tile + (kSw ? kv_off<true>(r, c / 8, c % 8) : c * 1024 + r * 16);
+          unsigned char* dst = tile + (kLines ? kv_off<true>(r, c / 8, c % 8) : c * 1024 + r * 16);
           if (slot0[round] >= 0) cp_async16(dst, src + c * 16);
           else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
         }
       }
-      if constexpr (kAsync) cp_async_mbar_arrive_noinc(&full[b]);
+      if constexpr (kLines) cp_async_mbar_arrive_noinc(&full[b]);
       else cp_async_wait_all();
     }
     if (part == 0) {
@@ -346,9 +305,7 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
       for (int round = 0; round < kRounds; ++round) {
         uint32_t* flag = valid + b * kTile + row_a + kStep * round;
         *flag = slot0[round] >= 0;
-        if (PAIR)  // counted on the other block's remote barrier, or with TMA pairs its full barrier
-          st_async4(peer_u32addr(smem_u32addr(flag), peer), slot0[round] >= 0,
-                    kTma ? peer_u32addr(smem_u32addr(&full[b]), peer) : peer_bar);
+        if (PAIR) st_async4(peer_u32addr(smem_u32addr(flag), peer), slot0[round] >= 0, peer_bar);
       }
     }
     fence_async_smem();
@@ -376,24 +333,14 @@ __device__ __forceinline__ void release_tile(uint64_t* empty_b) {
 
 // Waits until tile j is in buffer b: full[b] (this block's producer), and in a pair remote[b] (the
 // other block's half; the barriers are full[2], empty[2], remote[2] from kOffBar).
-// Where the producer's copies arrive by themselves (form 2), the tensor cores' reads are ordered after
-// them here.
+// Where the producer's copies arrive by themselves (bf16 rows in lines), the tensor cores' reads are
+// ordered after them here.
 template <class F>
 __device__ __forceinline__ void wait_tile(uint64_t* full, int j) {
   const int b = j & 1;
   mbar_wait(&full[b], (j >> 1) & 1);
-  if constexpr (F::kRemote) mbar_wait(&full[4 + b], (j >> 1) & 1);
+  if constexpr (F::kPair) mbar_wait(&full[4 + b], (j >> 1) & 1);
   if constexpr (F::kAsync) fence_async_smem();
-}
-
-// Form 3's consumers: each tile waited for and released, no products (the gather alone, for timing).
-template <class F>
-__device__ __forceinline__ void consume_idle(const Work& w, unsigned char* smem) {
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
-  for (int j = 0; j < w.n_tiles; ++j) {
-    wait_tile<F>(full, j);
-    release_tile<F::kPair>(&full[2 + (j & 1)]);
-  }
 }
 
 // Consumer fragments (m64nN accumulators): warp w of the warpgroup holds rows 16 w + g and 16 w + g + 8
@@ -572,8 +519,8 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
     // P k-steps are 2048 bytes apart; V's dims 256.. start 32 chunks of 8 dims into an interleaved
     // tile, 4 pieces into a swizzled one.
     const uint64_t dp = wgmma_desc(sbase + kOffP, 1024, 128);
-    const uint64_t dv = F::kSwizzled ? wgmma_desc_sw128(tile + 4 * 8192, 8192, 1024)
-                                                : wgmma_desc(tile + 32 * 1024, 128, 1024);
+    const uint64_t dv =
+        F::kSwizzled ? wgmma_desc_sw128(tile + 4 * 8192, 8192, 1024) : wgmma_desc(tile + 32 * 1024, 128, 1024);
     constexpr int kRowStep = F::kSwizzled ? 2048 : 256;
     wgmma_fence();
 #pragma unroll
@@ -588,11 +535,10 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
   store_output(a, w, ln, 1, o, smem, part);
 }
 
-template <bool FP8, bool PAIR, int GATHER>
-__device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part,
-                                               const void* rows_map) {
+template <bool FP8, bool PAIR, bool LINES>
+__device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part) {
   extern __shared__ __align__(128) unsigned char smem[];
-  using F = Form<FP8, PAIR, GATHER>;
+  using F = Form<FP8, PAIR, LINES>;
   Work w;
   w.t = blockIdx.y;
   w.h0 = blockIdx.x * kHeads;
@@ -605,7 +551,7 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
   if (threadIdx.x == 0) {
     // Swizzled tiles need 1024-byte aligned atoms: the block's shared memory starts so aligned.
     if (F::kSwizzled && (smem_u32addr(smem) & 1023u) != 0) __trap();
-    // full: the producer's threads (in form 2 also their copies' completions, for bf16 unpaired rows)
+    // full: the producer's threads (and for bf16 rows in lines their copies' completions)
     const uint32_t producers = F::kFullArrivals;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kOffBar);
     mbar_init(&bars[0], producers);
@@ -621,46 +567,30 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegsQk));
-    if constexpr (F::kIdle) consume_idle<F>(w, smem);
-    else consume_qk<F>(a, w, smem, part);
+    consume_qk<F>(a, w, smem, part);
   } else if (wg == 1) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsPv));
-    if constexpr (F::kIdle) consume_idle<F>(w, smem);
-    else consume_pv<F>(a, w, smem, part);
+    consume_pv<F>(a, w, smem, part);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsProducer));
-    produce<FP8, PAIR, GATHER>(a, w, smem, threadIdx.x - 256, rows_map);
+    produce<FP8, PAIR, LINES>(a, w, smem, threadIdx.x - 256);
   }
   if (PAIR) cluster_sync();  // neither block leaves while the other may still reach its shared memory
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// rows_map: the cache's rows as a 2-D tensor map, for form 4 (unused by the others).
-template <bool FP8, bool PAIR, int GATHER>
+template <bool FP8, bool PAIR, bool LINES>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const __grid_constant__ AttentionArgs a,
-                                                                int rows_per_split, float* part,
-                                                                const __grid_constant__ CUtensorMap rows_map) {
+                                                                int rows_per_split, float* part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  mla_wgmma_body<FP8, PAIR, GATHER>(a, rows_per_split, part, &rows_map);
+  mla_wgmma_body<FP8, PAIR, LINES>(a, rows_per_split, part);
 #else
   __trap();  // no sm_90a code in this pass: the host side never launches it here
 #endif
 }
 
-using Kernel = void (*)(AttentionArgs, int, float*, CUtensorMap);
-
-// The kernel for rows of this type, paired or not, in gather form `gather` (Form).
-template <bool FP8, bool PAIR>
-Kernel kernel_for(int gather) {
-  switch (gather) {
-    case 1: return mla_wgmma_kernel<FP8, PAIR, 1>;
-    case 2: return mla_wgmma_kernel<FP8, PAIR, 2>;
-    case 3: return mla_wgmma_kernel<FP8, PAIR, 3>;
-    case 4: return mla_wgmma_kernel<FP8, PAIR, 4>;
-    default: return mla_wgmma_kernel<FP8, PAIR, 0>;
-  }
-}
+using Kernel = void (*)(AttentionArgs, int, float*);
 
 cudaLaunchConfig_t pair_config(dim3 grid, cudaStream_t s, cudaLaunchAttribute& attr) {
   attr.id = cudaLaunchAttributeClusterDimension;
@@ -675,33 +605,6 @@ cudaLaunchConfig_t pair_config(dim3 grid, cudaStream_t s, cudaLaunchAttribute& a
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   return cfg;
-}
-
-// The bf16 latent rows of a cache as a 2-D tensor map for form 4: 576 dims x 2^31 - 1 rows (the slots
-// the kernel reads come from the block tables, so the map's row count only bounds them; -1 is outside),
-// boxes of 64 dims x 1 row, 128-byte swizzle. Encoded once per cache (cuTensorMapEncodeTiled through
-// the runtime's driver entry point: no link to libcuda).
-CUtensorMap rows_map_of(const PagedRows& rows) {
-  static std::map<std::pair<const void*, int64_t>, CUtensorMap> known;
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  if (auto it = known.find({rows.data, rows.row_bytes}); it != known.end()) return it->second;
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    SPARSEMLA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-    if (!fn || q != cudaDriverEntryPointSuccess) fail("sparse_mla: the driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  CUtensorMap map{};
-  const cuuint64_t dims[2] = {cuuint64_t(kDim), cuuint64_t(INT32_MAX)};
-  const cuuint64_t strides[1] = {cuuint64_t(rows.row_bytes)};
-  const cuuint32_t box[2] = {64, 1}, elem_strides[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, rows.data, dims, strides, box, elem_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) fail("sparse_mla: cuTensorMapEncodeTiled refused the latent rows' map (error {})", int(r));
-  return known[{rows.data, rows.row_bytes}] = map;
 }
 
 // Whether the device can run pairs of these blocks at all (two SMs of one cluster, each holding
@@ -737,32 +640,30 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
     fail("sparse_mla: latent rows of {} bytes, the wgmma kernel expects {}", a.latent.row_bytes,
          latent_row_bytes(a.dtype, kLora, kRope));
   const dim3 grid(unsigned(ceil_div(a.heads, kHeads)), unsigned(a.T), unsigned(splits));
-  // The gather form (Form): 2 for bf16 unpaired rows, 0 for fp8 or paired rows (H100, session 44:
-  // GLM-5 bf16 batch 128 193 -> 130 us; fp8 and paired rows lost 3-19% in swizzled tiles);
-  // SPARSEMLA_WGMMA_GATHER forces one form on every path (A/B).
-  static const int forced = int(env_int("SPARSEMLA_WGMMA_GATHER", -1));
   const bool fp8 = a.dtype == KvDtype::FP8;
   const auto st = static_cast<cudaStream_t>(s);
-  // Pairs where there are two blocks of heads per token and each block has two tiles or more (with
-  // one, the cluster's launch and barriers cost more than the halved gather saves: H200, DeepSeek-V3.2
-  // fp8 batch 1, 23.0 us paired against 21.4).
-  if (pairs && grid.x % 2 == 0 && rows_per_split >= 2 * kTile) {
-    const int gather = forced >= 0 ? forced : 0;
-    const Kernel kernel = fp8 ? kernel_for<true, true>(gather) : kernel_for<false, true>(gather);
+  // Pairs for fp8 rows, where there are two blocks of heads per token and each block has two tiles or
+  // more (with one, the cluster's launch and barriers cost more than the halved gather saves: H200,
+  // DeepSeek-V3.2 fp8 batch 1, 23.0 us paired against 21.4). bf16 rows gather faster unpaired in
+  // whole lines (H100, session 44, DeepSeek-V3.2 batch 128: 212 us against 272 paired).
+  if (pairs && fp8 && grid.x % 2 == 0 && rows_per_split >= 2 * kTile) {
+    const Kernel kernel = mla_wgmma_kernel<true, true, false>;
     allow_smem(kernel, kSmemBytes);
     if (pairs_fit(kernel)) {
       cudaLaunchAttribute attr;
       const cudaLaunchConfig_t cfg = pair_config(grid, st, attr);
-      const CUtensorMap map = gather == 4 && !fp8 ? rows_map_of(a.latent) : CUtensorMap{};
-      SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, rows_per_split, part, map));
+      SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, rows_per_split, part));
       return 2;
     }
   }
-  const int gather = forced >= 0 ? forced : fp8 ? 0 : 2;
-  const Kernel kernel = fp8 ? kernel_for<true, false>(gather) : kernel_for<false, false>(gather);
+  // bf16 rows in whole lines into swizzled tiles (Form); SPARSEMLA_WGMMA_LINES=0 for the interleaved
+  // tiles of before (A/B).
+  static const bool lines_off = env_off("SPARSEMLA_WGMMA_LINES");
+  const Kernel kernel = fp8         ? mla_wgmma_kernel<true, false, false>
+                        : lines_off ? mla_wgmma_kernel<false, false, false>
+                                    : mla_wgmma_kernel<false, false, true>;
   allow_smem(kernel, kSmemBytes);
-  const CUtensorMap map = gather == 4 && !fp8 ? rows_map_of(a.latent) : CUtensorMap{};
-  kernel<<<grid, kThreads, kSmemBytes, st>>>(a, rows_per_split, part, map);
+  kernel<<<grid, kThreads, kSmemBytes, st>>>(a, rows_per_split, part);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
   return 1;
 }
