@@ -42,14 +42,61 @@
 #             covers the host's enqueue at 20 ms (the default) and at 200 ms; if the section shrinks
 #             with the longer hold, the host fell behind the device there (a host-side cost in that
 #             part of the enqueue), else the device runs something there.
-# What to do with the figures: docs/PERFORMANCE.md "Session 35" and "Session 36" (the H100 tables to compare with).
+#  wgmma      session 44's Hopper kernel (bf16 rows in whole lines, swizzled tiles, unpaired): its
+#             final binary's tests (run 70 ran the same paths from the commit before the template
+#             reorganization), memcheck and racecheck; the attention table on this device for both
+#             caches with the lines on and off (SPARSEMLA_WGMMA_LINES); the small-batch crossover
+#             against the mma kernel (SPARSEMLA_WGMMA_MIN_BATCH=1 against the default 8, bf16, batches
+#             1-8: where the Hopper kernel now wins, lower the bound in plan_mma); prefill at 4K / 16K
+#             with the lines on and off.
+# What to do with the figures: docs/PERFORMANCE.md "Session 35" and "Session 36" (the H100 tables to
+# compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-prefill attention tests sanitizer model ncu profile}
+PHASES=${PHASES:-wgmma prefill attention tests sanitizer model ncu profile}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 step() { awk -F'|' '{print $1 "|" $4 "|" $5 "|" $6 "|" $7}'; }
+
+if has wgmma; then
+  W='CudaAttention.SparseMla*:CudaAttention.FrontSelections*:*GpuModelFixture.LogitsMatch*:*GpuModelFixture.Greedy*'
+  timeout 240 "$BIN/sparsemla_tests" --gtest_filter="$W" >"$OUT/wgmma_tests.log" 2>&1
+  echo "wgmma tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/wgmma_tests.log" | tail -8
+  if [ -x "$SAN" ]; then
+    SPARSEMLA_GPU_TEST_SMALL=1 timeout 120 "$SAN" --tool memcheck --report-api-errors no --error-exitcode 9 \
+      "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMlaWgmma*' >"$OUT/wgmma_memcheck.log" 2>&1
+    echo "wgmma memcheck: exit $?"
+    SPARSEMLA_GPU_TEST_SMALL=1 timeout 120 "$SAN" --tool racecheck --error-exitcode 9 "$BIN/sparsemla_tests" \
+      --gtest_filter='CudaAttention.SparseMlaWgmma*' >"$OUT/wgmma_racecheck.log" 2>&1
+    echo "wgmma racecheck: exit $?"
+    grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/wgmma_memcheck.log" "$OUT/wgmma_racecheck.log"
+  fi
+  for lines in 1 0; do
+    echo "== attention, SPARSEMLA_WGMMA_LINES=$lines" | tee -a "$OUT/wgmma_attention.log"
+    SPARSEMLA_WGMMA_LINES=$lines timeout 120 "$BIN/sparsemla" bench attention --kernel wgmma --shapes glm5 dsv32 \
+      --kv bf16 fp8 --batch 8 32 64 128 --context 4096 32768 131072 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" \
+      | tee -a "$OUT/wgmma_attention.log"
+  done
+  for minb in 8 1; do
+    echo "== attention, SPARSEMLA_WGMMA_MIN_BATCH=$minb" | tee -a "$OUT/wgmma_crossover.log"
+    SPARSEMLA_WGMMA_MIN_BATCH=$minb timeout 60 "$BIN/sparsemla" bench attention --kernel wgmma --shapes glm5 dsv32 \
+      --kv bf16 --batch 1 2 4 8 --context 4096 131072 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" \
+      | tee -a "$OUT/wgmma_crossover.log"
+  done
+  timeout 60 "$BIN/sparsemla" make-model --preset glm5-width --layers 3 --type q4_k_m --zeros -o /tmp/g3w.gguf \
+    >/dev/null 2>&1 || echo "make-model q4_k_m 3 layers failed"
+  for round in 1 2; do
+    for lines in 1 0; do
+      for P in 4096 16384; do
+        line=$(SPARSEMLA_WGMMA_LINES=$lines timeout 60 "$BIN/sparsemla" bench -m /tmp/g3w.gguf --device cuda \
+          --prompt $P --gen 2 2>&1 | grep -E "^prefill|rror")
+        echo "lines $lines, prompt $P, round $round: $line" | tee -a "$OUT/wgmma_prefill.log"
+      done
+    done
+  done
+  rm -f /tmp/g3w.gguf
+fi
 
 if has prefill; then
   F='*CudaMatmul.CublasPrefill*:*CudaMatmul.DequantizeBf16*:*CudaMatmul.MatchesCpu*:CudaMatmulApi.*:*GpuModelFixture.LongPrompt*:*GpuModelFixture.Logits*:*Absorption*'
