@@ -48,7 +48,9 @@
 #             caches with the lines on and off (SPARSEMLA_WGMMA_LINES); the small-batch crossover
 #             against the mma kernel (SPARSEMLA_WGMMA_MIN_BATCH=1 against the default 8, bf16, batches
 #             1-8: where the Hopper kernel now wins, lower the bound in plan_mma); prefill at 4K / 16K
-#             with the lines on and off.
+#             with the lines on and off; bf16 pairs in lines (SPARSEMLA_WGMMA_BF16_PAIRS=1, written
+#             after the device time was spent, never run): their tests, racecheck, and DeepSeek-V3.2
+#             bf16 against unpaired (run 70: 211 us at batch 128); make them the default if they win.
 # What to do with the figures: docs/PERFORMANCE.md "Session 35" and "Session 36" (the H100 tables to
 # compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
@@ -72,6 +74,17 @@ if has wgmma; then
     echo "wgmma racecheck: exit $?"
     grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/wgmma_memcheck.log" "$OUT/wgmma_racecheck.log"
   fi
+  SPARSEMLA_WGMMA_BF16_PAIRS=1 timeout 120 "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMlaWgmma*:CudaAttention.FrontSelections*' \
+    >"$OUT/wgmma_bf16_pairs_tests.log" 2>&1
+  echo "bf16 pairs tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/wgmma_bf16_pairs_tests.log" | tail -6
+  [ -x "$SAN" ] && SPARSEMLA_WGMMA_BF16_PAIRS=1 SPARSEMLA_GPU_TEST_SMALL=1 timeout 120 "$SAN" --tool racecheck \
+    --error-exitcode 9 "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMlaWgmmaPairs*' \
+    >"$OUT/wgmma_bf16_pairs_racecheck.log" 2>&1 && grep -hE "RACECHECK SUMMARY" "$OUT/wgmma_bf16_pairs_racecheck.log"
+  for bp in 0 1; do
+    echo "== attention, SPARSEMLA_WGMMA_BF16_PAIRS=$bp" | tee -a "$OUT/wgmma_bf16_pairs.log"
+    SPARSEMLA_WGMMA_BF16_PAIRS=$bp timeout 60 "$BIN/sparsemla" bench attention --kernel wgmma --shapes dsv32 \
+      --kv bf16 --batch 8 32 128 --context 4096 32768 --reps 3 2>&1 | grep -E "^dsv32|rror" | tee -a "$OUT/wgmma_bf16_pairs.log"
+  done
   for lines in 1 0; do
     echo "== attention, SPARSEMLA_WGMMA_LINES=$lines" | tee -a "$OUT/wgmma_attention.log"
     SPARSEMLA_WGMMA_LINES=$lines timeout 120 "$BIN/sparsemla" bench attention --kernel wgmma --shapes glm5 dsv32 \

@@ -249,7 +249,10 @@ Communicator* ShardedGpuModel::communicator(int r) {
 std::string ShardedGpuModel::memory_report() const {
   std::string s = plan_.summary();
   s += fmt::format("\ncollectives: {}", group_->transport == TpTransport::Nccl ? "NCCL" : "host-staged (in-process group)");
-  for (const auto& r : ranks_) s += "\n" + r->gpu->memory_report();
+  for (const auto& r : ranks_) {
+    s += '\n';
+    s += r->gpu->memory_report();
+  }
   return s;
 }
 

@@ -256,6 +256,10 @@ struct AttentionWorkspace {
     int heads_per_block = 0, stages = 0, splits = 0;
   } last;
 };
+// Whether the Hopper kernel pairs the blocks of bf16 rows too (SPARSEMLA_WGMMA_BF16_PAIRS=1; off by
+// default: each block of the pair gathers its half in whole lines and forwards it, not yet measured).
+bool wgmma_pairs_bf16();
+
 // The mma kernel's launch shape; 0 chooses from the device's SM count and the work.
 //   splits: blocks sharing one token's rows (split-KV, merged by a second kernel); 1: no split.
 //   heads_per_block: 16, 32 or 64.
