@@ -35,6 +35,7 @@ struct BenchAttentionArgs {
   int splits = 0;           // attention split-KV; 0: the kernel's own choice
   int heads_per_block = 0;  // attention heads per block (16, 32, 64); 0: the kernel's own choice
   int rotate = 0;           // sets of sequences the timed calls cycle through; 0: 8 / batch (at least 1)
+  bool one_sequence = false;  // a call's tokens are one sequence's, as a prefill's (their rows shared in L2)
   int smem_limit = 0;       // attention: shared memory per block to fit into (0: the device's)
   int smem_per_sm = 0;      // attention: shared memory per SM to emulate (blocks per SM; 0: the device's)
   int reps = 5;
@@ -233,7 +234,8 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           std::vector<cuda::DeviceBuffer> d_seqs;
           for (int set = 0; set < sets; ++set) {
             std::vector<int32_t> seq(static_cast<size_t>(B));
-            std::iota(seq.begin(), seq.end(), set * B);
+            if (a.one_sequence) std::fill(seq.begin(), seq.end(), set);
+            else std::iota(seq.begin(), seq.end(), set * B);
             d_seqs.push_back(cuda::to_device(seq));
           }
           int call = 0;
@@ -329,7 +331,8 @@ int run_bench_attention(const BenchAttentionArgs& a) {
     return 0;
   }
   std::printf("times: per call, replayed from a CUDA graph (no launch overhead), consecutive calls on different "
-              "sequences (%s). ", a.rotate > 0 ? "--rotate sets" : "8 / batch sets");
+              "sequences (%s%s). ", a.rotate > 0 ? "--rotate sets" : "8 / batch sets",
+              a.one_sequence ? "; a call's tokens all on one sequence, as a prefill's" : "");
   std::printf("indexer GB/s: index-key bytes read; top-k: over the indexer's scores, rows of context + %d as the "
               "model's; tied: over all-equal scores; idx+top-k: the indexer and the top-k timed together, as the model "
               "runs them (the top-k starts while the indexer drains); attention GB/s: selected latent rows gathered; "
@@ -372,6 +375,9 @@ Runner add_bench_attention(CLI::App& bench) {
                   "one 99 KB block per SM; 167936: A100)")
       ->check(CLI::Range(0, 1 << 30));
   cmd->add_option("--rotate", a->rotate, "sets of sequences the timed calls cycle through (0: 8 / batch, at least 1)");
+  cmd->add_flag("--one-sequence", a->one_sequence,
+               "a call's tokens all attend to one sequence's cache (as a prefill's tokens do: their selected rows "
+               "overlap and come mostly from L2) instead of one sequence each");
   cmd->add_option("--reps", a->reps, "timed repetitions (best is reported)");
   cmd->add_option("--topk-path", a->topk_path,
                   "the top-k's path: auto (the engine's choice), block (one block per row, its keys in registers: "

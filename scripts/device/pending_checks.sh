@@ -50,7 +50,10 @@
 #             1-8: where the Hopper kernel now wins, lower the bound in plan_mma); prefill at 4K / 16K
 #             with the lines on and off; bf16 pairs in lines (SPARSEMLA_WGMMA_BF16_PAIRS=1, written
 #             after the device time was spent, never run): their tests, racecheck, and DeepSeek-V3.2
-#             bf16 against unpaired (run 70: 211 us at batch 128); make them the default if they win.
+#             bf16 against unpaired (run 70: 211 us at batch 128); make them the default if they win;
+#             and the same as a prefill's attention (`bench attention --one-sequence`): the old tiles
+#             (unpaired; the old default, bf16 pairs through registers, is only in a70283c's build or the
+#             patch wgmma_gather_forms.patch), unpaired lines, pairs in lines.
 # What to do with the figures: docs/PERFORMANCE.md "Session 35" and "Session 36" (the H100 tables to
 # compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
@@ -84,6 +87,13 @@ if has wgmma; then
     echo "== attention, SPARSEMLA_WGMMA_BF16_PAIRS=$bp" | tee -a "$OUT/wgmma_bf16_pairs.log"
     SPARSEMLA_WGMMA_BF16_PAIRS=$bp timeout 60 "$BIN/sparsemla" bench attention --kernel wgmma --shapes dsv32 \
       --kv bf16 --batch 8 32 128 --context 4096 32768 --reps 3 2>&1 | grep -E "^dsv32|rror" | tee -a "$OUT/wgmma_bf16_pairs.log"
+  done
+  # As a prefill's attention (a call's 128 tokens on one sequence: rows shared in L2): DeepSeek-V3.2
+  # bf16 went from pairs to unpaired lines in session 44 without a prefill of its shape measured.
+  for v in SPARSEMLA_WGMMA_LINES=0 SPARSEMLA_WGMMA_BF16_PAIRS=0 SPARSEMLA_WGMMA_BF16_PAIRS=1; do
+    echo "== one sequence, $v" | tee -a "$OUT/wgmma_one_sequence.log"
+    env $v timeout 60 "$BIN/sparsemla" bench attention --kernel wgmma --shapes glm5 dsv32 --kv bf16 --batch 128 \
+      --context 4096 16384 --one-sequence --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" | tee -a "$OUT/wgmma_one_sequence.log"
   done
   for lines in 1 0; do
     echo "== attention, SPARSEMLA_WGMMA_LINES=$lines" | tee -a "$OUT/wgmma_attention.log"
