@@ -650,8 +650,8 @@ bool pairs_fit(Kernel kernel) {
 
 }  // namespace
 
-bool wgmma_pairs_bf16() {
-  static const bool on = env_switch("SPARSEMLA_WGMMA_BF16_PAIRS") == 1;
+bool wgmma_pairs_bf16() {  // (bf16 rows pair only in lines)
+  static const bool on = env_switch("SPARSEMLA_WGMMA_BF16_PAIRS") == 1 && !env_off("SPARSEMLA_WGMMA_LINES");
   return on;
 }
 
@@ -677,8 +677,7 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   // DeepSeek-V3.2 fp8 batch 1, 23.0 us paired against 21.4). bf16 rows gather faster unpaired in
   // whole lines than paired through registers (H100, session 44, DeepSeek-V3.2 batch 128: 212 us
   // against 272); their pairs in lines (forwarded halves) are off until measured.
-  static const bool lines_off = env_off("SPARSEMLA_WGMMA_LINES");
-  if (pairs && (fp8 || (wgmma_pairs_bf16() && !lines_off)) && grid.x % 2 == 0 && rows_per_split >= 2 * kTile) {
+  if (pairs && (fp8 || wgmma_pairs_bf16()) && grid.x % 2 == 0 && rows_per_split >= 2 * kTile) {
     const Kernel kernel = fp8 ? mla_wgmma_kernel<true, true, false> : mla_wgmma_kernel<false, true, true>;
     allow_smem(kernel, kSmemBytes);
     if (pairs_fit(kernel)) {
@@ -690,6 +689,7 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   }
   // bf16 rows in whole lines into swizzled tiles (Form); SPARSEMLA_WGMMA_LINES=0 for the interleaved
   // tiles of before (A/B).
+  static const bool lines_off = env_off("SPARSEMLA_WGMMA_LINES");
   const Kernel kernel = fp8         ? mla_wgmma_kernel<true, false, false>
                         : lines_off ? mla_wgmma_kernel<false, false, false>
                                     : mla_wgmma_kernel<false, false, true>;
