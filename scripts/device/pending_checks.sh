@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# On the GPU machine: re-checks of sessions 34-38's GPU code, in one run of ~13 minutes of device
-# time. Every phase has run: session 37 ran all but prefill and ncu on an H200 on 186f2c6, session
-# 38 the prefill phase on an H100 (PERFORMANCE.md, "Session 37" and "Session 38": all passed, the
-# figures recorded). Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla, sparsemla_tests
+# On the GPU machine: re-checks of sessions 34-38's and 44's GPU code, in one run of ~18 minutes of
+# device time. The wgmma phase (session 44) has not run yet; every other phase has: session 37 ran all
+# but prefill and ncu on an H200 on 186f2c6, session 38 the prefill phase on an H100 (PERFORMANCE.md,
+# "Session 37" and "Session 38": all passed, the figures recorded). `PHASES=wgmma` alone: ~5 minutes. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla, sparsemla_tests
 # and bench_cuda_matmul with scripts/device/pack.sh from a build configured with
 # -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
 # (default all: "prefill attention tests sanitizer model ncu profile"); ROUNDS the attention phase's

@@ -97,12 +97,10 @@ __device__ constexpr int ceil_tiles(int rows) { return (rows + kTile - 1) / kTil
 // chunk cc of row r at cc * 1024 + r * 16), or 128-byte swizzled lines (the layout TMA and FlashMLA use:
 // 9 pieces of 64 dims, [9][64 rows][128 B], chunk cc of row r in piece cc / 8 at line position
 // (cc % 8) ^ (r % 8); atoms of 8 rows x 128 B, 1024-byte aligned).
-// `piece` is cc / 8 and c8 is cc % 8 (a thread's c8 is mostly fixed, so its few line positions are
-// computed once).
 template <bool SW>
-__device__ __forceinline__ int kv_off(int r, int piece, int c8) {
-  if constexpr (SW) return piece * 8192 + r * 128 + ((c8 ^ (r % 8)) * 16);
-  else return (piece * 8 + c8) * 1024 + r * 16;
+__device__ __forceinline__ int kv_off(int r, int cc) {
+  if constexpr (SW) return (cc / 8) * 8192 + r * 128 + (((cc % 8) ^ (r % 8)) * 16);
+  else return cc * 1024 + r * 16;
 }
 
 // Where an fp8 producer's writes go (interleaved tiles): row `row` of this block's tile, and in a
@@ -112,8 +110,8 @@ struct Dest {
   uint32_t peer;        // the same buffer in the other block (shared::cluster), if paired
   uint32_t peer_bar;    // the other block's remote[b]
   int row;
-  __device__ void put16(int piece, int c8, uint4 v, bool paired) const {
-    const int off = kv_off<false>(row, piece, c8);
+  __device__ void put16(int cc, uint4 v, bool paired) const {
+    const int off = kv_off<false>(row, cc);
     *reinterpret_cast<uint4*>(tile + off) = v;
     if (paired) st_async16(peer + off, v, peer_bar);
   }
@@ -182,12 +180,12 @@ __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t
   const float scales[4] = {x.scale.x, x.scale.y, x.scale.z, x.scale.w};
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    // chunks 2 p and 2 p + 1 of p = part + 4 i: piece i, positions 2 part and 2 part + 1 (part < 4)
-    dst.put16(i, 2 * part, widen_fp8x8(make_uint2(x.v[i].x, x.v[i].y), scales[i / 2]), paired);
-    dst.put16(i, 2 * part + 1, widen_fp8x8(make_uint2(x.v[i].z, x.v[i].w), scales[i / 2]), paired);
+    const int p = part + 4 * i;
+    dst.put16(2 * p, widen_fp8x8(make_uint2(x.v[i].x, x.v[i].y), scales[i / 2]), paired);
+    dst.put16(2 * p + 1, widen_fp8x8(make_uint2(x.v[i].z, x.v[i].w), scales[i / 2]), paired);
   }
 #pragma unroll
-  for (int i = 0; i < 2; ++i) dst.put16(kLora / 64, part + 4 * i, rope[i], paired);
+  for (int i = 0; i < 2; ++i) dst.put16(kLora / 8 + part + 4 * i, rope[i], paired);
 }
 
 // How the producer gathers, and the tile layout its consumers read:
@@ -214,6 +212,7 @@ struct Form {
   static constexpr bool kSwizzled = LINES;
   static constexpr bool kAsync = LINES;            // the copies arrive on the full barrier by themselves
   static constexpr uint32_t kFullArrivals = LINES ? 256 : 128;  // the producer's threads (+ their copies)
+  static constexpr int kVStep = LINES ? 2048 : 256;  // bytes between P V's k-steps of 16 rows in a tile
 };
 
 // bf16 pairs: this block's half of tile j (rows 32 rank ..) into the other block's buffer, once the
@@ -227,7 +226,8 @@ __device__ __forceinline__ void forward_half(unsigned char* smem, int j, uint32_
   const uint32_t peer = rank ^ 1u;
   const uint32_t peer_bar = peer_u32addr(smem_u32addr(&full[4 + b]), peer);
   const uint32_t half = smem_u32addr(smem + kOffK + b * kMatBytes) + rank * 32 * 128;
-  for (int p = 0; p < kChunks / 8; ++p) bulk_copy_to_peer(peer_u32addr(half + p * 8192, peer), half + p * 8192, 32 * 128, peer_bar);
+  for (int p = 0; p < kChunks / 8; ++p)
+    bulk_copy_to_peer(peer_u32addr(half + p * 8192, peer), half + p * 8192, 32 * 128, peer_bar);
   const uint32_t flags = smem_u32addr(smem + kOffValid) + (b * kTile + 32 * rank) * 4;
   bulk_copy_to_peer(peer_u32addr(flags, peer), flags, 32 * 4, peer_bar);
 }
@@ -315,7 +315,7 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
 #pragma unroll
         for (int i = 0; i < kPieces; ++i) {
           const int c = part + kPieceStep * i;
-          unsigned char* dst = tile + (kLines ? kv_off<true>(r, c / 8, c % 8) : c * 1024 + r * 16);
+          unsigned char* dst = tile + kv_off<kLines>(r, c);
           if (slot0[round] >= 0) cp_async16(dst, src + c * 16);
           else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
         }
@@ -490,12 +490,11 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
     // O[:, 0:256] += P V: k-step kk takes rows 16 kk .. 16 kk + 15 (256 bytes into an interleaved
     // tile, 2048 into a swizzled one, whose pieces of 64 dims are 8192 bytes apart).
     const uint64_t dv = F::kSwizzled ? wgmma_desc_sw128(tile, 8192, 1024) : wgmma_desc(tile, 128, 1024);
-    constexpr int kRowStep = F::kSwizzled ? 2048 : 256;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
       const uint32_t frag[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-      wgmma_m64n256k16_rs(o, frag, dv + kk * (kRowStep >> 4));
+      wgmma_m64n256k16_rs(o, frag, dv + kk * (F::kVStep >> 4));
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -546,10 +545,9 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
     const uint64_t dp = wgmma_desc(sbase + kOffP, 1024, 128);
     const uint64_t dv =
         F::kSwizzled ? wgmma_desc_sw128(tile + 4 * 8192, 8192, 1024) : wgmma_desc(tile + 32 * 1024, 128, 1024);
-    constexpr int kRowStep = F::kSwizzled ? 2048 : 256;
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) wgmma_m64n256k16_ss(o, dp + kk * (2048 >> 4), dv + kk * (kRowStep >> 4));
+    for (int kk = 0; kk < kTile / 16; ++kk) wgmma_m64n256k16_ss(o, dp + kk * (2048 >> 4), dv + kk * (F::kVStep >> 4));
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(o);
