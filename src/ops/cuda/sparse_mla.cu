@@ -66,14 +66,15 @@ MmaPlan plan_mma(const AttentionArgs& a, AttentionKernel k, const AttentionWorks
                  int heads_per_block) {
   const bool fp8 = a.dtype == KvDtype::FP8;
   if (a.dtype == KvDtype::F32) fail("sparse_mla: the mma kernel takes bf16 or fp8 latent rows, not f32");
-  // The Hopper kernel loses to the generic one on a few tokens over a bf16 cache (H200, batch 1:
-  // 21.1 vs 14.0 us GLM-5, 22.4 vs 20.2 DeepSeek-V3.2; even with fp8): the selector cannot see the
-  // batch, so the launch decides. Forced split counts (tests) keep the kernel asked for. The bound,
-  // 8 tokens, predates the Hopper kernel's whole-line bf16 gather (session 44), which may move it:
-  // SPARSEMLA_WGMMA_MIN_BATCH sets it (1: the Hopper kernel at every batch), for measuring that.
+  // The Hopper kernel loses to the generic one on a few tokens over a bf16 cache: the selector cannot
+  // see the batch, so the launch decides. Below 8 tokens and 512 (token, head) rows, i.e. GLM-5's 64
+  // heads below 8 tokens, DeepSeek-V3.2's 128 below 4 (H100, session 45, attention us at 4K, mma /
+  // wgmma: GLM-5 batch 1 12.0 / 20.8, 4 25.3 / 31.7; DeepSeek-V3.2 batch 2 25.4 / 30.7, 4 39.0 / 36.4).
+  // Forced split counts (tests) keep the kernel asked for. SPARSEMLA_WGMMA_MIN_BATCH moves the token
+  // bound (1: the Hopper kernel at every batch), for measuring.
   static const int64_t wgmma_min_batch = env_int("SPARSEMLA_WGMMA_MIN_BATCH", 8);
-  if (k == AttentionKernel::Wgmma && a.dtype == KvDtype::BF16 && a.T < wgmma_min_batch && splits <= 0 &&
-      heads_per_block == 0)
+  if (k == AttentionKernel::Wgmma && a.dtype == KvDtype::BF16 && a.T < wgmma_min_batch && a.T * a.heads < 512 &&
+      splits <= 0 && heads_per_block == 0)
     k = AttentionKernel::Mma;
   if ((a.kv_lora + a.rope) % 8 != 0 || a.kv_lora % 8 != 0 || a.rope % 2 != 0)
     fail("sparse_mla: the mma kernel needs kv_lora and kv_lora + rope multiples of 8 (got {} + {})", a.kv_lora, a.rope);
