@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine: re-checks of sessions 34-38's and 44's GPU code, in one run of ~18 minutes of
-# device time. The wgmma phase (session 44) has not run yet; every other phase has: session 37 ran all
-# but prefill and ncu on an H200 on 186f2c6, session 38 the prefill phase on an H100 (PERFORMANCE.md,
-# "Session 37" and "Session 38": all passed, the figures recorded). `PHASES=wgmma` alone: ~5 minutes. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla, sparsemla_tests
+# device time. Every phase has run: session 37 all but prefill and ncu on an H200 on 186f2c6, session
+# 38 the prefill phase on an H100, session 45 the wgmma phase on an H100 on 118c578 (PERFORMANCE.md,
+# "Session 37", "Session 38", "Session 45": all passed, the figures recorded). `PHASES=wgmma` alone:
+# ~4 minutes. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla, sparsemla_tests
 # and bench_cuda_matmul with scripts/device/pack.sh from a build configured with
 # -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
 # (default all: "prefill attention tests sanitizer model ncu profile"); ROUNDS the attention phase's
@@ -48,12 +49,10 @@
 #             caches with the lines on and off (SPARSEMLA_WGMMA_LINES); the small-batch crossover
 #             against the mma kernel (SPARSEMLA_WGMMA_MIN_BATCH=1 against the default 8, bf16, batches
 #             1-8: where the Hopper kernel now wins, lower the bound in plan_mma); prefill at 4K / 16K
-#             with the lines on and off; bf16 pairs in lines (SPARSEMLA_WGMMA_BF16_PAIRS=1, written
-#             after the device time was spent, never run): their tests, racecheck, and DeepSeek-V3.2
-#             bf16 against unpaired (run 70: 211 us at batch 128); make them the default if they win;
-#             and the same as a prefill's attention (`bench attention --one-sequence`): the old tiles
-#             (unpaired; the old default, bf16 pairs through registers, is only in a70283c's build or the
-#             patch wgmma_gather_forms.patch), unpaired lines, pairs in lines.
+#             with the lines on and off; and the same as a prefill's attention (`bench attention
+#             --one-sequence`): the old tiles (unpaired; the old default, bf16 pairs through registers,
+#             is only in a70283c's build or the patch wgmma_gather_forms.patch) and unpaired lines.
+#             (Session 45 also ran bf16 pairs in lines here; not kept: wgmma_bf16_pairs.patch.)
 # What to do with the figures: docs/PERFORMANCE.md "Session 35" and "Session 36" (the H100 tables to
 # compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
@@ -77,20 +76,8 @@ if has wgmma; then
     echo "wgmma racecheck: exit $?"
     grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/wgmma_memcheck.log" "$OUT/wgmma_racecheck.log"
   fi
-  SPARSEMLA_WGMMA_BF16_PAIRS=1 timeout 120 "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMlaWgmma*:CudaAttention.FrontSelections*' \
-    >"$OUT/wgmma_bf16_pairs_tests.log" 2>&1
-  echo "bf16 pairs tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/wgmma_bf16_pairs_tests.log" | tail -6
-  [ -x "$SAN" ] && SPARSEMLA_WGMMA_BF16_PAIRS=1 SPARSEMLA_GPU_TEST_SMALL=1 timeout 120 "$SAN" --tool racecheck \
-    --error-exitcode 9 "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMlaWgmmaPairs*' \
-    >"$OUT/wgmma_bf16_pairs_racecheck.log" 2>&1 && grep -hE "RACECHECK SUMMARY" "$OUT/wgmma_bf16_pairs_racecheck.log"
-  for bp in 0 1; do
-    echo "== attention, SPARSEMLA_WGMMA_BF16_PAIRS=$bp" | tee -a "$OUT/wgmma_bf16_pairs.log"
-    SPARSEMLA_WGMMA_BF16_PAIRS=$bp timeout 60 "$BIN/sparsemla" bench attention --kernel wgmma --shapes dsv32 \
-      --kv bf16 --batch 8 32 128 --context 4096 32768 --reps 3 2>&1 | grep -E "^dsv32|rror" | tee -a "$OUT/wgmma_bf16_pairs.log"
-  done
-  # As a prefill's attention (a call's 128 tokens on one sequence: rows shared in L2): DeepSeek-V3.2
-  # bf16 went from pairs to unpaired lines in session 44 without a prefill of its shape measured.
-  for v in SPARSEMLA_WGMMA_LINES=0 SPARSEMLA_WGMMA_BF16_PAIRS=0 SPARSEMLA_WGMMA_BF16_PAIRS=1; do
+  # As a prefill's attention (a call's 128 tokens on one sequence: rows shared in L2).
+  for v in SPARSEMLA_WGMMA_LINES=0 SPARSEMLA_WGMMA_LINES=1; do
     echo "== one sequence, $v" | tee -a "$OUT/wgmma_one_sequence.log"
     env $v timeout 60 "$BIN/sparsemla" bench attention --kernel wgmma --shapes glm5 dsv32 --kv bf16 --batch 128 \
       --context 4096 16384 --one-sequence --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" | tee -a "$OUT/wgmma_one_sequence.log"

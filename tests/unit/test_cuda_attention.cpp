@@ -1227,8 +1227,7 @@ TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
 // block of a cluster gathers half of every tile for both): paired and unpaired launches of the same
 // cases, each checked against the CPU, and the cluster size asserted (96 heads: a pair whose second
 // block holds 32); an odd block count (192 heads) and one tile per split (batch 1) never pair, nor do
-// bf16 rows (faster gathered unpaired, in whole lines) unless SPARSEMLA_WGMMA_BF16_PAIRS=1 asks for
-// their pairs in lines (each block forwards its half to the other).
+// bf16 rows (faster gathered unpaired, in whole lines: sessions 44-45).
 TEST(CudaAttention, SparseMlaWgmmaPairsMatchTheCpuReference) {
   SPARSEMLA_REQUIRE_SM90A();
   std::mt19937 rng(17);
@@ -1237,7 +1236,7 @@ TEST(CudaAttention, SparseMlaWgmmaPairsMatchTheCpuReference) {
     MlaCase c;
     KvDtype dtype;
     int splits;
-    int cluster;  // expected with pairs allowed (bf16 rows: with their pairs asked for)
+    int cluster;  // expected with pairs allowed (bf16 rows never pair)
   };
   std::vector<PairCase> cases = {
       {{128, 512, 64, {2500, 300, 2048}, 2048, 3, 16}, KvDtype::FP8, 1, 2},  // unsplit, short context, -1 padding
@@ -1258,7 +1257,7 @@ TEST(CudaAttention, SparseMlaWgmmaPairsMatchTheCpuReference) {
       cuda::AttentionWorkspace ws;
       ws.pairs = pairs;
       check_mla(pc.c, pc.dtype, wgmma, pc.splits, rng, 0, &ws);
-      const bool paired = pairs && (pc.dtype != KvDtype::BF16 || cuda::wgmma_pairs_bf16());
+      const bool paired = pairs && pc.dtype != KvDtype::BF16;
       EXPECT_EQ(ws.last_cluster, paired ? pc.cluster : 1) << "heads " << pc.c.heads << " splits " << pc.splits;
     }
 }

@@ -236,10 +236,9 @@ struct AttentionWorkspace {
   // device holds as many of its blocks per SM as that one would (SM12x: 102400, one 99 KB block).
   int smem_per_sm = 0;
   int device_smem_per_sm = 0;  // this device's (queried on first use)
-  // The Hopper kernel with 128 or more heads (an even number of blocks of 64) and fp8 rows (bf16 rows
-  // too with SPARSEMLA_WGMMA_BF16_PAIRS=1) runs its blocks in pairs (thread-block clusters of two) where
-  // each block has two 64-row tiles or more: each block
-  // of a pair gathers half of every tile and shares it; false: every block gathers all its rows
+  // The Hopper kernel with 128 or more heads (an even number of blocks of 64) and fp8 rows runs its
+  // blocks in pairs (thread-block clusters of two) where each block has two 64-row tiles or more: each
+  // block of a pair gathers half of every tile and shares it; false: every block gathers all its rows
   // (tests, A/B). SPARSEMLA_MLA_PAIRS=0 in the environment turns pairs off as well.
   // last_cluster: blocks per cluster of the last call's Hopper launch (1 or 2; 0: the last call
   // launched another kernel, or nothing).
@@ -257,10 +256,6 @@ struct AttentionWorkspace {
     int heads_per_block = 0, stages = 0, splits = 0;
   } last;
 };
-// Whether the Hopper kernel pairs the blocks of bf16 rows too (SPARSEMLA_WGMMA_BF16_PAIRS=1; off by
-// default: each block of the pair gathers its half in whole lines and forwards it, not yet measured).
-bool wgmma_pairs_bf16();
-
 // The mma kernel's launch shape; 0 chooses from the device's SM count and the work.
 //   splits: blocks sharing one token's rows (split-KV, merged by a second kernel); 1: no split.
 //   heads_per_block: 16, 32 or 64.

@@ -109,14 +109,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
-// `bytes` (a multiple of 16) of this block's shared memory at `src` into another block's at `peer_dst`
-// (shared::cluster), counted on its barrier `peer_bar`.
-__device__ __forceinline__ void bulk_copy_to_peer(uint32_t peer_dst, uint32_t src, uint32_t bytes, uint32_t peer_bar) {
-  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   peer_dst),
-               "r"(src), "r"(bytes), "r"(peer_bar)
-               : "memory");
-}
 // Arrives on `bar` once every cp.async this thread issued before has completed; the arrival is one
 // of those the barrier was initialized with (.noinc).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {

@@ -82,7 +82,7 @@ using namespace sm90;  // the instructions (ops/cuda/sm90.cuh)
 
 constexpr float kLog2e = 1.4426950408889634f;
 // Bytes a block of a pair receives from the other block per tile: 32 rows and their flags (fp8
-// pairs: widened rows by st.async; bf16 pairs: 9 pieces of 32 lines and 32 flags by bulk copies).
+// pairs: widened rows by st.async; bf16 rows never pair).
 // Forms whose blocks copy every row's rope themselves receive less (Form::kPeerBytes).
 constexpr uint32_t kPeerBytes = 32 * (kChunks * 16 + 4);
 
@@ -204,22 +204,20 @@ __device__ __forceinline__ void store_fp8_nope(const Fp8Piece& x, const Dest& ds
 //   fp8 rows (paired or not): interleaved tiles; a thread takes rows w * 8 + lane % 8 (+ 32 per round)
 //     of warp w and the 16-byte pieces lane / 8 + 4 i, loads them into registers, widens and stores
 //     them; eight lanes write one 128-byte line of shared memory.
-//   bf16 rows (unpaired by default), LINES: swizzled tiles gathered by cp.async in whole lines: a group of 8
+//   bf16 rows (never paired), LINES: swizzled tiles gathered by cp.async in whole lines: a group of 8
 //     lanes copies a row's 128-byte pieces whole (lane q the 16 bytes q of each), so a warp reads 4
 //     whole lines of 4 rows per instruction; group g takes rows g + 16 i. The copies' completion
 //     arrives on the full barrier by itself (cp.async.mbarrier.arrive.noinc), so the producer never
 //     waits for its own copies (H100, session 44: GLM-5 batch 128 193 -> 130 us, DeepSeek-V3.2 unpaired
-//     212 us against 272 paired; fp8 and paired rows in swizzled tiles lost 3-19%, so they keep theirs).
+//     212 us against 272 paired; fp8 and paired rows in swizzled tiles lost 3-19%, so they keep theirs;
+//     pairs in lines, each block forwarding its half to the other by bulk copies, lost to unpaired lines
+//     at every batch, session 45: 306 us against 211 at batch 128, wgmma_bf16_pairs.patch).
 //   bf16 rows, !LINES (SPARSEMLA_WGMMA_LINES=0, for A/B): as fp8 rows' threads and tiles, by cp.async,
 //     the producer waiting for its copies before it arrives.
-//   bf16 rows in pairs (SPARSEMLA_WGMMA_BF16_PAIRS=1; not yet run on a GPU, off by default): each
-//     block gathers its half of every tile in lines (rows 32 r + g and + 16), and its producer's thread
-//     0 forwards that half to the other block once it is there (one tile later: 9 bulk copies of the
-//     half's 4 KB per piece, and its 32 row flags), counted on the other block's remote barrier.
 template <bool FP8, bool PAIR, bool LINES, int FF = 0>
 struct Form {
   static_assert(!LINES || !FP8, "whole-line gathers are for bf16 rows");
-  static_assert(!PAIR || FP8 || LINES, "bf16 rows pair only in lines");
+  static_assert(!PAIR || FP8, "bf16 rows never pair");
   static_assert(FF == 0 || FP8, "fp8 forms are for fp8 rows");
   static constexpr bool kPair = PAIR;
   static constexpr bool kSwizzled = LINES;
@@ -233,23 +231,6 @@ struct Form {
   static constexpr uint32_t kPeerBytes = 32 * ((kRopeCopies ? kLora / 8 : kChunks) * 16 + 4);
 };
 
-// bf16 pairs: this block's half of tile j (rows 32 rank ..) into the other block's buffer, once the
-// half is here (full[b]: this block's copies and flags; the tile cannot move on to j + 2 before the
-// other block's consumers, which wait for this, release it). By one thread.
-__device__ __forceinline__ void forward_half(unsigned char* smem, int j, uint32_t rank) {
-  const int b = j & 1;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
-  mbar_wait(&full[b], (j >> 1) & 1);
-  fence_async_smem();  // the copies' and flags' writes before the bulk copies read them
-  const uint32_t peer = rank ^ 1u;
-  const uint32_t peer_bar = peer_u32addr(smem_u32addr(&full[4 + b]), peer);
-  const uint32_t half = smem_u32addr(smem + kOffK + b * kMatBytes) + rank * 32 * 128;
-  for (int p = 0; p < kChunks / 8; ++p)
-    bulk_copy_to_peer(peer_u32addr(half + p * 8192, peer), half + p * 8192, 32 * 128, peer_bar);
-  const uint32_t flags = smem_u32addr(smem + kOffValid) + (b * kTile + 32 * rank) * 4;
-  bulk_copy_to_peer(peer_u32addr(flags, peer), flags, 32 * 4, peer_bar);
-}
-
 // Warpgroup 2. Rows and pieces per thread: see Form above.
 // No load's result is waited for soon after it is issued: a row's slot is found in three steps one
 // tile apart (position for tile j + 3, block-table entry for tile j + 2, slot for tile j + 1, whose
@@ -258,7 +239,6 @@ __device__ __forceinline__ void forward_half(unsigned char* smem, int j, uint32_
 template <bool FP8, bool PAIR, bool LINES>
 __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, unsigned char* smem, int ptid) {
   constexpr bool kLines = LINES;
-  constexpr bool kForward = LINES && PAIR;  // bf16 pairs: halves forwarded to the other block
   constexpr int kRounds = (kLines ? 4 : 2) / (PAIR ? 2 : 1);
   constexpr int kStep = kLines ? 16 : 32;  // rows between a thread's rounds
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
@@ -324,7 +304,6 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
         store_fp8_piece(x[round], base, slot0[round], row_bytes, dest(round), part, PAIR);
     } else {
       mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
-      if (PAIR && ptid == 0) mbar_arrive_expect(&remote[b], kPeerBytes);  // the other block's half
       constexpr int kPieces = kLines ? kChunks / 8 : kChunks / 4, kPieceStep = kLines ? 8 : 4;
 #pragma unroll
       for (int round = 0; round < kRounds; ++round) {
@@ -351,7 +330,6 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
     }
     fence_async_smem();
     mbar_arrive(&full[b]);
-    if (kForward && ptid == 0 && j > 0) forward_half(smem, j - 1, rank);
 #pragma unroll
     for (int round = 0; round < kRounds; ++round) {
       slot0[round] = slot1[round];
@@ -360,7 +338,6 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
       pos2[round] = pos3[round];
     }
   }
-  if (kForward && ptid == 0 && w.n_tiles > 0) forward_half(smem, w.n_tiles - 1, rank);
 }
 
 // fp8 rows, forms 1 and 2 (Form::kRopeCopies, kAhead). A thread takes rows row_a and row_a + 32 of
@@ -781,11 +758,6 @@ bool pairs_fit(Kernel kernel) {
 
 }  // namespace
 
-bool wgmma_pairs_bf16() {  // (bf16 rows pair only in lines)
-  static const bool on = env_switch("SPARSEMLA_WGMMA_BF16_PAIRS") == 1 && !env_off("SPARSEMLA_WGMMA_LINES");
-  return on;
-}
-
 int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, Stream s) {
 #if !defined(SPARSEMLA_HAVE_SM90A)
   fail("sparse_mla: this build has no sm_90a machine code for the wgmma kernel (90 is not in CMAKE_CUDA_ARCHITECTURES)");
@@ -807,13 +779,12 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   // more (with one, the cluster's launch and barriers cost more than the halved gather saves: H200,
   // DeepSeek-V3.2 fp8 batch 1, 23.0 us paired against 21.4). bf16 rows gather faster unpaired in
   // whole lines than paired through registers (H100, session 44, DeepSeek-V3.2 batch 128: 212 us
-  // against 272); their pairs in lines (forwarded halves) are off until measured.
+  // against 272) or paired in lines (session 45: 306), so they never pair.
   // fp8 forms (Form): 0 rows and rope through registers, 1 rope by cp.async, 2 also e4m3 pieces a tile
   // ahead (SPARSEMLA_WGMMA_FP8_FORM, for A/B).
   static const int ff = env_int("SPARSEMLA_WGMMA_FP8_FORM", 2);
-  if (pairs && (fp8 || wgmma_pairs_bf16()) && grid.x % 2 == 0 && rows_per_split >= 2 * kTile) {
-    const Kernel kernel = !fp8      ? mla_wgmma_kernel<false, true, true>
-                          : ff == 0 ? mla_wgmma_kernel<true, true, false>
+  if (pairs && fp8 && grid.x % 2 == 0 && rows_per_split >= 2 * kTile) {
+    const Kernel kernel = ff == 0   ? mla_wgmma_kernel<true, true, false>
                           : ff == 1 ? mla_wgmma_kernel<true, true, false, 1>
                                     : mla_wgmma_kernel<true, true, false, 2>;
     allow_smem(kernel, kSmemBytes);
