@@ -247,15 +247,8 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
   }
   if (geo.splits > 1) {
     const dim3 grid(unsigned(ceil_div(a.kv_lora, kCombineDims)), unsigned(a.heads), unsigned(a.T));
-    // With PDL: its blocks take the SMs the attention kernel's last blocks leave and wait there
-    // (SPARSEMLA_MLA_COMBINE_PDL=0: a plain launch, for A/B).
-    static const bool combine_pdl = !env_off("SPARSEMLA_MLA_COMBINE_PDL");
-    if (combine_pdl) {
-      pdl::launch(mla_combine_kernel, grid, dim3(kCombineDims), 0, st, a, geo.splits, static_cast<const float*>(part));
-    } else {
-      mla_combine_kernel<<<grid, kCombineDims, 0, st>>>(a, geo.splits, part);
-      SPARSEMLA_CUDA_LAUNCH_CHECK();
-    }
+    mla_combine_kernel<<<grid, kCombineDims, 0, st>>>(a, geo.splits, part);
+    SPARSEMLA_CUDA_LAUNCH_CHECK();
   }
 }
 

@@ -26,7 +26,6 @@
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
-#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/sparse_mla_tile.cuh"
 
 namespace sparsemla::cuda {
@@ -60,7 +59,6 @@ template <int HG, int STAGES>
 __global__ void __launch_bounds__(HG * 64) mla_fp8_kernel(AttentionArgs a, MlaGeometry geo, float* part) {
   constexpr int THREADS = HG * 64;
   extern __shared__ __align__(16) unsigned char smem[];
-  pdl::launch_dependents();  // as mla_mma_kernel's
   unsigned char* sp = smem;
   __half* sQh = reinterpret_cast<__half*>(sp);  // [HG * 16][kQStride]: latent columns, permuted
   sp += HG * 16 * kQStride * 2;

@@ -16,7 +16,6 @@
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/dynamic_smem.cuh"
 #include "ops/cuda/mma.cuh"
-#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/sparse_mla_tile.cuh"
 
 namespace sparsemla::cuda::mla {
@@ -53,10 +52,6 @@ __global__ void __launch_bounds__(HG * 64 * TP) mla_mma_kernel(AttentionArgs a, 
   constexpr int THREADS = HG * 64 * TP;
   constexpr int NBUF = FP8 && TP == 1 ? 1 : STAGES;  // bf16 tiles (fp8 rows with one set widen into one)
   SPARSEMLA_DYNAMIC_SMEM(smem);
-  // The next kernel (the split merge, or a product that prefetches its weights) may start its
-  // prologue once every block of this one has started: none of this kernel's blocks waits for an SM
-  // then (pdl.cuh).
-  pdl::launch_dependents();
   const int stride = geo.stride, D = geo.d;
   const int64_t row_bytes = a.latent.row_bytes;
   unsigned char* sp = smem;
@@ -360,8 +355,6 @@ constexpr int kCombineDims = 128;
 constexpr int kCombineEarly = 32;  // splits whose values a thread loads before the weights
 __global__ void __launch_bounds__(kCombineDims) mla_combine_kernel(AttentionArgs a, int splits, const float* part) {
   __shared__ float s_w[kMaxSplits];
-  pdl::wait();  // the splits' sums come from the attention kernel just before (launched by pdl::launch)
-  pdl::launch_dependents();
   const int t = blockIdx.z, h = blockIdx.y, tid = threadIdx.x;
   const int64_t stride = a.kv_lora + 2;
   const int64_t split_step = int64_t(a.heads) * stride;

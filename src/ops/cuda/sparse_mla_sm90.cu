@@ -43,7 +43,6 @@
 #include "ops/cuda/check.cuh"
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
-#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/sm90.cuh"
 #include "ops/cuda/sparse_mla_tile.cuh"
 #include "util/env.h"
@@ -672,7 +671,6 @@ template <bool FP8, bool PAIR, bool LINES, int FF>
 __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part) {
   extern __shared__ __align__(128) unsigned char smem[];
   using F = Form<FP8, PAIR, LINES, FF>;
-  pdl::launch_dependents();  // as mla_mma_kernel's (sparse_mla_kernels.cuh)
   Work w;
   w.t = blockIdx.y;
   w.h0 = blockIdx.x * kHeads;
