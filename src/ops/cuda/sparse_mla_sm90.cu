@@ -83,7 +83,6 @@ using namespace sm90;  // the instructions (ops/cuda/sm90.cuh)
 constexpr float kLog2e = 1.4426950408889634f;
 // Bytes a block of a pair receives from the other block per tile: 32 rows and their flags (fp8
 // pairs: widened rows by st.async; bf16 rows never pair).
-// Forms whose blocks copy every row's rope themselves receive less (Form::kPeerBytes).
 constexpr uint32_t kPeerBytes = 32 * (kChunks * 16 + 4);
 
 // Named barriers between the two consumer warpgroups (0 is __syncthreads).
@@ -189,21 +188,12 @@ __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t
   for (int i = 0; i < 2; ++i) dst.put16(kLora / 8 + part + 4 * i, rope[i], paired);
 }
 
-// Widens a piece's e4m3 values to bf16 into its row of a tile (and of the other block's, if paired).
-__device__ __forceinline__ void store_fp8_nope(const Fp8Piece& x, const Dest& dst, int part, bool paired) {
-  const float scales[4] = {x.scale.x, x.scale.y, x.scale.z, x.scale.w};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int p = part + 4 * i;
-    dst.put16(2 * p, widen_fp8x8(make_uint2(x.v[i].x, x.v[i].y), scales[i / 2]), paired);
-    dst.put16(2 * p + 1, widen_fp8x8(make_uint2(x.v[i].z, x.v[i].w), scales[i / 2]), paired);
-  }
-}
-
 // How the producer gathers, and the tile layout its consumers read:
 //   fp8 rows (paired or not): interleaved tiles; a thread takes rows w * 8 + lane % 8 (+ 32 per round)
 //     of warp w and the 16-byte pieces lane / 8 + 4 i, loads them into registers, widens and stores
-//     them; eight lanes write one 128-byte line of shared memory.
+//     them; eight lanes write one 128-byte line of shared memory. (Session 45: their rope pieces by
+//     cp.async, every row's in each block of a pair, lost 3-19%; with the e4m3 pieces also loaded a
+//     tile ahead, 3-10%: H100, GLM-5 fp8 batch 128 135 -> 160 / 148 us; wgmma_fp8_forms.patch.)
 //   bf16 rows (never paired), LINES: swizzled tiles gathered by cp.async in whole lines: a group of 8
 //     lanes copies a row's 128-byte pieces whole (lane q the 16 bytes q of each), so a warp reads 4
 //     whole lines of 4 rows per instruction; group g takes rows g + 16 i. The copies' completion
@@ -214,21 +204,15 @@ __device__ __forceinline__ void store_fp8_nope(const Fp8Piece& x, const Dest& ds
 //     at every batch, session 45: 306 us against 211 at batch 128, wgmma_bf16_pairs.patch).
 //   bf16 rows, !LINES (SPARSEMLA_WGMMA_LINES=0, for A/B): as fp8 rows' threads and tiles, by cp.async,
 //     the producer waiting for its copies before it arrives.
-template <bool FP8, bool PAIR, bool LINES, int FF = 0>
+template <bool FP8, bool PAIR, bool LINES>
 struct Form {
   static_assert(!LINES || !FP8, "whole-line gathers are for bf16 rows");
   static_assert(!PAIR || FP8, "bf16 rows never pair");
-  static_assert(FF == 0 || FP8, "fp8 forms are for fp8 rows");
   static constexpr bool kPair = PAIR;
   static constexpr bool kSwizzled = LINES;
-  static constexpr bool kRopeCopies = FP8 && FF >= 1;  // fp8 rows' rope pieces by cp.async, every row of the tile
-  static constexpr bool kAhead = FP8 && FF >= 2;       // fp8 rows' e4m3 pieces loaded one tile ahead
-  static constexpr bool kAsync = LINES || kRopeCopies;  // copies arrive on the full barrier by themselves
-  static constexpr uint32_t kFullArrivals = kAsync ? 256 : 128;  // the producer's threads (+ their copies)
+  static constexpr bool kAsync = LINES;            // the copies arrive on the full barrier by themselves
+  static constexpr uint32_t kFullArrivals = LINES ? 256 : 128;  // the producer's threads (+ their copies)
   static constexpr int kVStep = LINES ? 2048 : 256;  // bytes between P V's k-steps of 16 rows in a tile
-  // What the other block of a pair sends into this one per tile: its 32 rows (with their rope unless
-  // each block copies every row's rope) and their flags.
-  static constexpr uint32_t kPeerBytes = 32 * ((kRopeCopies ? kLora / 8 : kChunks) * 16 + 4);
 };
 
 // Warpgroup 2. Rows and pieces per thread: see Form above.
@@ -336,120 +320,6 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
       pos1[round] = pos2[round];
       blk1[round] = blk2[round];
       pos2[round] = pos3[round];
-    }
-  }
-}
-
-// fp8 rows, forms 1 and 2 (Form::kRopeCopies, kAhead). A thread takes rows row_a and row_a + 32 of
-// every tile (row_a = w * 8 + lane % 8 of warp w), part = lane / 8:
-//   - the rows' rope pieces part and part + 4 by cp.async into this block's tile, for all 64 rows
-//     also in a pair (each block copies them; only the widened e4m3 pieces cross to the other block),
-//     their completions arriving on the full barrier by themselves, so no load of the rope waits in
-//     the producer's chain;
-//   - the e4m3 pieces part + 4 i of its own rows (a pair: the row of its block's half) into
-//     registers, widened with the group scales and stored as before (store_fp8_nope); form 2 loads
-//     them one tile ahead (the tile's own loads were waited for right before their stores).
-template <bool PAIR, int FF>
-__device__ __forceinline__ void produce_fp8(const AttentionArgs& a, const Work& w, unsigned char* smem, int ptid) {
-  using F = Form<true, PAIR, false, FF>;
-  constexpr int kRows = 2;                   // rows row_a + 32 r of a tile
-  constexpr int kOwn = PAIR ? 1 : 2;         // of them, whose e4m3 pieces this thread widens
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kOffBar);
-  uint64_t* empty = full + 2;
-  uint64_t* remote = full + 4;
-  uint32_t* valid = reinterpret_cast<uint32_t*>(smem + kOffValid);
-  const uint32_t rank = PAIR ? cluster_rank() : 0u, peer = rank ^ 1u;
-  const int part = (ptid % 32) / 8;
-  const int row_a = (ptid / 32) * 8 + ptid % 8;
-  const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
-  const int64_t row_bytes = a.latent.row_bytes;
-  const int32_t* table = a.latent.block_tables + int64_t(a.seq[w.t]) * a.latent.max_blocks;
-  const int bs = a.latent.block_size;
-  const int first = w.r_begin + row_a, rows = w.r_end - first;
-  const int32_t* sel = a.selected ? a.selected + int64_t(w.t) * a.top_k + first : nullptr;
-  auto position = [&](int j, int r) {  // -1: no row
-    const int k = j * kTile + 32 * r;
-    if (k >= rows) return -1;
-    return sel ? sel[k] : first + k;
-  };
-  auto block_of = [&](int pos) { return pos >= 0 ? table[pos / bs] : 0; };
-  auto slot_at = [&](int pos, int blk) { return pos >= 0 ? blk * bs + pos % bs : -1; };
-  // The thread's own rows among its two: both, or in a pair the one of its block's half.
-  auto own = [&](const int (&s)[kRows], int o) { return PAIR ? (rank ? s[1] : s[0]) : s[o]; };
-  int pos1[kRows], blk1[kRows], pos2[kRows], slot0[kRows], slot1[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int p0 = position(0, r);
-    slot0[r] = slot_at(p0, block_of(p0));
-    pos1[r] = position(1, r);
-    blk1[r] = block_of(pos1[r]);
-    pos2[r] = position(2, r);
-  }
-  // Form 2: the first own row's e4m3 pieces one tile ahead (issued once the row before them is
-  // stored, so that at most two rows' pieces are held: 72 registers).
-  Fp8Piece ahead;
-  if constexpr (F::kAhead) load_fp8_piece(ahead, base, own(slot0, 0), row_bytes, part);
-  for (int j = 0; j < w.n_tiles; ++j) {
-    const int b = j & 1;
-    int pos3[kRows], blk2[kRows];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      pos3[r] = position(j + 3, r);
-      blk2[r] = block_of(pos2[r]);
-      slot1[r] = slot_at(pos1[r], blk1[r]);
-    }
-#pragma unroll
-    for (int o = 0; o < kOwn; ++o) {  // tile j + 1's own rows into L2, one bulk prefetch per row
-      const int s1 = own(slot1, o);
-      if (part == 0 && s1 >= 0 && !(F::kAhead && o == 0))
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + int64_t(s1) * row_bytes),
-                     "r"(uint32_t(row_bytes))
-                     : "memory");
-    }
-    Fp8Piece cur[kOwn];
-#pragma unroll
-    for (int o = 0; o < kOwn; ++o) {
-      if (F::kAhead && o == 0) cur[o] = ahead;
-      else load_fp8_piece(cur[o], base, own(slot0, o), row_bytes, part);
-    }
-    mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
-    if (PAIR && ptid == 0) mbar_arrive_expect(&remote[b], F::kPeerBytes);  // what the other block sends
-    unsigned char* tile = smem + kOffK + b * kMatBytes;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int row = row_a + 32 * r;
-      const uint8_t* src = base + int64_t(slot0[r]) * row_bytes + kLora + 16;
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int c = part + 4 * i;
-        unsigned char* dst = tile + kv_off<false>(row, kLora / 8 + c);
-        if (slot0[r] >= 0) cp_async16(dst, src + c * 16);
-        else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-      }
-    }
-    cp_async_mbar_arrive_noinc(&full[b]);
-    const uint32_t peer_bar = PAIR ? peer_u32addr(smem_u32addr(&remote[b]), peer) : 0u;
-#pragma unroll
-    for (int o = 0; o < kOwn; ++o) {
-      const int row = row_a + 32 * (PAIR ? int(rank) : o);
-      const Dest dst{tile, PAIR ? peer_u32addr(smem_u32addr(tile), peer) : 0u, peer_bar, row};
-      store_fp8_nope(cur[o], dst, part, PAIR);
-      if (F::kAhead && o == 0) load_fp8_piece(ahead, base, own(slot1, 0), row_bytes, part);
-      if (part == 0) {
-        uint32_t* flag = valid + b * kTile + row;
-        const int s0 = own(slot0, o);
-        *flag = s0 >= 0;
-        if (PAIR) st_async4(peer_u32addr(smem_u32addr(flag), peer), s0 >= 0, peer_bar);
-      }
-    }
-    fence_async_smem();
-    mbar_arrive(&full[b]);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      slot0[r] = slot1[r];
-      pos1[r] = pos2[r];
-      blk1[r] = blk2[r];
-      pos2[r] = pos3[r];
     }
   }
 }
@@ -667,10 +537,10 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
   store_output(a, w, ln, 1, o, smem, part);
 }
 
-template <bool FP8, bool PAIR, bool LINES, int FF>
+template <bool FP8, bool PAIR, bool LINES>
 __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part) {
   extern __shared__ __align__(128) unsigned char smem[];
-  using F = Form<FP8, PAIR, LINES, FF>;
+  using F = Form<FP8, PAIR, LINES>;
   Work w;
   w.t = blockIdx.y;
   w.h0 = blockIdx.x * kHeads;
@@ -705,19 +575,18 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
     consume_pv<F>(a, w, smem, part);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsProducer));
-    if constexpr (F::kRopeCopies) produce_fp8<PAIR, FF>(a, w, smem, threadIdx.x - 256);
-    else produce<FP8, PAIR, LINES>(a, w, smem, threadIdx.x - 256);
+    produce<FP8, PAIR, LINES>(a, w, smem, threadIdx.x - 256);
   }
   if (PAIR) cluster_sync();  // neither block leaves while the other may still reach its shared memory
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <bool FP8, bool PAIR, bool LINES, int FF = 0>
+template <bool FP8, bool PAIR, bool LINES>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const __grid_constant__ AttentionArgs a,
                                                                 int rows_per_split, float* part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  mla_wgmma_body<FP8, PAIR, LINES, FF>(a, rows_per_split, part);
+  mla_wgmma_body<FP8, PAIR, LINES>(a, rows_per_split, part);
 #else
   __trap();  // no sm_90a code in this pass: the host side never launches it here
 #endif
@@ -780,13 +649,8 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   // DeepSeek-V3.2 fp8 batch 1, 23.0 us paired against 21.4). bf16 rows gather faster unpaired in
   // whole lines than paired through registers (H100, session 44, DeepSeek-V3.2 batch 128: 212 us
   // against 272) or paired in lines (session 45: 306), so they never pair.
-  // fp8 forms (Form): 0 rows and rope through registers, 1 rope by cp.async, 2 also e4m3 pieces a tile
-  // ahead (SPARSEMLA_WGMMA_FP8_FORM, for A/B).
-  static const int ff = env_int("SPARSEMLA_WGMMA_FP8_FORM", 2);
   if (pairs && fp8 && grid.x % 2 == 0 && rows_per_split >= 2 * kTile) {
-    const Kernel kernel = ff == 0   ? mla_wgmma_kernel<true, true, false>
-                          : ff == 1 ? mla_wgmma_kernel<true, true, false, 1>
-                                    : mla_wgmma_kernel<true, true, false, 2>;
+    const Kernel kernel = mla_wgmma_kernel<true, true, false>;
     allow_smem(kernel, kSmemBytes);
     if (pairs_fit(kernel)) {
       cudaLaunchAttribute attr;
@@ -798,9 +662,7 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   // bf16 rows in whole lines into swizzled tiles (Form); SPARSEMLA_WGMMA_LINES=0 for the interleaved
   // tiles of before (A/B).
   static const bool lines_off = env_off("SPARSEMLA_WGMMA_LINES");
-  const Kernel kernel = fp8 ? (ff == 0   ? mla_wgmma_kernel<true, false, false>
-                              : ff == 1 ? mla_wgmma_kernel<true, false, false, 1>
-                                        : mla_wgmma_kernel<true, false, false, 2>)
+  const Kernel kernel = fp8         ? mla_wgmma_kernel<true, false, false>
                         : lines_off ? mla_wgmma_kernel<false, false, false>
                                     : mla_wgmma_kernel<false, false, true>;
   allow_smem(kernel, kSmemBytes);
