@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine: re-checks of sessions 34-38's and 44's GPU code, in one run of ~18 minutes of
-# device time. Every phase has run: session 37 all but prefill and ncu on an H200 on 186f2c6, session
-# 38 the prefill phase on an H100, session 45 the wgmma phase on an H100 on 118c578 (PERFORMANCE.md,
-# "Session 37", "Session 38", "Session 45": all passed, the figures recorded). `PHASES=wgmma` alone:
-# ~4 minutes. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla, sparsemla_tests
+# device time. Every phase but fp8 (session 45, ~3 minutes: `PHASES=fp8`) has run: session 37 all
+# but prefill and ncu on an H200 on 186f2c6, session 38 the prefill phase on an H100, session 45 the
+# wgmma phase on an H100 on 118c578 (PERFORMANCE.md, "Session 37", "Session 38", "Session 45": all
+# passed, the figures recorded). `PHASES=wgmma` alone: ~4 minutes. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla, sparsemla_tests
 # and bench_cuda_matmul with scripts/device/pack.sh from a build configured with
 # -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
-# (default all: "prefill attention tests sanitizer model ncu profile"); ROUNDS the attention phase's
+# (default all: "fp8 wgmma prefill attention tests sanitizer model ncu profile"); ROUNDS the attention phase's
 # rounds (2).
 #
 #  prefill    the cuBLAS prefill (prefill_blas.cu; on by default since session 38,
@@ -53,15 +53,33 @@
 #             --one-sequence`): the old tiles (unpaired; the old default, bf16 pairs through registers,
 #             is only in a70283c's build or the patch wgmma_gather_forms.patch) and unpaired lines.
 #             (Session 45 also ran bf16 pairs in lines here; not kept: wgmma_bf16_pairs.patch.)
+#  fp8        (session 45, not yet run) why the Hopper kernel's fp8 rows are slower than bf16 rows at
+#             batch 128 (GLM-5 135 against 126 us on an H100, half the bytes) though neither their
+#             loads' latency (rows a tile ahead) nor their rope loads (by cp.async) were the bound
+#             (run 74, wgmma_fp8_forms.patch): Nsight's instruction mix and stall samples of the
+#             kernel (scripts/device/ncu_sass.sh) for DeepSeek-V3.2 fp8 (pairs), GLM-5 fp8 and GLM-5
+#             bf16, batch 128, 4K; the decode table at batch 1 and 128 (4K, 128K) on this device
+#             (on an H200: the figures issue 6 asks for).
 # What to do with the figures: docs/PERFORMANCE.md "Session 35" and "Session 36" (the H100 tables to
 # compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-wgmma prefill attention tests sanitizer model ncu profile}
+PHASES=${PHASES:-fp8 wgmma prefill attention tests sanitizer model ncu profile}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 step() { awk -F'|' '{print $1 "|" $4 "|" $5 "|" $6 "|" $7}'; }
+
+if has fp8; then
+  for c in "dsv32 fp8" "glm5 fp8" "glm5 bf16"; do
+    set -- $c
+    KERNEL=mla_wgmma_kernel NAME=wgmma_${1}_$2 SKIP=3 NCU_TIMEOUT=90 bash "$(dirname "$0")/ncu_sass.sh" \
+      "$BIN/sparsemla" bench attention --kernel wgmma --shapes "$1" --kv "$2" --batch 128 --context 4096 --reps 1 2>&1 |
+      head -45
+  done
+  timeout 150 "$BIN/sparsemla" bench attention --batch 1 128 --context 4096 131072 --reps 3 >"$OUT/fp8_table.log" 2>&1
+  echo "decode table: exit $?"; grep -E "^(glm5|dsv32|device|ceilings)" "$OUT/fp8_table.log" | cut -c1-150
+fi
 
 if has wgmma; then
   W='CudaAttention.SparseMla*:CudaAttention.FrontSelections*:*GpuModelFixture.LogitsMatch*:*GpuModelFixture.Greedy*'
