@@ -192,8 +192,8 @@ __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t
 //   fp8 rows (paired or not): interleaved tiles; a thread takes rows w * 8 + lane % 8 (+ 32 per round)
 //     of warp w and the 16-byte pieces lane / 8 + 4 i, loads them into registers, widens and stores
 //     them; eight lanes write one 128-byte line of shared memory. (Session 45: their rope pieces by
-//     cp.async, every row's in each block of a pair, lost 3-19%; with the e4m3 pieces also loaded a
-//     tile ahead, 3-10%: H100, GLM-5 fp8 batch 128 135 -> 160 / 148 us; wgmma_fp8_forms.patch.)
+//     cp.async, every row's in each block of a pair, lost 4-19%; with the e4m3 pieces also loaded a
+//     tile ahead, 2-10%: H100, GLM-5 fp8 batch 128 135 -> 160 / 148 us; wgmma_fp8_forms.patch.)
 //   bf16 rows (never paired), LINES: swizzled tiles gathered by cp.async in whole lines: a group of 8
 //     lanes copies a row's 128-byte pieces whole (lane q the 16 bytes q of each), so a warp reads 4
 //     whole lines of 4 rows per instruction; group g takes rows g + 16 i. The copies' completion
