@@ -158,11 +158,19 @@ MmaPlan plan_mma(const AttentionArgs& a, AttentionKernel k, const AttentionWorks
   Geometry geo = mma_geometry(a, fit.hg, fit.stages, tiles, splits);
   if (!fp8_rows && geo.stages == 2 && geo.tiles_per_split >= 2 && tile_pairs_at(geo.hg))
     geo = mma_geometry(a, geo.hg, 2, tiles, splits, 2);
+  // Four warps per head group and tile (quarters of the dims) where asked for (ws.quarters or
+  // SPARSEMLA_MLA_QUARTERS=1; written in session 45 for batch 1, not yet timed) and taken: 16 heads
+  // per block with tile pairs, bf16 rows of 512 + 64.
+  static const bool quarters_on = env_switch("SPARSEMLA_MLA_QUARTERS") == 1;
+  if ((ws.quarters || quarters_on) && geo.tile_pairs == 2 &&
+      mla_smem::quarters_take(fp8, a.kv_lora, a.rope, geo.hg, geo.tile_pairs) &&
+      mla_smem::bytes(geo.hg, 2, fp8, stride, a.latent.row_bytes, 2, 4) <= size_t(ws.smem_optin))
+    geo = mma_geometry(a, geo.hg, 2, tiles, splits, 2, 4);
   MmaPlan p;
   p.k = k;
   p.fp8_rows = fp8_rows;
   p.geo = geo;
-  p.smem = geo.tile_pairs == 2 ? mla_smem::bytes(geo.hg, 2, fp8, stride, a.latent.row_bytes, 2)
+  p.smem = geo.tile_pairs == 2 ? mla_smem::bytes(geo.hg, 2, fp8, stride, a.latent.row_bytes, 2, geo.warps)
                                : bytes_of(geo.hg, geo.stages);
   return p;
 }
@@ -186,7 +194,7 @@ MlaLaunchPlan plan_sparse_mla(const AttentionArgs& args, AttentionKernel k, cons
   const MmaPlan p = plan_mma(as_launched(args), k, ws, splits, heads_per_block);
   const bool wgmma = p.k == AttentionKernel::Wgmma;
   return {p.k,          p.fp8_rows,           p.geo.hg * 16, wgmma ? 2 : p.geo.stages, p.geo.splits,
-          p.geo.tiles_per_split, p.geo.tile_pairs, wgmma ? 0 : p.smem};
+          p.geo.tiles_per_split, p.geo.tile_pairs, wgmma ? 0 : p.smem, wgmma ? 2 : p.geo.warps};
 }
 
 void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits,
@@ -232,6 +240,7 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
   static const bool pairs_off = env_off("SPARSEMLA_MLA_PAIRS");
   ws.last = {k == AttentionKernel::Wgmma ? "wgmma"
              : fp8_rows                    ? "mma fp8 rows"
+             : geo.warps == 4              ? "mma tile pairs, quarters"
              : geo.tile_pairs == 2         ? "mma tile pairs"
                                            : "mma",
              geo.hg * 16,
