@@ -54,8 +54,8 @@
 #             is only in a70283c's build or the patch wgmma_gather_forms.patch) and unpaired lines.
 #             (Session 45 also ran bf16 pairs in lines here; not kept: wgmma_bf16_pairs.patch.)
 #  quarters   (session 45, not yet run; ~3 minutes) four warps per head group and tile in the mma kernel
-#             (ws.quarters / SPARSEMLA_MLA_QUARTERS=1, off by default; host emulation passed): its GPU
-#             test, memcheck and racecheck on it, attention at batch 1, 2, 4 (4K, 128K, GLM-5 and
+#             (ws.quarters / SPARSEMLA_MLA_QUARTERS=1, off by default; host emulation passed): the tile
+#             pairs' GPU test (each case also with quarters asked for), memcheck and racecheck on it, attention at batch 1, 2, 4 (4K, 128K, GLM-5 and
 #             DeepSeek-V3.2 bf16) with it off and on in two interleaved rounds, and the 3-layer
 #             GLM-5-width step at batch 1 and 128K; make it the default where it wins (plan_mma).
 #  fp8        (session 45, not yet run) why the Hopper kernel's fp8 rows are slower than bf16 rows at
@@ -76,13 +76,13 @@ SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer
 step() { awk -F'|' '{print $1 "|" $4 "|" $5 "|" $6 "|" $7}'; }
 
 if has quarters; then
-  timeout 120 "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMlaQuarters*:CudaAttention.SparseMlaTilePairs*' \
+  timeout 120 "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMlaTilePairs*:CudaAttention.SparseMlaBatchOne*' \
     >"$OUT/quarters_tests.log" 2>&1
   echo "quarters tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/quarters_tests.log" | tail -4
   if [ -x "$SAN" ]; then
     for tool in memcheck racecheck; do
       SPARSEMLA_GPU_TEST_SMALL=1 timeout 120 "$SAN" --tool $tool --error-exitcode 9 "$BIN/sparsemla_tests" \
-        --gtest_filter='CudaAttention.SparseMlaQuarters*' >"$OUT/quarters_$tool.log" 2>&1
+        --gtest_filter='CudaAttention.SparseMlaTilePairs*' >"$OUT/quarters_$tool.log" 2>&1
       echo "quarters $tool: exit $?"; grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/quarters_$tool.log"
     done
   fi

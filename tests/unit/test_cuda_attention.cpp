@@ -1280,50 +1280,6 @@ TEST(CudaAttention, SparseMlaBatchOneManySplits) {
   check_mla({8, 512, 64, {2100}, 2048, 1, 16}, KvDtype::BF16, cuda::AttentionKernel::Mma, 0, rng);
 }
 
-// Four warps per head group and tile (ws.quarters: each a quarter of q . row's 576 dims and of the 512
-// output dims; the mma kernel with tile pairs at 16 heads per block, bf16 rows of 512 + 64): against
-// the CPU at one token split evenly, unevenly and not at all, the last tile short (front selection),
-// two tokens, DeepSeek-V3.2's 128 heads, 8 heads (tensor parallel 8) and dense rows; the kernel taken
-// asserted (quarters where the launch has tile pairs at 16 heads, else as without them), and fp8
-// rows and 32 heads per block never take them.
-TEST(CudaAttention, SparseMlaQuartersMatchTheCpuReference) {
-  SPARSEMLA_REQUIRE_GPU();
-  std::mt19937 rng(29);
-  const auto mma = cuda::AttentionKernel::Mma;
-  struct Case {
-    MlaCase c;
-    KvDtype dtype;
-    int splits, heads_per_block;
-    bool quarters;  // expected
-  };
-  const int ctx = small_mode() ? 4096 : 20000;
-  const auto bf16 = KvDtype::BF16, fp8 = KvDtype::FP8;
-  const std::vector<Case> cases = {
-      {{64, 512, 64, {ctx}, 2048, 1, 64}, bf16, 0, 0, true},           // the launch's shape at batch 1
-      {{64, 512, 64, {ctx}, 2048, 1, 64}, bf16, 24, 16, true},         // 3 tiles per split, the last alone
-      {{64, 512, 64, {ctx}, 2048, 1, 64}, bf16, 1, 16, true},          // one split of 64 tiles
-      {{64, 512, 64, {1000}, 2048, 1, 64, true}, bf16, 0, 16, true},   // front selection, the last tile short
-      {{64, 512, 64, {2100, 40}, 2048, 2, 16}, bf16, 0, 0, true},      // two tokens
-      {{128, 512, 64, {ctx}, 2048, 1, 64}, bf16, 0, 0, true},          // DeepSeek-V3.2
-      {{8, 512, 64, {2100}, 2048, 1, 16}, bf16, 3, 16, true},          // 8 heads
-      {{16, 512, 64, {700}, 0, 1, 16}, bf16, 5, 16, true},             // dense: 22 tiles in 5 splits
-      {{64, 512, 64, {2100}, 2048, 1, 64}, bf16, 3, 32, false},        // 32 heads per block
-      {{64, 512, 64, {ctx}, 2048, 1, 64}, fp8, 0, 16, false},          // fp8 rows
-  };
-  for (const Case& tc : cases) {
-    cuda::AttentionWorkspace ws;
-    ws.quarters = true;
-    check_mla(tc.c, tc.dtype, mma, tc.splits, rng, tc.heads_per_block, &ws);
-    if (HasFatalFailure()) return;
-    // (Where a device has the shared memory for them: every one the tests run on.)
-    const int stride = cuda::mla_smem::stride(tc.c.kv_lora, tc.c.rope);
-    const bool fits = cuda::mla_smem::bytes(1, 2, false, stride, tc.c.kv_lora * 2 + tc.c.rope * 2, 2, 4) <=
-                      size_t(ws.smem_optin);
-    EXPECT_EQ(std::string(ws.last.kernel) == "mma tile pairs, quarters", tc.quarters && fits)
-        << cuda::kv_dtype_name(tc.dtype) << " heads " << tc.c.heads << " splits " << tc.splits << ": " << ws.last.kernel;
-  }
-}
-
 // Two sets of warps per head group taking alternate tiles (the bf16-tile kernel with 16 or 32 heads
 // per block and two stages, two tiles or more per split: the launch's choice at batch 1 and 2 where
 // shared memory allows), and one set (ws.tile_pairs off): GLM-5 at one token split evenly, unevenly
@@ -1332,6 +1288,8 @@ TEST(CudaAttention, SparseMlaQuartersMatchTheCpuReference) {
 // to 512 (token, head) rows where tile pairs fit); 32 heads per block asked for; the small fixture
 // shapes (kv_lora 24: one output tile pair per warp); dense rows. fp8 rows with the launch's own
 // shape (DeepSeek-V3.2: 32 heads per block; forced shapes take the fp8-row kernel where it fits).
+// Each case also with four warps per head group and tile asked for (ws.quarters: quarters of the
+// dims), which the launch takes with tile pairs at 16 heads over bf16 rows of 512 + 64.
 TEST(CudaAttention, SparseMlaTilePairsMatchTheCpuReference) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(23);
@@ -1361,9 +1319,11 @@ TEST(CudaAttention, SparseMlaTilePairsMatchTheCpuReference) {
       {{8, 512, 64, {2100}, 2048, 1, 16}, fp8, 0, 0},             // 8 heads
   };
   for (const Case& tc : cases)
-    for (bool tile_pairs : {true, false}) {
+    for (int variant : {0, 1, 2}) {  // tile pairs, one set of warps, tile pairs with quarters asked for
+      const bool tile_pairs = variant != 1, quarters = variant == 2;
       cuda::AttentionWorkspace ws;
       ws.tile_pairs = tile_pairs;
+      ws.quarters = quarters;
       check_mla(tc.c, tc.dtype, mma, tc.splits, rng, tc.heads_per_block, &ws);
       if (HasFatalFailure()) return;
       // Tile pairs need 16 or 32 heads per block with two stages, two tiles per split (which every
@@ -1373,7 +1333,10 @@ TEST(CudaAttention, SparseMlaTilePairsMatchTheCpuReference) {
       const bool taken = tile_pairs && hg <= 2 && ws.last.stages == 2 &&
                          cuda::mla_smem::bytes(hg, 2, tc.dtype == fp8, stride, row_bytes, 2) <= size_t(ws.smem_optin) &&
                          cuda::mla_smem::tile_pairs_fit(hg, tc.c.kv_lora, stride);
-      EXPECT_STREQ(ws.last.kernel, taken ? "mma tile pairs" : "mma")
+      const bool quartered =
+          quarters && taken && hg == 1 && cuda::mla_smem::quarters_take(tc.dtype == fp8, tc.c.kv_lora, tc.c.rope, 1, 2) &&
+          cuda::mla_smem::bytes(1, 2, false, stride, row_bytes, 2, 4) <= size_t(ws.smem_optin);
+      EXPECT_STREQ(ws.last.kernel, quartered ? "mma tile pairs, quarters" : taken ? "mma tile pairs" : "mma")
           << cuda::kv_dtype_name(tc.dtype) << " heads " << tc.c.heads << " splits " << tc.splits;
       if (tc.heads_per_block) EXPECT_EQ(ws.last.heads_per_block, tc.heads_per_block);
       else EXPECT_LE(ws.last.heads_per_block, 32) << "batch 1 and 2 take 16 or 32 heads per block";
