@@ -367,7 +367,8 @@ TEST(SparseMlaOnTheHost, MmaKernelMatchesTheCpuReference) {
           for (int stages : {1, 2})
             if (hg != own || stages != 2) shapes.emplace_back(hg, stages, 4, 1, 2);
       for (int splits : {1, 4}) shapes.emplace_back(1, 2, splits, 2, 2);
-      if (mla_smem::tile_pairs_fit(2, c.kv_lora, mla_smem::stride(c.kv_lora, c.rope))) shapes.emplace_back(2, 2, 4, 2, 2);
+      if (mla_smem::tile_pairs_fit(2, c.kv_lora, mla_smem::stride(c.kv_lora, c.rope)))
+        shapes.emplace_back(2, 2, 4, 2, 2);
       if (mla_smem::quarters_take(d == KvDtype::FP8, c.kv_lora, c.rope, 1, 2))
         for (int splits : {1, 4}) shapes.emplace_back(1, 2, splits, 2, 4);
       for (auto [hg, stages, splits, tile_pairs, warps] : shapes) {

@@ -1333,9 +1333,9 @@ TEST(CudaAttention, SparseMlaTilePairsMatchTheCpuReference) {
       const bool taken = tile_pairs && hg <= 2 && ws.last.stages == 2 &&
                          cuda::mla_smem::bytes(hg, 2, tc.dtype == fp8, stride, row_bytes, 2) <= size_t(ws.smem_optin) &&
                          cuda::mla_smem::tile_pairs_fit(hg, tc.c.kv_lora, stride);
-      const bool quartered =
-          quarters && taken && hg == 1 && cuda::mla_smem::quarters_take(tc.dtype == fp8, tc.c.kv_lora, tc.c.rope, 1, 2) &&
-          cuda::mla_smem::bytes(1, 2, false, stride, row_bytes, 2, 4) <= size_t(ws.smem_optin);
+      const bool quartered = quarters && taken && hg == 1 &&
+                             cuda::mla_smem::quarters_take(tc.dtype == fp8, tc.c.kv_lora, tc.c.rope, 1, 2) &&
+                             cuda::mla_smem::bytes(1, 2, false, stride, row_bytes, 2, 4) <= size_t(ws.smem_optin);
       EXPECT_STREQ(ws.last.kernel, quartered ? "mma tile pairs, quarters" : taken ? "mma tile pairs" : "mma")
           << cuda::kv_dtype_name(tc.dtype) << " heads " << tc.c.heads << " splits " << tc.splits;
       if (tc.heads_per_block) EXPECT_EQ(ws.last.heads_per_block, tc.heads_per_block);

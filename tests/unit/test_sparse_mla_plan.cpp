@@ -87,7 +87,8 @@ TEST(SparseMlaPlan, EveryDeviceHasALaunchThatFitsAndFollowsTheRule) {
                   const std::string what = dev.name + " " + sh.name + (d == KvDtype::FP8 ? " fp8" : " bf16") +
                                            " T=" + std::to_string(T) + " ctx=" + std::to_string(ctx) +
                                            (sparse ? " sparse" : " dense") + (pairs_allowed ? "" : " no pairs") +
-                                           (k == AttentionKernel::Wgmma ? " wgmma" : "") + (quarters ? " quarters" : "");
+                                           (k == AttentionKernel::Wgmma ? " wgmma" : "") +
+                                           (quarters ? " quarters" : "");
                   MlaLaunchPlan p;
                   ASSERT_NO_THROW(p = plan_sparse_mla(a, k, ws)) << what;
                   ++plans;

@@ -71,7 +71,8 @@ inline size_t fp8_rows_bytes(int hg, int stages) {
 // fragments and its rows' maxima and denominators) against the tiles' 2 x 32 rows of row_stride.
 // (With 4 warps per head group and tile: the same output, twice the maxima and denominators.)
 inline bool tile_pairs_fit(int hg, int kv_lora, int row_stride, int warps = 2) {
-  return size_t(hg) * (size_t(nv_tiles(kv_lora)) * 1024 + size_t(warps) * 512) <= size_t(2) * kRows * size_t(row_stride) * 2;
+  const size_t handed = size_t(hg) * (size_t(nv_tiles(kv_lora)) * 1024 + size_t(warps) * 512);
+  return handed <= size_t(2) * kRows * size_t(row_stride) * 2;
 }
 
 // Whether the mma kernel can take four warps per head group and tile (quarters of the dims): bf16

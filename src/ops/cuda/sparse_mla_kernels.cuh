@@ -87,9 +87,10 @@ __global__ void __launch_bounds__(HG * 32 * W * TP) mla_mma_kernel(AttentionArgs
   // Queries, four values at a time, many loads in flight; pad columns and missing heads are zero.
   // Called once the first tile's copy is under way. A block has 2 W TP threads per head row (THREADS =
   // 2 W TP x HG x 16): thread tid takes row tid / 2 W TP and its columns (tid % 2 W TP) x 4 + 8 W TP k,
-  // so with W = 2 a warp's loads of a round are 8 / TP rows' 64 TP contiguous bytes, and no index is divided (with the merge's
-  // change, taking out the runtime division of a flat index by the row's float4s cut the kernel's
-  // warp instructions at one token by 26%: H100, Nsight, GLM-5 at 1K, 638 K -> 470 K for 272 mma per warp).
+  // so with W = 2 a warp's loads of a round are 8 / TP rows' 64 TP contiguous bytes, and no index is
+  // divided (with the merge's change, taking out the runtime division of a flat index by the row's
+  // float4s cut the kernel's warp instructions at one token by 26%: H100, Nsight, GLM-5 at 1K, 638 K ->
+  // 470 K for 272 mma per warp).
   auto load_q = [&]() {
     constexpr int kInFlight = 12, PER_HEAD = 2 * W * TP;
     static_assert(THREADS == PER_HEAD * HG * 16, "2 W TP threads per head row");
