@@ -9,7 +9,9 @@
 // split over blocks (split-KV) and merged by a second kernel. Two tiles in flight where shared
 // memory allows (attention_smem.h: at 16 heads also within the 99 KB of SM86, SM89 and SM12x); at
 // 16 or 32 heads with two tiles in flight, two sets of such pairs take alternate tiles ("tile
-// pairs", small batches, where shared memory allows) and merge at the end.
+// pairs", small batches, where shared memory allows) and merge at the end. Asked for (not yet by
+// default), bf16 rows at 16 heads with tile pairs take four warps per head group and tile instead of
+// a pair, each a quarter of the dims ("quarters": the chain of products per warp halves).
 // Fma kernel: one block per token and head, any shape; the reference the selector falls back to.
 // Which of them a call launches, and in what shape, is a plan from the device's limits alone
 // (plan_sparse_mla, sparse_mla_plan.h), which tests check for every device without a GPU.
@@ -162,8 +164,7 @@ MmaPlan plan_mma(const AttentionArgs& a, AttentionKernel k, const AttentionWorks
   // SPARSEMLA_MLA_QUARTERS=1; written in session 45 for batch 1, not yet timed) and taken: 16 heads
   // per block with tile pairs, bf16 rows of 512 + 64.
   static const bool quarters_on = env_switch("SPARSEMLA_MLA_QUARTERS") == 1;
-  if ((ws.quarters || quarters_on) && geo.tile_pairs == 2 &&
-      mla_smem::quarters_take(fp8, a.kv_lora, a.rope, geo.hg, geo.tile_pairs) &&
+  if ((ws.quarters || quarters_on) && mla_smem::quarters_take(fp8, a.kv_lora, a.rope, geo.hg, geo.tile_pairs) &&
       mla_smem::bytes(geo.hg, 2, fp8, stride, a.latent.row_bytes, 2, 4) <= size_t(ws.smem_optin))
     geo = mma_geometry(a, geo.hg, 2, tiles, splits, 2, 4);
   MmaPlan p;

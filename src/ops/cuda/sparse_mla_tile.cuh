@@ -1,7 +1,7 @@
 // What the attention kernels share (sparse_mla.cu: latent rows as bf16 tiles in shared memory;
 // sparse_mla_fp8.cu: fp8 rows read as stored; sparse_mla_sm90.cu: the Hopper kernel): the launch
 // geometry, a selection entry -> cache slot, a k-step of the scores, the online-softmax step, and the
-// mma.sync kernels' score exchange between the two warps of a pair.
+// mma.sync kernels' score exchange between the warps of a head group (a pair, or four: quarters).
 #pragma once
 #include <cmath>
 #include <cstdint>
