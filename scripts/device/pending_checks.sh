@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # On the GPU machine: re-checks of sessions 34-38's and 44's GPU code, in one run of ~18 minutes of
-# device time. Every phase but quarters and fp8 (session 45, ~3 minutes each) has run: session 37 all
-# but prefill and ncu on an H200 on 186f2c6, session 38 the prefill phase on an H100, session 45 the
-# wgmma phase on an H100 on 118c578 (PERFORMANCE.md, "Session 37", "Session 38", "Session 45": all
-# passed, the figures recorded). `PHASES=wgmma` alone: ~4 minutes. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla, sparsemla_tests
+# device time. Every phase has run: session 37 all but prefill and ncu on an H200 on 186f2c6, session
+# 38 the prefill phase on an H100, session 45 the wgmma phase on an H100 on 118c578, session 46 the fp8
+# phase on an H100 on aa478b5 (PERFORMANCE.md, "Session 37", "Session 38", "Session 45", "Session 46":
+# all passed, the figures recorded; session 46 also ran session 45's quarters phase, not kept:
+# patches/mla_quarters.patch). `PHASES=wgmma` alone: ~4 minutes. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla, sparsemla_tests
 # and bench_cuda_matmul with scripts/device/pack.sh from a build configured with
 # -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
-# (default all: "quarters fp8 wgmma prefill attention tests sanitizer model ncu profile"); ROUNDS the attention phase's
+# (default all: "fp8 wgmma prefill attention tests sanitizer model ncu profile"); ROUNDS the attention phase's
 # rounds (2).
 #
 #  prefill    the cuBLAS prefill (prefill_blas.cu; on by default since session 38,
@@ -53,12 +54,7 @@
 #             --one-sequence`): the old tiles (unpaired; the old default, bf16 pairs through registers,
 #             is only in a70283c's build or the patch wgmma_gather_forms.patch) and unpaired lines.
 #             (Session 45 also ran bf16 pairs in lines here; not kept: wgmma_bf16_pairs.patch.)
-#  quarters   (session 45, not yet run; ~3 minutes) four warps per head group and tile in the mma kernel
-#             (ws.quarters / SPARSEMLA_MLA_QUARTERS=1, off by default; host emulation passed): the tile
-#             pairs' GPU test (each case also with quarters asked for), memcheck and racecheck on it, attention at batch 1, 2, 4 (4K, 128K, GLM-5 and
-#             DeepSeek-V3.2 bf16) with it off and on in two interleaved rounds, and the 3-layer
-#             GLM-5-width step at batch 1 and 128K; make it the default where it wins (plan_mma).
-#  fp8        (session 45, not yet run) why the Hopper kernel's fp8 rows are slower than bf16 rows at
+#  fp8        (session 45; run 77 in session 46, H100) why the Hopper kernel's fp8 rows are slower than bf16 rows at
 #             batch 128 (GLM-5 135 against 126 us on an H100, half the bytes) though neither their
 #             loads' latency (rows a tile ahead) nor their rope loads (by cp.async) were the bound
 #             (run 74, wgmma_fp8_forms.patch): Nsight's instruction mix and stall samples of the
@@ -69,40 +65,11 @@
 # compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-quarters fp8 wgmma prefill attention tests sanitizer model ncu profile}
+PHASES=${PHASES:-fp8 wgmma prefill attention tests sanitizer model ncu profile}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 step() { awk -F'|' '{print $1 "|" $4 "|" $5 "|" $6 "|" $7}'; }
-
-if has quarters; then
-  timeout 120 "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMlaTilePairs*:CudaAttention.SparseMlaBatchOne*' \
-    >"$OUT/quarters_tests.log" 2>&1
-  echo "quarters tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/quarters_tests.log" | tail -4
-  if [ -x "$SAN" ]; then
-    for tool in memcheck racecheck; do
-      SPARSEMLA_GPU_TEST_SMALL=1 timeout 120 "$SAN" --tool $tool --error-exitcode 9 "$BIN/sparsemla_tests" \
-        --gtest_filter='CudaAttention.SparseMlaTilePairs*' >"$OUT/quarters_$tool.log" 2>&1
-      echo "quarters $tool: exit $?"; grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/quarters_$tool.log"
-    done
-  fi
-  for round in 1 2; do
-    for qw in 0 1; do
-      echo "== attention, SPARSEMLA_MLA_QUARTERS=$qw, round $round" | tee -a "$OUT/quarters_attention.log"
-      SPARSEMLA_MLA_QUARTERS=$qw timeout 60 "$BIN/sparsemla" bench attention --shapes glm5 dsv32 --kv bf16 \
-        --batch 1 2 4 --context 4096 131072 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" | tee -a "$OUT/quarters_attention.log"
-    done
-  done
-  timeout 60 "$BIN/sparsemla" make-model --preset glm5-width --layers 3 --type q4_k_m --zeros -o /tmp/g3q.gguf \
-    >/dev/null 2>&1 || echo "make-model q4_k_m 3 layers failed"
-  for round in 1 2; do
-    for qw in 0 1; do
-      echo "quarters $qw, round $round: $(SPARSEMLA_MLA_QUARTERS=$qw timeout 90 "$BIN/sparsemla" bench -m /tmp/g3q.gguf \
-        --device cuda --prompt 131072 --gen 32 --batch 1 2>&1 | grep -E '^decode|rror')" | tee -a "$OUT/quarters_model.log"
-    done
-  done
-  rm -f /tmp/g3q.gguf
-fi
 
 if has fp8; then
   for c in "dsv32 fp8" "glm5 fp8" "glm5 bf16"; do

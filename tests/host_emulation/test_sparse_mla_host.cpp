@@ -293,14 +293,14 @@ void run_both_orders(Problem& p, const Launch& launch) {
 }
 
 // The mma kernel with hg head groups per block, `stages` tiles in flight, at most `splits` splits
-// and `tile_pairs` sets of `warps` warps per head group, then the combine kernel where there are
-// several splits, as sparse_mla() launches them; returns the geometry's splits.
-int run_mma(Problem& p, int hg, int stages, int splits, int tile_pairs = 1, int warps = 2) {
+// and `tile_pairs` sets of warps per head group, then the combine kernel where there are several
+// splits, as sparse_mla() launches them; returns the geometry's splits.
+int run_mma(Problem& p, int hg, int stages, int splits, int tile_pairs = 1) {
   const AttentionArgs& a = p.a;
   // (plan_mma's rows: front selections up to the longest context)
   const int64_t rows = !a.selected ? a.max_ctx : a.selected_front ? std::min<int64_t>(a.top_k, a.max_ctx) : a.top_k;
   const int tiles = std::max(1, ceil_div(rows, kRows));
-  const MlaGeometry geo = mma_geometry(a, hg, stages, tiles, splits, tile_pairs, warps);
+  const MlaGeometry geo = mma_geometry(a, hg, stages, tiles, splits, tile_pairs);
   const MmaLaunch l = mma_launch(a, geo);
   std::vector<float> part(geo.splits > 1 ? size_t(a.T) * geo.splits * a.heads * (a.kv_lora + 2) : 0, NAN);
   run_both_orders(p, [&](emu::Order order) {
@@ -358,32 +358,28 @@ TEST(SparseMlaOnTheHost, MmaKernelMatchesTheCpuReference) {
       // block with one stage and two (the launch takes any of them when asked, or on smaller
       // devices). Also with two tile pairs (16 heads, two stages) in one split and four, and at 32
       // heads in four: the splits' tiles in steps of two, the last step of an odd count (or of a
-      // single tile) with one set of warps idle. Bf16 rows of 512 + 64: also four warps per head group
-      // and tile (quarters of the dims) with tile pairs at 16 heads, in one split and four.
+      // single tile) with one set of warps idle.
       const int own = c.heads > 32 ? 4 : 2;
-      std::vector<std::tuple<int, int, int, int, int>> shapes = {{own, 2, 1, 1, 2}, {own, 2, 4, 1, 2}};
+      std::vector<std::tuple<int, int, int, int>> shapes = {{own, 2, 1, 1}, {own, 2, 4, 1}};
       if (ci == 2 || ci == 3 || c.kv_lora < 512)
         for (int hg : {1, 2, 4})
           for (int stages : {1, 2})
-            if (hg != own || stages != 2) shapes.emplace_back(hg, stages, 4, 1, 2);
-      for (int splits : {1, 4}) shapes.emplace_back(1, 2, splits, 2, 2);
-      if (mla_smem::tile_pairs_fit(2, c.kv_lora, mla_smem::stride(c.kv_lora, c.rope)))
-        shapes.emplace_back(2, 2, 4, 2, 2);
-      if (mla_smem::quarters_take(d == KvDtype::FP8, c.kv_lora, c.rope, 1, 2))
-        for (int splits : {1, 4}) shapes.emplace_back(1, 2, splits, 2, 4);
-      for (auto [hg, stages, splits, tile_pairs, warps] : shapes) {
+            if (hg != own || stages != 2) shapes.emplace_back(hg, stages, 4, 1);
+      for (int splits : {1, 4}) shapes.emplace_back(1, 2, splits, 2);
+      if (mla_smem::tile_pairs_fit(2, c.kv_lora, mla_smem::stride(c.kv_lora, c.rope))) shapes.emplace_back(2, 2, 4, 2);
+      for (auto [hg, stages, splits, tile_pairs] : shapes) {
         Problem p(c, d, rng);
         const auto t0 = std::chrono::steady_clock::now();
-        const int got_splits = run_mma(p, hg, stages, splits, tile_pairs, warps);
+        const int got_splits = run_mma(p, hg, stages, splits, tile_pairs);
         if (HasFailure()) return;
         const double err = p.error(true);
-        std::printf("  mma %s heads %d latent %d+%d top-k %d: %d heads/block, %d stages, %d splits, %d tile pair%s, "
-                    "%d warps per head group: max error %.2e (%.2f s)\n",
+        std::printf("  mma %s heads %d latent %d+%d top-k %d: %d heads/block, %d stages, %d splits, %d tile pair%s: "
+                    "max error %.2e (%.2f s)\n",
                     dtype_name(d), c.heads, c.kv_lora, c.rope, c.top_k, hg * 16, stages, got_splits, tile_pairs,
-                    tile_pairs == 1 ? "" : "s", warps, err, seconds_since(t0));
+                    tile_pairs == 1 ? "" : "s", err, seconds_since(t0));
         EXPECT_LE(err, 1e-2) << dtype_name(d) << " heads " << c.heads << " latent " << c.kv_lora << " heads/block "
                              << hg * 16 << " stages " << stages << " splits " << got_splits << " tile pairs "
-                             << tile_pairs << " warps " << warps;
+                             << tile_pairs;
         if (HasFailure()) return;
       }
     }

@@ -1288,8 +1288,6 @@ TEST(CudaAttention, SparseMlaBatchOneManySplits) {
 // to 512 (token, head) rows where tile pairs fit); 32 heads per block asked for; the small fixture
 // shapes (kv_lora 24: one output tile pair per warp); dense rows. fp8 rows with the launch's own
 // shape (DeepSeek-V3.2: 32 heads per block; forced shapes take the fp8-row kernel where it fits).
-// Each case also with four warps per head group and tile asked for (ws.quarters: quarters of the
-// dims), which the launch takes with tile pairs at 16 heads over bf16 rows of 512 + 64.
 TEST(CudaAttention, SparseMlaTilePairsMatchTheCpuReference) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(23);
@@ -1319,11 +1317,9 @@ TEST(CudaAttention, SparseMlaTilePairsMatchTheCpuReference) {
       {{8, 512, 64, {2100}, 2048, 1, 16}, fp8, 0, 0},             // 8 heads
   };
   for (const Case& tc : cases)
-    for (int variant : {0, 1, 2}) {  // tile pairs, one set of warps, tile pairs with quarters asked for
-      const bool tile_pairs = variant != 1, quarters = variant == 2;
+    for (bool tile_pairs : {true, false}) {
       cuda::AttentionWorkspace ws;
       ws.tile_pairs = tile_pairs;
-      ws.quarters = quarters;
       check_mla(tc.c, tc.dtype, mma, tc.splits, rng, tc.heads_per_block, &ws);
       if (HasFatalFailure()) return;
       // Tile pairs need 16 or 32 heads per block with two stages, two tiles per split (which every
@@ -1333,10 +1329,7 @@ TEST(CudaAttention, SparseMlaTilePairsMatchTheCpuReference) {
       const bool taken = tile_pairs && hg <= 2 && ws.last.stages == 2 &&
                          cuda::mla_smem::bytes(hg, 2, tc.dtype == fp8, stride, row_bytes, 2) <= size_t(ws.smem_optin) &&
                          cuda::mla_smem::tile_pairs_fit(hg, tc.c.kv_lora, stride);
-      const bool quartered = quarters && taken && hg == 1 &&
-                             cuda::mla_smem::quarters_take(tc.dtype == fp8, tc.c.kv_lora, tc.c.rope, 1, 2) &&
-                             cuda::mla_smem::bytes(1, 2, false, stride, row_bytes, 2, 4) <= size_t(ws.smem_optin);
-      EXPECT_STREQ(ws.last.kernel, quartered ? "mma tile pairs, quarters" : taken ? "mma tile pairs" : "mma")
+      EXPECT_STREQ(ws.last.kernel, taken ? "mma tile pairs" : "mma")
           << cuda::kv_dtype_name(tc.dtype) << " heads " << tc.c.heads << " splits " << tc.splits;
       if (tc.heads_per_block) EXPECT_EQ(ws.last.heads_per_block, tc.heads_per_block);
       else EXPECT_LE(ws.last.heads_per_block, 32) << "batch 1 and 2 take 16 or 32 heads per block";

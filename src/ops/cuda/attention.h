@@ -249,10 +249,6 @@ struct AttentionWorkspace {
   // or more and the device has the shared memory (sparse_mla_kernels.cuh, TP); false: one set
   // (tests, A/B). SPARSEMLA_MLA_TILE_PAIRS=0 turns them off as well.
   bool tile_pairs = true;
-  // Four warps per head group and tile in the mma kernel (each a quarter of the dims, where it takes
-  // them: 16 heads per block with tile pairs, bf16 rows of 512 + 64; MlaGeometry::warps): asked for by
-  // tests and A/B (SPARSEMLA_MLA_QUARTERS=1 as well); not yet timed, so off by default.
-  bool quarters = false;
   // What the last call launched, for benchmarks: the kernel ("mma", "mma fp8 rows", "wgmma", "fma"),
   // heads per block, tiles in flight and split-KV blocks per token (0 where they do not apply).
   struct Launch {

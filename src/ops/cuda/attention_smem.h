@@ -33,9 +33,8 @@ inline int stride(int kv_lora, int rope) {
   return std::max(d_pad, nv_tiles(kv_lora) * 16) + 8;
 }
 
-// The score exchange of hg head groups: [hg groups of warps][warps: 2 halves or 4 quarters of the
-// dims][16 heads][kSStride].
-inline size_t score_bytes(int hg, int warps = 2) { return size_t(hg) * warps * 16 * kSStride * 4; }
+// The score exchange of hg head groups: [hg pairs of warps][2 halves][16 heads][kSStride].
+inline size_t score_bytes(int hg) { return size_t(hg) * 2 * 16 * kSStride * 4; }
 
 // One stage of fp8 rows as stored (two stages): a tile's stage is free once it has been widened, so
 // the tile's score exchange (of hg pairs of warps: with tile pairs, of both sets) lives there too;
@@ -48,11 +47,9 @@ inline size_t fp8_stage_bytes(int hg, int64_t row_bytes) {
 // scores too), else the scores (of each set of warps: tile_pairs), slots. 16 heads with two stages
 // fit 99 KB for bf16 (99,712 bytes) and fp8 (100,096) rows of 576; with two tile pairs 104,832 and
 // 137,472 (fp8 rows: two bf16 tiles), at 32 heads 134,656 and 156,160.
-// warps: per head group and tile (2, or 4 for bf16 rows: MlaGeometry::warps).
-inline size_t bytes(int hg, int stages, bool fp8, int row_stride, int64_t row_bytes, int tile_pairs = 1,
-                    int warps = 2) {
+inline size_t bytes(int hg, int stages, bool fp8, int row_stride, int64_t row_bytes, int tile_pairs = 1) {
   const size_t staged =
-      fp8 && stages == 2 ? 2 * fp8_stage_bytes(hg * tile_pairs, row_bytes) : score_bytes(hg * tile_pairs, warps);
+      fp8 && stages == 2 ? 2 * fp8_stage_bytes(hg * tile_pairs, row_bytes) : score_bytes(hg * tile_pairs);
   return size_t(hg) * 16 * row_stride * 2 + size_t(fp8 && tile_pairs == 1 ? 1 : stages) * kRows * row_stride * 2 +
          staged + size_t(kChunk) * 4;
 }
@@ -69,18 +66,8 @@ inline size_t fp8_rows_bytes(int hg, int stages) {
 // Whether the mma kernel's tile pairs (hg head groups, two stages) can hand the second set's output
 // over through the two bf16 tiles at the end: (nv + 1) KB per head group (each warp's output
 // fragments and its rows' maxima and denominators) against the tiles' 2 x 32 rows of row_stride.
-// (With 4 warps per head group and tile: the same output, twice the maxima and denominators.)
-inline bool tile_pairs_fit(int hg, int kv_lora, int row_stride, int warps = 2) {
-  const size_t handed = size_t(hg) * (size_t(nv_tiles(kv_lora)) * 1024 + size_t(warps) * 512);
-  return handed <= size_t(2) * kRows * size_t(row_stride) * 2;
-}
-
-// Whether the mma kernel can take four warps per head group and tile (quarters of the dims): bf16
-// rows of 512 latent dims whose dims (with the rope) split in quarters of whole k-steps, at 16 heads
-// per block with tile pairs (MlaGeometry::warps; the launch takes them where asked for).
-inline bool quarters_take(bool fp8, int kv_lora, int rope, int hg, int tile_pairs) {
-  const int d_pad = (kv_lora + rope + 31) / 32 * 32;
-  return !fp8 && kv_lora == 512 && d_pad % 64 == 0 && hg == 1 && tile_pairs == 2;
+inline bool tile_pairs_fit(int hg, int kv_lora, int row_stride) {
+  return size_t(hg) * size_t(nv_tiles(kv_lora) + 1) * 1024 <= size_t(2) * kRows * size_t(row_stride) * 2;
 }
 
 // Whether a device of `optin` bytes per block holds the mma kernel's tile pairs at hg head groups:

@@ -9,9 +9,7 @@
 // split over blocks (split-KV) and merged by a second kernel. Two tiles in flight where shared
 // memory allows (attention_smem.h: at 16 heads also within the 99 KB of SM86, SM89 and SM12x); at
 // 16 or 32 heads with two tiles in flight, two sets of such pairs take alternate tiles ("tile
-// pairs", small batches, where shared memory allows) and merge at the end. Asked for (not yet by
-// default), bf16 rows at 16 heads with tile pairs take four warps per head group and tile instead of
-// a pair, each a quarter of the dims ("quarters": the chain of products per warp halves).
+// pairs", small batches, where shared memory allows) and merge at the end.
 // Fma kernel: one block per token and head, any shape; the reference the selector falls back to.
 // Which of them a call launches, and in what shape, is a plan from the device's limits alone
 // (plan_sparse_mla, sparse_mla_plan.h), which tests check for every device without a GPU.
@@ -160,18 +158,11 @@ MmaPlan plan_mma(const AttentionArgs& a, AttentionKernel k, const AttentionWorks
   Geometry geo = mma_geometry(a, fit.hg, fit.stages, tiles, splits);
   if (!fp8_rows && geo.stages == 2 && geo.tiles_per_split >= 2 && tile_pairs_at(geo.hg))
     geo = mma_geometry(a, geo.hg, 2, tiles, splits, 2);
-  // Four warps per head group and tile (quarters of the dims) where asked for (ws.quarters or
-  // SPARSEMLA_MLA_QUARTERS=1; written in session 45 for batch 1, not yet timed) and taken: 16 heads
-  // per block with tile pairs, bf16 rows of 512 + 64.
-  static const bool quarters_on = env_switch("SPARSEMLA_MLA_QUARTERS") == 1;
-  if ((ws.quarters || quarters_on) && mla_smem::quarters_take(fp8, a.kv_lora, a.rope, geo.hg, geo.tile_pairs) &&
-      mla_smem::bytes(geo.hg, 2, fp8, stride, a.latent.row_bytes, 2, 4) <= size_t(ws.smem_optin))
-    geo = mma_geometry(a, geo.hg, 2, tiles, splits, 2, 4);
   MmaPlan p;
   p.k = k;
   p.fp8_rows = fp8_rows;
   p.geo = geo;
-  p.smem = geo.tile_pairs == 2 ? mla_smem::bytes(geo.hg, 2, fp8, stride, a.latent.row_bytes, 2, geo.warps)
+  p.smem = geo.tile_pairs == 2 ? mla_smem::bytes(geo.hg, 2, fp8, stride, a.latent.row_bytes, 2)
                                : bytes_of(geo.hg, geo.stages);
   return p;
 }
@@ -195,7 +186,7 @@ MlaLaunchPlan plan_sparse_mla(const AttentionArgs& args, AttentionKernel k, cons
   const MmaPlan p = plan_mma(as_launched(args), k, ws, splits, heads_per_block);
   const bool wgmma = p.k == AttentionKernel::Wgmma;
   return {p.k,          p.fp8_rows,           p.geo.hg * 16, wgmma ? 2 : p.geo.stages, p.geo.splits,
-          p.geo.tiles_per_split, p.geo.tile_pairs, wgmma ? 0 : p.smem, wgmma ? 2 : p.geo.warps};
+          p.geo.tiles_per_split, p.geo.tile_pairs, wgmma ? 0 : p.smem};
 }
 
 void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits,
@@ -241,7 +232,6 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
   static const bool pairs_off = env_off("SPARSEMLA_MLA_PAIRS");
   ws.last = {k == AttentionKernel::Wgmma ? "wgmma"
              : fp8_rows                    ? "mma fp8 rows"
-             : geo.warps == 4              ? "mma tile pairs, quarters"
              : geo.tile_pairs == 2         ? "mma tile pairs"
                                            : "mma",
              geo.hg * 16,

@@ -46,15 +46,10 @@ __device__ __forceinline__ void copy_row_pieces(T* dst, const uint8_t* src, int 
 // once, each set with its own running maximum, denominator and output, merged at the end through
 // shared memory (MlaGeometry::tile_pairs: where the launch takes it); fp8 rows then have two bf16
 // tiles to be widened into.
-// W: warps per head group and tile, each taking a part of the dims (of q . row's and of the output's):
-// 2 halves, or 4 quarters (bf16 rows; MlaGeometry::warps), which halves each warp's chain of products
-// where blocks are few (batch 1) at the price of a score exchange over four parts. NV: a warp's output
-// n-tiles of 8 dims; KS: its k-steps of 16 when known at compile time.
-template <int NV, bool FP8, int HG, int STAGES, int KS, int TP = 1, int W = 2>
-__global__ void __launch_bounds__(HG * 32 * W * TP) mla_mma_kernel(AttentionArgs a, Geometry geo, float* part) {
+template <int NV, bool FP8, int HG, int STAGES, int KS, int TP = 1>
+__global__ void __launch_bounds__(HG * 64 * TP) mla_mma_kernel(AttentionArgs a, Geometry geo, float* part) {
   static_assert(TP == 1 || (TP == 2 && STAGES == 2 && HG <= 2), "tile pairs: 16 or 32 heads, two stages");
-  static_assert(W == 2 || (W == 4 && !FP8), "quarters: bf16 rows");
-  constexpr int THREADS = HG * 32 * W * TP;
+  constexpr int THREADS = HG * 64 * TP;
   constexpr int NBUF = FP8 && TP == 1 ? 1 : STAGES;  // bf16 tiles (fp8 rows with one set widen into one)
   SPARSEMLA_DYNAMIC_SMEM(smem);
   const int stride = geo.stride, D = geo.d;
@@ -73,8 +68,8 @@ __global__ void __launch_bounds__(HG * 32 * W * TP) mla_mma_kernel(AttentionArgs
   uint32_t* sSlot = reinterpret_cast<uint32_t*>(sp);  // [kChunk] cache slots (32 bits: GpuCache checks)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q4 = lane % 4;
-  const int tp = warp / (W * HG);  // the warp's set of groups: tiles it + tp of each step of TP tiles
-  const int pair = (warp % (W * HG)) / W, half = warp % W;  // (half: the warp's part of the dims, of W)
+  const int tp = warp / (2 * HG);  // the warp's set of pairs: tiles it + tp of each step of TP tiles
+  const int pair = (warp % (2 * HG)) / 2, half = warp % 2;
   const int h0 = blockIdx.x * HG * 16;
   const BlockRows br = block_rows(a, geo);
   const int t = br.t, split = br.split, r_begin = br.r_begin, r_end = br.r_end;
@@ -85,15 +80,14 @@ __global__ void __launch_bounds__(HG * 32 * W * TP) mla_mma_kernel(AttentionArgs
       *reinterpret_cast<uint4*>(sKbuf + (i / pad) * stride + D + (i % pad) * 8) = make_uint4(0, 0, 0, 0);
   }
   // Queries, four values at a time, many loads in flight; pad columns and missing heads are zero.
-  // Called once the first tile's copy is under way. A block has 2 W TP threads per head row (THREADS =
-  // 2 W TP x HG x 16): thread tid takes row tid / 2 W TP and its columns (tid % 2 W TP) x 4 + 8 W TP k,
-  // so with W = 2 a warp's loads of a round are 8 / TP rows' 64 TP contiguous bytes, and no index is
-  // divided (with the merge's change, taking out the runtime division of a flat index by the row's
-  // float4s cut the kernel's warp instructions at one token by 26%: H100, Nsight, GLM-5 at 1K, 638 K ->
-  // 470 K for 272 mma per warp).
+  // Called once the first tile's copy is under way. A block has 4 TP threads per head row (THREADS =
+  // 4 TP x HG x 16): thread tid takes row tid / 4 TP and its columns (tid % 4 TP) x 4 + 16 TP k, so a
+  // warp's loads of a round are 8 / TP rows' 64 TP contiguous bytes, and no index is divided (with the merge's
+  // change, taking out the runtime division of a flat index by the row's float4s cut the kernel's
+  // warp instructions at one token by 26%: H100, Nsight, GLM-5 at 1K, 638 K -> 470 K for 272 mma per warp).
   auto load_q = [&]() {
-    constexpr int kInFlight = 12, PER_HEAD = 2 * W * TP;
-    static_assert(THREADS == PER_HEAD * HG * 16, "2 W TP threads per head row");
+    constexpr int kInFlight = 12, PER_HEAD = 4 * TP;
+    static_assert(THREADS == PER_HEAD * HG * 16, "4 TP threads per head row");
     const int r = tid / PER_HEAD, h = h0 + r;
     const float* q = a.q + (int64_t(t) * a.heads + min(h, a.heads - 1)) * D;
     __nv_bfloat16* dst = sQ + r * stride;
@@ -120,7 +114,7 @@ __global__ void __launch_bounds__(HG * 32 * W * TP) mla_mma_kernel(AttentionArgs
   for (int j = 0; j < NV; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float sl2 = a.scale * kLog2e;
-  const int ksteps = KS > 0 ? KS : geo.d_pad / (16 * W);  // k-steps of 16 in each part (KS: known at compile time)
+  const int ksteps = KS > 0 ? KS : geo.d_pad / 32;  // k-steps of 16 in each half (KS: known at compile time)
   const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
   const int groups = latent_groups(a.kv_lora);
 
@@ -243,7 +237,7 @@ __global__ void __launch_bounds__(HG * 32 * W * TP) mla_mma_kernel(AttentionArgs
         }
       }
       float alpha[2];
-      pair_softmax<W>(s, sS, tp * HG + pair, half, lane, slots, valid, sl2, m, l, alpha);
+      pair_softmax(s, sS, tp * HG + pair, half, lane, slots, valid, sl2, m, l, alpha);
       if (warp_rescales(alpha[0], alpha[1])) {
 #pragma unroll
         for (int j = 0; j < NV; ++j) {
@@ -290,9 +284,9 @@ __global__ void __launch_bounds__(HG * 32 * W * TP) mla_mma_kernel(AttentionArgs
   if constexpr (TP == 2) {
     // The second set hands its output, maxima and denominators to the first through the tile buffers
     // (free since the loop's last barrier; mla_smem::tile_pairs_fit); the first merges them into its own.
-    float4* xo = reinterpret_cast<float4*>(sKbuf);  // [W HG warps][NV][32 lanes]
-    float4* xm = xo + W * HG * NV * 32;             // [W HG warps][32 lanes]: m, l of rows g and g + 8
-    const int w = warp % (W * HG);
+    float4* xo = reinterpret_cast<float4*>(sKbuf);  // [2 HG warps][NV][32 lanes]
+    float4* xm = xo + 2 * HG * NV * 32;             // [2 HG warps][32 lanes]: m, l of rows g and g + 8
+    const int w = warp % (2 * HG);
     if (tp == 1) {
 #pragma unroll
       for (int j = 0; j < NV; ++j) xo[(w * NV + j) * 32 + lane] = make_float4(o[j][0], o[j][1], o[j][2], o[j][3]);
@@ -482,11 +476,8 @@ __global__ void __launch_bounds__(kFmaThreads) mla_fma_kernel(AttentionArgs a) {
 // The geometry of an mma kernel launch with hg head groups of 16 per block and `stages` tiles in
 // flight (sparse_mla() chooses both), over the `tiles` tiles of kRows of a token's rows (at least
 // one) in at most `splits` (>= 1) splits of whole tiles: fewer where the tiles do not fill them;
-// tile_pairs 2: two sets of warps per head group (the kernel's TP; hg 1 or 2, two stages); warps 4:
-// four warps per head group and tile (the kernel's W; bf16 rows of 512 + rope whose dims split in
-// quarters of whole k-steps, 16 heads per block with tile pairs).
-inline MlaGeometry mma_geometry(const AttentionArgs& a, int hg, int stages, int tiles, int splits, int tile_pairs = 1,
-                                int warps = 2) {
+// tile_pairs 2: two sets of warps per head group (the kernel's TP; hg 1 or 2, two stages).
+inline MlaGeometry mma_geometry(const AttentionArgs& a, int hg, int stages, int tiles, int splits, int tile_pairs = 1) {
   MlaGeometry geo;
   geo.d = a.kv_lora + a.rope;
   geo.d_pad = (geo.d + 31) / 32 * 32;
@@ -495,13 +486,10 @@ inline MlaGeometry mma_geometry(const AttentionArgs& a, int hg, int stages, int 
   geo.stages = stages;
   geo.raw_stage = int(mla_smem::fp8_stage_bytes(hg * tile_pairs, a.latent.row_bytes));
   geo.tile_pairs = tile_pairs;
-  geo.warps = warps;
-  geo.score_bytes = int(mla_smem::score_bytes(hg * tile_pairs, warps));
+  geo.score_bytes = int(mla_smem::score_bytes(hg * tile_pairs));
   if (tile_pairs != 1 && (tile_pairs != 2 || hg > 2 || stages != 2))
     fail("sparse_mla: tile pairs take 16 or 32 heads per block and two stages");
-  if (warps != 2 && !mla_smem::quarters_take(a.dtype == KvDtype::FP8, a.kv_lora, a.rope, hg, tile_pairs))
-    fail("sparse_mla: four warps per head group take bf16 rows of 512 dims, 16 heads per block and tile pairs");
-  if (tile_pairs == 2 && !mla_smem::tile_pairs_fit(hg, a.kv_lora, geo.stride, warps))
+  if (tile_pairs == 2 && !mla_smem::tile_pairs_fit(hg, a.kv_lora, geo.stride))
     fail("sparse_mla: the tile pairs' merge does not fit the tiles");
   splits = std::min({splits, tiles, kMaxSplits});
   geo.tiles_per_split = ceil_div(tiles, splits);
@@ -519,25 +507,20 @@ struct MmaLaunch {
   size_t smem = 0;
 };
 
-template <int NV, bool FP8, int HG, int STAGES, int TP = 1, int W = 2>
+template <int NV, bool FP8, int HG, int STAGES, int TP = 1>
 MmaLaunch mma_launch_of(const AttentionArgs& a, const Geometry& geo) {
   MmaLaunch l;
-  l.smem = std::max(mla_smem::bytes(HG, STAGES, FP8, geo.stride, a.latent.row_bytes, TP, W), geo.launch_smem);
-  // GLM-5 / DeepSeek rows (512 + 64) get the k-loop unrolled: 18 k-steps of 16 per half of 288 (9 per
-  // quarter of 144).
-  constexpr bool kRows576 = NV * W == 64;  // a warp's output dims are its part of 512
-  l.kernel = kRows576 && geo.d_pad == 576 ? mla_mma_kernel<NV, FP8, HG, STAGES, (kRows576 ? 36 / W : 0), TP, W>
-                                          : mla_mma_kernel<NV, FP8, HG, STAGES, 0, TP, W>;
+  l.smem = std::max(mla_smem::bytes(HG, STAGES, FP8, geo.stride, a.latent.row_bytes, TP), geo.launch_smem);
+  // GLM-5 / DeepSeek rows (512 + 64) get the k-loop unrolled: 18 k-steps of 16 per half of 288.
+  l.kernel = NV == 32 && geo.d_pad == 576 ? mla_mma_kernel<NV, FP8, HG, STAGES, (NV == 32 ? 18 : 0), TP>
+                                          : mla_mma_kernel<NV, FP8, HG, STAGES, 0, TP>;
   l.grid = dim3(unsigned(ceil_div(a.heads, HG * 16)), unsigned(a.T), unsigned(geo.splits));
-  l.threads = HG * 32 * W * TP;
+  l.threads = HG * 64 * TP;
   return l;
 }
 
 template <int NV, bool FP8>
 MmaLaunch mma_launch_variant(const AttentionArgs& a, const Geometry& geo) {
-  if constexpr (!FP8 && NV == 32) {  // four warps per head group and tile: 16 output n-tiles each
-    if (geo.warps == 4) return mma_launch_of<16, false, 1, 2, 2, 4>(a, geo);
-  }
   if (geo.tile_pairs == 2) {
     if (geo.hg == 2) return mma_launch_of<NV, FP8, 2, 2, 2>(a, geo);
     return mma_launch_of<NV, FP8, 1, 2, 2>(a, geo);

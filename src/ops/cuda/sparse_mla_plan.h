@@ -18,7 +18,6 @@ struct MlaLaunchPlan {
   int tiles_per_split = 0;   // tiles of 32 rows per split (fma: 0)
   int tile_pairs = 1;        // sets of warps per head group (2: tile pairs)
   size_t smem = 0;           // the mma kernel's shared memory per block (0: fma or wgmma)
-  int warps = 2;             // the mma kernel's warps per head group and tile (4: quarters of the dims)
 };
 
 // What sparse_mla(a, k, ws, s, splits, heads_per_block) launches on a device whose limits ws holds

@@ -1,7 +1,7 @@
 // What the attention kernels share (sparse_mla.cu: latent rows as bf16 tiles in shared memory;
 // sparse_mla_fp8.cu: fp8 rows read as stored; sparse_mla_sm90.cu: the Hopper kernel): the launch
 // geometry, a selection entry -> cache slot, a k-step of the scores, the online-softmax step, and the
-// mma.sync kernels' score exchange between the warps of a head group (a pair, or four: quarters).
+// mma.sync kernels' score exchange between the two warps of a pair.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -23,7 +23,6 @@ struct MlaGeometry {
   int hg;                  // head groups of 16 per block (1, 2 or 4)
   int stages;              // tiles in flight
   int tile_pairs = 1;      // sets of warps per head group taking alternate tiles (the mma kernel's TP)
-  int warps = 2;           // warps per head group and tile, each a share of the dims (the mma kernel's W)
   int raw_stage;           // bytes of a stage of fp8 rows as stored (mla_smem::fp8_stage_bytes)
   int score_bytes;         // bytes of the score exchange (mla_smem::score_bytes)
   size_t launch_smem = 0;  // > the block's bytes: asked for to emulate a smaller device (smem_per_sm)
@@ -139,19 +138,17 @@ __device__ __forceinline__ bool warp_rescales(float f0, float f1) {
   return !__all_sync(0xffffffffu, f0 == 1.0f && f1 == 1.0f);
 }
 
-// The W warps of a group (part 0 .. W - 1: halves or quarters of the dims) each hold s = their part
-// of q . row for 16 heads x 32 rows (C fragments of four n-tiles of 8 rows). Adds the parts through
-// shared memory (one barrier: every thread of the block calls this), masks rows past `valid` or
-// without a slot, and takes the online softmax step (lazy: online_softmax) on rows g and g + 8: s
-// becomes P (unnormalized, <= 256), m and l advance, and alpha is the factor of the running output.
-// sS: [groups][W parts][16][kSStride].
-template <int W = 2>
+// The warps of a pair (half 0 and 1) each hold s = their half of q . row for 16 heads x 32 rows (C
+// fragments of four n-tiles of 8 rows). Adds the halves through shared memory (one barrier: every
+// thread of the block calls this), masks rows past `valid` or without a slot, and takes the online
+// softmax step (lazy: online_softmax) on rows g and g + 8: s becomes P (unnormalized, <= 256), m and
+// l advance, and alpha is the factor of the running output. sS: [pairs][2 halves][16][kSStride].
 __device__ __forceinline__ void pair_softmax(float s[4][4], float* sS, int pair, int half, int lane,
                                              const uint32_t* slots, int valid, float sl2, float m[2], float l[2],
                                              float alpha[2]) {
   using mla_smem::kSStride;
   const int g = lane / 4, q4 = lane % 4;
-  float* mine = sS + (pair * W + half) * 16 * kSStride;
+  float* mine = sS + (pair * 2 + half) * 16 * kSStride;
   // A lane's two columns of an n-tile as one 8-byte store (and load below): with kSStride = 8 mod
   // 32, each half warp's 16 lanes cover the 32 banks once.
 #pragma unroll
@@ -163,21 +160,16 @@ __device__ __forceinline__ void pair_softmax(float s[4][4], float* sS, int pair,
   // The tile's live rows as one mask (a row per lane), read before the barrier.
   const uint32_t live = __ballot_sync(0xffffffffu, lane < valid && slots[lane] != mla_smem::kNoSlot) >> (2 * q4);
   __syncthreads();
-  const float* s0 = sS + (pair * W) * 16 * kSStride;
+  const float* s0 = sS + (pair * 2) * 16 * kSStride;
+  const float* s1 = s0 + 16 * kSStride;
 #pragma unroll
   for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int at = (g + 8 * rr) * kSStride + nt * 8 + q4 * 2;
-      float2 a = *reinterpret_cast<const float2*>(s0 + at);
-#pragma unroll
-      for (int w = 1; w < W; ++w) {  // (in order: with W = 2, a + b as before)
-        const float2 b = *reinterpret_cast<const float2*>(s0 + w * 16 * kSStride + at);
-        a.x += b.x;
-        a.y += b.y;
-      }
-      s[nt][2 * rr] = (live >> (nt * 8)) & 1u ? a.x * sl2 : -INFINITY;
-      s[nt][2 * rr + 1] = (live >> (nt * 8 + 1)) & 1u ? a.y * sl2 : -INFINITY;
+      const float2 a = *reinterpret_cast<const float2*>(s0 + at), b = *reinterpret_cast<const float2*>(s1 + at);
+      s[nt][2 * rr] = (live >> (nt * 8)) & 1u ? (a.x + b.x) * sl2 : -INFINITY;
+      s[nt][2 * rr + 1] = (live >> (nt * 8 + 1)) & 1u ? (a.y + b.y) * sl2 : -INFINITY;
     }
   online_softmax<4, true>(s[0], m, l, alpha);
 }
