@@ -7,7 +7,7 @@
 # patches/mla_quarters.patch). `PHASES=wgmma` alone: ~4 minutes. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla, sparsemla_tests
 # and bench_cuda_matmul with scripts/device/pack.sh from a build configured with
 # -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
-# (default all: "fp8 wgmma prefill attention tests sanitizer model ncu profile"); ROUNDS the attention phase's
+# (default all: "small8 fp8 wgmma prefill attention tests sanitizer model ncu profile"); ROUNDS the attention phase's
 # rounds (2).
 #
 #  prefill    the cuBLAS prefill (prefill_blas.cu; on by default since session 38,
@@ -54,6 +54,17 @@
 #             --one-sequence`): the old tiles (unpaired; the old default, bf16 pairs through registers,
 #             is only in a70283c's build or the patch wgmma_gather_forms.patch) and unpaired lines.
 #             (Session 45 also ran bf16 pairs in lines here; not kept: wgmma_bf16_pairs.patch.)
+#  small8     (session 46, not yet run; ~2 minutes) fp8 rows at small batches: the launch now gives one
+#             token's fp8 rows to the mma kernel (kWgmmaFp8MinBatch = 2, sparse_mla_plan.h; from session
+#             36's mma and session 46's Hopper figures, two sessions on H100s): its tests, then
+#             attention at batch 1, 2, 4, 8 (4K, 128K, GLM-5 and DeepSeek-V3.2, fp8) with
+#             `--kernel mma` against the Hopper kernel (SPARSEMLA_WGMMA_FP8_MIN_BATCH=1), two rounds:
+#             move kWgmmaFp8MinBatch to where the Hopper kernel starts to win; and the 3-layer
+#             GLM-5-width step at batch 1 with an fp8 cache, the bound at 1 and at 2. With
+#             $BIN/sparsemla_peer and $BIN/sparsemla_tests_peer (a build with
+#             patches/wgmma_peer_arrive.patch: the pairs' release to the other block without
+#             MEMBAR.ALL.GPU) also the Hopper tests and racecheck on the pairs with it, and an A/B of
+#             DeepSeek-V3.2 fp8 at batch 32 / 128 against $BIN/sparsemla: keep the patch if it wins.
 #  fp8        (session 45; run 77 in session 46, H100) why the Hopper kernel's fp8 rows are slower than bf16 rows at
 #             batch 128 (GLM-5 135 against 126 us on an H100, half the bytes) though neither their
 #             loads' latency (rows a tile ahead) nor their rope loads (by cp.async) were the bound
@@ -65,11 +76,48 @@
 # compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-fp8 wgmma prefill attention tests sanitizer model ncu profile}
+PHASES=${PHASES:-small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 step() { awk -F'|' '{print $1 "|" $4 "|" $5 "|" $6 "|" $7}'; }
+
+if has small8; then
+  timeout 120 "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMlaBatchOne*:CudaAttention.SparseMlaWgmma*:SparseMlaPlan*' \
+    >"$OUT/small8_tests.log" 2>&1
+  echo "small8 tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/small8_tests.log" | tail -4
+  for round in 1 2; do
+    for k in mma wgmma; do
+      echo "== fp8 attention, --kernel $k, round $round" | tee -a "$OUT/small8_attention.log"
+      SPARSEMLA_WGMMA_FP8_MIN_BATCH=1 timeout 60 "$BIN/sparsemla" bench attention --kernel $k --shapes glm5 dsv32 \
+        --kv fp8 --batch 1 2 4 8 --context 4096 131072 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" | tee -a "$OUT/small8_attention.log"
+    done
+  done
+  timeout 60 "$BIN/sparsemla" make-model --preset glm5-width --layers 3 --type q4_k_m --zeros -o /tmp/g3s.gguf \
+    >/dev/null 2>&1 || echo "make-model q4_k_m 3 layers failed"
+  for round in 1 2; do
+    for mb in 2 1; do
+      echo "fp8 cache, SPARSEMLA_WGMMA_FP8_MIN_BATCH=$mb, round $round: $(SPARSEMLA_WGMMA_FP8_MIN_BATCH=$mb timeout 90 \
+        "$BIN/sparsemla" bench -m /tmp/g3s.gguf --device cuda --kv-cache fp8 --prompt 32768 --gen 32 --batch 1 2>&1 |
+        grep -E '^decode|rror')" | tee -a "$OUT/small8_model.log"
+    done
+  done
+  rm -f /tmp/g3s.gguf
+  if [ -x "$BIN/sparsemla_peer" ] && [ -x "$BIN/sparsemla_tests_peer" ]; then
+    timeout 120 "$BIN/sparsemla_tests_peer" --gtest_filter='CudaAttention.SparseMlaWgmma*' >"$OUT/small8_peer_tests.log" 2>&1
+    echo "peer tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/small8_peer_tests.log" | tail -4
+    SPARSEMLA_GPU_TEST_SMALL=1 timeout 120 "$SAN" --tool racecheck --error-exitcode 9 "$BIN/sparsemla_tests_peer" \
+      --gtest_filter='CudaAttention.SparseMlaWgmmaPairs*' >"$OUT/small8_peer_racecheck.log" 2>&1
+    echo "peer racecheck: exit $?"; grep -hE "RACECHECK SUMMARY" "$OUT/small8_peer_racecheck.log"
+    for round in 1 2; do
+      for v in "" _peer; do
+        echo "== sparsemla$v, round $round" | tee -a "$OUT/small8_peer.log"
+        timeout 60 "$BIN/sparsemla$v" bench attention --kernel wgmma --shapes dsv32 --kv fp8 --batch 32 128 \
+          --context 4096 131072 --reps 3 2>&1 | grep -E "^dsv32|rror" | tee -a "$OUT/small8_peer.log"
+      done
+    done
+  fi
+fi
 
 if has fp8; then
   for c in "dsv32 fp8" "glm5 fp8" "glm5 bf16"; do

@@ -99,9 +99,10 @@ TEST(SparseMlaPlan, EveryDeviceHasALaunchThatFitsAndFollowsTheRule) {
                     EXPECT_GT(p.smem, 0u) << what;
                     EXPECT_LE(p.smem, size_t(dev.optin)) << what << ": more shared memory than a block may have";
                   }
-                  // The Hopper kernel: small bf16 batches go to the mma kernel, the rest keep it.
-                  // (below 8 tokens and 512 token-head rows: GLM-5 below 8 tokens, DeepSeek-V3.2 below 4).
-                  const bool small = d == KvDtype::BF16 && T < 8 && T * sh.heads < 512;
+                  // The Hopper kernel: small batches go to the mma kernel, the rest keep it: bf16 rows
+                  // below 8 tokens and 512 token-head rows (GLM-5 below 8 tokens, DeepSeek-V3.2 below 4),
+                  // fp8 rows below kWgmmaFp8MinBatch tokens.
+                  const bool small = d == KvDtype::BF16 ? T < 8 && T * sh.heads < 512 : T < kWgmmaFp8MinBatch;
                   if (k == AttentionKernel::Wgmma)
                     EXPECT_EQ(p.kernel, small ? AttentionKernel::Mma : AttentionKernel::Wgmma) << what;
                   else

@@ -66,16 +66,19 @@ MmaPlan plan_mma(const AttentionArgs& a, AttentionKernel k, const AttentionWorks
                  int heads_per_block) {
   const bool fp8 = a.dtype == KvDtype::FP8;
   if (a.dtype == KvDtype::F32) fail("sparse_mla: the mma kernel takes bf16 or fp8 latent rows, not f32");
-  // The Hopper kernel loses to the generic one on a few tokens over a bf16 cache: the selector cannot
-  // see the batch, so the launch decides. Below 8 tokens and 512 (token, head) rows, i.e. GLM-5's 64
+  // The Hopper kernel loses to the generic one on a few tokens: the selector cannot see the batch, so
+  // the launch decides. bf16 rows go to it below 8 tokens and 512 (token, head) rows, i.e. GLM-5's 64
   // heads below 8 tokens, DeepSeek-V3.2's 128 below 4 (H100, session 45, attention us at 4K, mma /
   // wgmma: GLM-5 batch 1 12.0 / 20.8, 4 25.3 / 31.7; DeepSeek-V3.2 batch 2 25.4 / 30.7, 4 39.0 / 36.4).
-  // Forced split counts (tests) keep the kernel asked for. SPARSEMLA_WGMMA_MIN_BATCH moves the token
-  // bound (1: the Hopper kernel at every batch), for measuring.
+  // fp8 rows go to the generic kernel below FP8_MIN_BATCH tokens (H100, attention us at 4K / 128K,
+  // mma / wgmma: GLM-5 batch 1 15.1-15.3 (session 36) / 20.8-20.9 (session 46), DeepSeek-V3.2 batch 1
+  // 20.3-20.7 / 22.7-23.1). Forced split counts (tests) keep the kernel asked for.
+  // SPARSEMLA_WGMMA_MIN_BATCH and SPARSEMLA_WGMMA_FP8_MIN_BATCH move the token bounds (1: the Hopper
+  // kernel at every batch), for measuring.
   static const int64_t wgmma_min_batch = env_int("SPARSEMLA_WGMMA_MIN_BATCH", 8);
-  if (k == AttentionKernel::Wgmma && a.dtype == KvDtype::BF16 && a.T < wgmma_min_batch && a.T * a.heads < 512 &&
-      splits <= 0 && heads_per_block == 0)
-    k = AttentionKernel::Mma;
+  static const int64_t wgmma_fp8_min_batch = env_int("SPARSEMLA_WGMMA_FP8_MIN_BATCH", kWgmmaFp8MinBatch);
+  const bool small = fp8 ? a.T < wgmma_fp8_min_batch : a.T < wgmma_min_batch && a.T * a.heads < 512;
+  if (k == AttentionKernel::Wgmma && small && splits <= 0 && heads_per_block == 0) k = AttentionKernel::Mma;
   if ((a.kv_lora + a.rope) % 8 != 0 || a.kv_lora % 8 != 0 || a.rope % 2 != 0)
     fail("sparse_mla: the mma kernel needs kv_lora and kv_lora + rope multiples of 8 (got {} + {})", a.kv_lora, a.rope);
   const int stride = mla_smem::stride(a.kv_lora, a.rope);

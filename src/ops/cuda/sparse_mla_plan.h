@@ -4,13 +4,14 @@
 // Plain C++.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 #include "ops/cuda/attention.h"
 
 namespace sparsemla::cuda {
 
 struct MlaLaunchPlan {
-  AttentionKernel kernel = AttentionKernel::Fma;  // Wgmma asked for falls back to Mma on small bf16 batches
+  AttentionKernel kernel = AttentionKernel::Fma;  // Wgmma asked for falls back to Mma on small batches
   bool fp8_rows = false;     // the mma kernel that reads fp8 rows as stored (sparse_mla_fp8.cu)
   int heads_per_block = 0;   // 16, 32 or 64 (fma: 1)
   int stages = 0;            // tiles in flight (fma: 0)
@@ -19,6 +20,10 @@ struct MlaLaunchPlan {
   int tile_pairs = 1;        // sets of warps per head group (2: tile pairs)
   size_t smem = 0;           // the mma kernel's shared memory per block (0: fma or wgmma)
 };
+
+// The Hopper kernel takes fp8 rows from this many tokens; fewer go to the mma kernel (sparse_mla.cu,
+// plan_mma, has the figures; SPARSEMLA_WGMMA_FP8_MIN_BATCH moves it).
+constexpr int64_t kWgmmaFp8MinBatch = 2;
 
 // What sparse_mla(a, k, ws, s, splits, heads_per_block) launches on a device whose limits ws holds
 // (sm_count, smem_optin, and device_smem_per_sm or the emulated smem_per_sm; sparse_mla() fills
