@@ -70,9 +70,9 @@ MmaPlan plan_mma(const AttentionArgs& a, AttentionKernel k, const AttentionWorks
   // the launch decides. bf16 rows go to it below 8 tokens and 512 (token, head) rows, i.e. GLM-5's 64
   // heads below 8 tokens, DeepSeek-V3.2's 128 below 4 (H100, session 45, attention us at 4K, mma /
   // wgmma: GLM-5 batch 1 12.0 / 20.8, 4 25.3 / 31.7; DeepSeek-V3.2 batch 2 25.4 / 30.7, 4 39.0 / 36.4).
-  // fp8 rows go to the generic kernel below FP8_MIN_BATCH tokens (H100, attention us at 4K / 128K,
-  // mma / wgmma: GLM-5 batch 1 15.1-15.3 (session 36) / 20.8-20.9 (session 46), DeepSeek-V3.2 batch 1
-  // 20.3-20.7 / 22.7-23.1). Forced split counts (tests) keep the kernel asked for.
+  // fp8 rows go to it below kWgmmaFp8MinBatch tokens (sparse_mla_plan.h; H100, attention us at 4K /
+  // 128K, mma / wgmma: GLM-5 batch 1 15.1-15.3 (session 36) / 20.8-20.9 (session 46), DeepSeek-V3.2
+  // batch 1 20.3-20.7 / 22.7-23.1). Forced split counts (tests) keep the kernel asked for.
   // SPARSEMLA_WGMMA_MIN_BATCH and SPARSEMLA_WGMMA_FP8_MIN_BATCH move the token bounds (1: the Hopper
   // kernel at every batch), for measuring.
   static const int64_t wgmma_min_batch = env_int("SPARSEMLA_WGMMA_MIN_BATCH", 8);
