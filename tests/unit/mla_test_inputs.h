@@ -33,6 +33,10 @@ struct MlaCase {
   // min(top_k, n_ctx) entries), so that a kernel going over them adds row 0 and fails the reference,
   // which takes only those entries (mla_rows).
   bool stale_tail = false;
+  // q multiplied by q_gain and the softmax scale divided by it (the same weights): 1e5 takes q past
+  // fp16's largest value (65504), 1e-6 into its subnormals, which a kernel holding q as fp16 must
+  // scale q out of (sparse_mla_sm90.cu's load_q).
+  float q_gain = 1.0f;
 };
 
 // The selection entries of token t the kernels (and the reference) take: AttentionArgs's contract.

@@ -1017,7 +1017,8 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   Paged pg(cuda::test_paged::mla_lens(c), c.block_size, rng);
   const cuda::test_paged::MlaInputs in = cuda::test_paged::mla_inputs(c, pg, rng);
   const std::vector<int32_t>&seq = in.seq, &n_ctx = in.n_ctx, &sel = in.sel;
-  const std::vector<float>& q = in.q;
+  std::vector<float> q = in.q;
+  for (float& x : q) x *= c.q_gain;
   GpuCache cache = make_cache(in.rows, pg.n_slots(), c.kv_lora, c.rope, dtype, true);
   DeviceBuffer d_q = cuda::to_device(q), d_seq = cuda::to_device(seq), d_n = cuda::to_device(n_ctx),
                d_out(size_t(T) * c.heads * c.kv_lora * 4);
@@ -1028,7 +1029,7 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   a.heads = c.heads;
   a.kv_lora = c.kv_lora;
   a.rope = c.rope;
-  a.scale = 1.0f / std::sqrt(192.0f);
+  a.scale = 1.0f / std::sqrt(192.0f) / c.q_gain;
   a.seq = d_seq.as<int32_t>();
   a.n_ctx = d_n.as<int32_t>();
   a.selected = c.top_k > 0 ? d_sel.as<int32_t>() : nullptr;
@@ -1221,6 +1222,24 @@ TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
   check_mla({128, 512, 64, {2500, 300, 2048}, 2048, 3, 16}, KvDtype::FP8, wgmma, 5, rng);
   check_mla({64, 512, 64, {4096, 4000}, 2048, 2, 64}, KvDtype::FP8, wgmma, 7, rng);
   check_mla({64, 512, 64, {20000}, 0, 1, 64}, KvDtype::BF16, wgmma, 0, rng);  // dense, many splits
+}
+
+// The Hopper kernel's fp16 q (fp8 rows, paired and unpaired) whatever q's range: q past fp16's
+// largest value and q in its subnormals, with the softmax scale compensating (the same weights), so
+// that only a q held unscaled in fp16 would fail; bf16 rows alongside.
+TEST(CudaAttention, SparseMlaWgmmaTakesQOfAnyRange) {
+  SPARSEMLA_REQUIRE_SM90A();
+  std::mt19937 rng(29);
+  const auto wgmma = cuda::AttentionKernel::Wgmma;
+  for (float gain : {1e5f, 1e-6f})
+    for (KvDtype d : {KvDtype::FP8, KvDtype::BF16}) {
+      MlaCase c{64, 512, 64, {3000, 700}, 2048, 2, 16};  // GLM-5
+      c.q_gain = gain;
+      check_mla(c, d, wgmma, 0, rng);
+      MlaCase p{128, 512, 64, {2500, 300}, 2048, 2, 16};  // DeepSeek-V3.2: pairs
+      p.q_gain = gain;
+      check_mla(p, d, wgmma, 1, rng);
+    }
 }
 
 // The Hopper kernel's pairs (an even number of 64-head blocks, two tiles or more per block: each

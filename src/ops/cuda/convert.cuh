@@ -60,6 +60,18 @@ __device__ __forceinline__ uint4 widen_fp8x8(uint2 v, float scale) {
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// Kernels that hold q as fp16 scale each row of it by a power of two 2^-e (exact) that brings its
+// largest magnitude into [2^12, 2^13), and its scores back by 2^e: fp16 then neither overflows past
+// 65504 nor loses precision to subnormals, whatever q's range. This is 2^-e for a row whose largest
+// magnitude has the bits `amax_bits` (1 for a zero, subnormal, infinite or NaN maximum; e kept within
+// [-64, 64]).
+__device__ __forceinline__ float q_factor(uint32_t amax_bits) {
+  const int biased = int(amax_bits >> 23) & 0xff;
+  if (biased == 0 || biased == 255) return 1.0f;
+  const int e = min(64, max(-64, biased - 127 - 12));
+  return __uint_as_float(uint32_t(127 - e) << 23);
+}
+
 __device__ __forceinline__ uint8_t float_to_fp8(float v) { return __nv_fp8_e4m3(v).__x; }  // saturating
 
 // The cache slot of position `pos` of sequence `seq` through its block table.

@@ -9,7 +9,8 @@
 // half of the rope for the scores, the same two groups of the output.
 //   Scores: e4m3 bytes go straight from shared memory into B fragments, widened exactly to fp16
 //     (4 bytes per row per k-step and lane: q's latent columns are stored permuted to match, and as
-//     fp16). Each group's 8 k-steps sum apart and are scaled by their rows' group scales.
+//     fp16, each row scaled into fp16's range by a power of two, q_factor). Each group's 8 k-steps
+//     sum apart and are scaled by their rows' group scales.
 //   Output: P . V takes V's group scales into P: P' = P * scale[row][group] / K[group], K a
 //     running bound of the scales seen (lazy, like the softmax maximum: it moves only when a
 //     tile's largest scale passes it kScaleSlack-fold, and then the output is rescaled), so P' <=
@@ -80,10 +81,30 @@ __global__ void __launch_bounds__(HG * 64) mla_fp8_kernel(AttentionArgs a, MlaGe
 
   // q: latent dim p = 64 kg + 16 q + 4 sub + 2 hi + i goes to column 16 (4 kg + sub) + 8 hi + 2 q + i,
   // where the A fragment of k-step 4 kg + sub meets the bytes lane q loads (below); rope as is.
+  // The fp16 latent part of row r is scaled by q_factor (convert.cuh) of its largest magnitude, kept
+  // in the row's padding (qf(r)); the scores' latent part is scaled back (below).
+  auto qf = [&](int r) { return reinterpret_cast<float*>(sQh + r * kQStride + kLora); };
   auto load_q = [&]() {
     constexpr int kPerHead = (kLora + kRope) / 4, kInFlight = 8;
     const float* q = a.q + int64_t(t) * a.heads * (kLora + kRope);
     const int total = HG * 16 * kPerHead;
+    // Each warp a row at a time, each lane 4 pieces of 4 of its latent values.
+    for (int r = warp; r < HG * 16; r += THREADS / 32) {
+      float amax = 0.0f;
+      if (h0 + r < a.heads) {
+        const float4* src = reinterpret_cast<const float4*>(q + int64_t(h0 + r) * (kLora + kRope));
+        float4 v[kLora / 128];
+#pragma unroll
+        for (int k = 0; k < kLora / 128; ++k) v[k] = src[lane + 32 * k];
+#pragma unroll
+        for (int k = 0; k < kLora / 128; ++k)
+          amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (lane == 0) *qf(r) = q_factor(__float_as_uint(amax));
+    }
+    __syncthreads();
     for (int i0 = 0; i0 < total; i0 += kInFlight * THREADS) {
       float4 v[kInFlight];
 #pragma unroll
@@ -98,8 +119,9 @@ __global__ void __launch_bounds__(HG * 64) mla_fp8_kernel(AttentionArgs a, MlaGe
         if (i >= total) continue;
         if (c < kLora / 4) {
           const int p = 4 * c, col = 16 * (4 * (p / 64) + (p % 16) / 4) + 2 * ((p % 64) / 16);
-          *reinterpret_cast<uint32_t*>(sQh + r * kQStride + col) = pack_f16(v[u].x, v[u].y);
-          *reinterpret_cast<uint32_t*>(sQh + r * kQStride + col + 8) = pack_f16(v[u].z, v[u].w);
+          const float f = *qf(r);
+          *reinterpret_cast<uint32_t*>(sQh + r * kQStride + col) = pack_f16(v[u].x * f, v[u].y * f);
+          *reinterpret_cast<uint32_t*>(sQh + r * kQStride + col + 8) = pack_f16(v[u].z * f, v[u].w * f);
         } else {
           *reinterpret_cast<uint2*>(sQr + r * kRStride + 4 * (c - kLora / 4)) =
               make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
@@ -215,6 +237,16 @@ __global__ void __launch_bounds__(HG * 64) mla_fp8_kernel(AttentionArgs a, MlaGe
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[nt][e] += st[nt][e] * sc[nt * 2 + (e & 1)][gi];
+      }
+      {  // the latent part back from q's scaled fp16 (rows g and g + 8 of the pair's heads)
+        const float inv0 = 1.0f / *qf(pair * 16 + g), inv8 = 1.0f / *qf(pair * 16 + g + 8);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          s[nt][0] *= inv0;
+          s[nt][1] *= inv0;
+          s[nt][2] *= inv8;
+          s[nt][3] *= inv8;
+        }
       }
 #pragma unroll
       for (int rkl = 0; rkl < 2; ++rkl) {  // rope k-steps of this half, bf16
