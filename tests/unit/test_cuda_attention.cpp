@@ -1182,6 +1182,25 @@ TEST(CudaAttention, FrontSelectionsSplitOnlyTheContext) {
     }
 }
 
+// The fp8-row kernel (sparse_mla_fp8.cu) holds q's latent part as fp16: q past fp16's largest value
+// and q in its subnormals, the softmax scale compensating (the same weights), forced onto that
+// kernel (asserted) and with the launch's own choice (batch 1: the bf16-tile kernel).
+TEST(CudaAttention, SparseMlaFp8RowsTakeQOfAnyRange) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  for (float gain : {1e5f, 1e-6f}) {
+    for (MlaCase c : {MlaCase{64, 512, 64, {3000, 700}, 2048, 2, 16}, MlaCase{128, 512, 64, {2500}, 2048, 1, 64}}) {
+      c.q_gain = gain;
+      cuda::AttentionWorkspace ws;
+      check_mla(c, KvDtype::FP8, cuda::AttentionKernel::Mma, 2, rng, 0, &ws);
+      EXPECT_STREQ(ws.last.kernel, "mma fp8 rows") << "q gain " << gain;
+    }
+    MlaCase one{64, 512, 64, {4096}, 2048, 1, 64};
+    one.q_gain = gain;
+    check_mla(one, KvDtype::FP8, cuda::AttentionKernel::Mma, 0, rng);
+  }
+}
+
 // Skips a test of the Hopper kernel unless the device is compute capability 9.0 and the build has
 // its sm_90a machine code.
 #if SPARSEMLA_HAVE_SM90A
