@@ -7,7 +7,7 @@
 # patches/mla_quarters.patch). `PHASES=wgmma` alone: ~4 minutes. Binaries in $BIN (libraries in $LIBS: env.sh; pack sparsemla, sparsemla_tests
 # and bench_cuda_matmul with scripts/device/pack.sh from a build configured with
 # -DCMAKE_CUDA_ARCHITECTURES=90-real); everything is logged under $OUT. PHASES picks phases
-# (default all: "small8 fp8 wgmma prefill attention tests sanitizer model ncu profile"); ROUNDS the attention phase's
+# (default all: "f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile"); ROUNDS the attention phase's
 # rounds (2).
 #
 #  prefill    the cuBLAS prefill (prefill_blas.cu; on by default since session 38,
@@ -65,6 +65,14 @@
 #             patches/wgmma_peer_arrive.patch: the pairs' release to the other block without
 #             MEMBAR.ALL.GPU) also the Hopper tests and racecheck on the pairs with it, and an A/B of
 #             DeepSeek-V3.2 fp8 at batch 32 / 128 against $BIN/sparsemla: keep the patch if it wins.
+#  f16        (session 47, not yet run; ~4 minutes) the Hopper kernel's fp8 rows widened into fp16 tiles
+#             (q and P fp16, q scaled per row into fp16's range: both fp8 kernels): the attention tests
+#             (the new SparseMlaWgmmaTakesQOfAnyRange, SparseMlaFp8RowsTakeQOfAnyRange), racecheck and
+#             memcheck on the Hopper tests, and GLM-5 / DeepSeek-V3.2 fp8 at batch 32 / 128 (4K, 128K)
+#             with fp16 tiles against bf16 ones (SPARSEMLA_WGMMA_F16=0), two rounds: if fp16 wins,
+#             take the bf16 form for fp8 rows out (Form's F16); and, with $BIN/sparsemla_old (the
+#             commit before, 9e5fb94), the mma kernel's fp8 rows at batch 1 / 2 against it (the cost
+#             of q's scaling pass).
 #  fp8        (session 45; run 77 in session 46, H100) why the Hopper kernel's fp8 rows are slower than bf16 rows at
 #             batch 128 (GLM-5 135 against 126 us on an H100, half the bytes) though neither their
 #             loads' latency (rows a tile ahead) nor their rope loads (by cp.async) were the bound
@@ -76,11 +84,39 @@
 # compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
+PHASES=${PHASES:-f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 step() { awk -F'|' '{print $1 "|" $4 "|" $5 "|" $6 "|" $7}'; }
+
+if has f16; then
+  timeout 150 "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMla*:CudaAttention.FrontSelections*:SparseMlaPlan*' \
+    >"$OUT/f16_tests.log" 2>&1
+  echo "f16 tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/f16_tests.log" | tail -6
+  if [ -x "$SAN" ]; then
+    SPARSEMLA_GPU_TEST_SMALL=1 timeout 90 "$SAN" --tool racecheck --error-exitcode 9 "$BIN/sparsemla_tests" \
+      --gtest_filter='CudaAttention.SparseMlaWgmma*' >"$OUT/f16_racecheck.log" 2>&1
+    echo "f16 racecheck: exit $?"
+    SPARSEMLA_GPU_TEST_SMALL=1 timeout 90 "$SAN" --tool memcheck --report-api-errors no --error-exitcode 9 "$BIN/sparsemla_tests" \
+      --gtest_filter='CudaAttention.SparseMlaWgmma*:CudaAttention.SparseMlaFp8Rows*' >"$OUT/f16_memcheck.log" 2>&1
+    echo "f16 memcheck: exit $?"; grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/f16_racecheck.log" "$OUT/f16_memcheck.log"
+  fi
+  for round in 1 2; do
+    for v in SPARSEMLA_WGMMA_F16=1 SPARSEMLA_WGMMA_F16=0; do
+      echo "== fp8 rows, $v, round $round" | tee -a "$OUT/f16_attention.log"
+      env $v timeout 60 "$BIN/sparsemla" bench attention --kernel wgmma --shapes glm5 dsv32 --kv fp8 --batch 32 128 \
+        --context 4096 131072 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" | tee -a "$OUT/f16_attention.log"
+    done
+    if [ -x "$BIN/sparsemla_old" ]; then
+      for v in sparsemla sparsemla_old; do
+        echo "== mma fp8 rows, $v, round $round" | tee -a "$OUT/f16_attention.log"
+        timeout 60 "$BIN/$v" bench attention --kernel mma --shapes glm5 dsv32 --kv fp8 --batch 1 2 8 \
+          --context 4096 131072 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" | tee -a "$OUT/f16_attention.log"
+      done
+    fi
+  done
+fi
 
 if has small8; then
   timeout 120 "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMlaBatchOne*:CudaAttention.SparseMlaWgmma*:SparseMlaPlan*' \
