@@ -69,8 +69,9 @@
 #             (q and P fp16, q scaled per row into fp16's range: both fp8 kernels): the attention tests
 #             (the new SparseMlaWgmmaTakesQOfAnyRange, SparseMlaFp8RowsTakeQOfAnyRange), racecheck and
 #             memcheck on the Hopper tests, and GLM-5 / DeepSeek-V3.2 fp8 at batch 32 / 128 (4K, 128K)
-#             with fp16 tiles against bf16 ones (SPARSEMLA_WGMMA_F16=0), two rounds: if fp16 wins,
-#             take the bf16 form for fp8 rows out (Form's F16); and, with $BIN/sparsemla_old (the
+#             with fp16 tiles (SPARSEMLA_WGMMA_F16=1; off by default until timed) against bf16 ones,
+#             two rounds: if fp16 wins, turn it on (AttentionWorkspace::wgmma_f16) and take the bf16
+#             form for fp8 rows out (Form's F16); and, with $BIN/sparsemla_old (the
 #             commit before, 9e5fb94), the mma kernel's fp8 rows at batch 1 / 2 against it (the cost
 #             of q's scaling pass).
 #  fp8        (session 45; run 77 in session 46, H100) why the Hopper kernel's fp8 rows are slower than bf16 rows at

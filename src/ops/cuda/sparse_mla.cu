@@ -45,7 +45,8 @@ size_t emulated_smem(int per_sm, size_t bytes) {
 
 // The Hopper kernel and its launch (sparse_mla_sm90.cu): splits of rows_per_split rows each, blocks
 // in pairs where `pairs` and the rows and heads allow; returns the blocks per cluster launched.
-int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, Stream s);
+int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, bool f16,
+                     Stream s);
 // The fp8-row kernel (sparse_mla_fp8.cu): whether it takes these rows (fp8, latent 512 + rope 64),
 // and its launch (geo.hg 1, 2 or 4; geo.stages 2 or 3).
 bool mla_fp8_rows_take(const AttentionArgs& a);
@@ -239,8 +240,10 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
                                            : "mma",
              geo.hg * 16,
              k == AttentionKernel::Wgmma ? 2 : geo.stages, geo.splits};
+  static const bool f16_on = env_switch("SPARSEMLA_WGMMA_F16") == 1;  // AttentionWorkspace::wgmma_f16
   if (k == AttentionKernel::Wgmma)
-    ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, ws.pairs && !pairs_off, st);
+    ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, ws.pairs && !pairs_off,
+                                       ws.wgmma_f16 || f16_on, st);
   else if (fp8_rows) mla_fp8_rows(a, geo, part, st);
   else {
     const MmaLaunch l = mma_launch(a, geo);

@@ -282,8 +282,8 @@ __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t
 //     the producer waiting for its copies before it arrives.
 // F16 (fp8 rows): the tiles, q and P are fp16 rather than bf16 (widen_fp8x8_f16, load_q); e4m3 values
 // are exact in fp16 and its 11-bit significand is finer than bf16's 8, q is scaled into range per
-// head, P is within [0, 1], and the rope part saturates at 65504. SPARSEMLA_WGMMA_F16=0 keeps bf16
-// tiles for fp8 rows (A/B).
+// head, P is within [0, 1], and the rope part saturates at 65504. Off by default until timed on a
+// GPU (AttentionWorkspace::wgmma_f16, SPARSEMLA_WGMMA_F16=1).
 template <bool FP8, bool PAIR, bool LINES, bool F16>
 struct Form {
   static_assert(!LINES || !FP8, "whole-line gathers are for bf16 rows");
@@ -716,7 +716,8 @@ bool pairs_fit(Kernel kernel) {
 
 }  // namespace
 
-int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, Stream s) {
+int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, bool f16,
+                     Stream s) {
 #if !defined(SPARSEMLA_HAVE_SM90A)
   fail("sparse_mla: this build has no sm_90a machine code for the wgmma kernel (90 is not in CMAKE_CUDA_ARCHITECTURES)");
 #endif
@@ -738,9 +739,8 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   // DeepSeek-V3.2 fp8 batch 1, 23.0 us paired against 21.4). bf16 rows gather faster unpaired in
   // whole lines than paired through registers (H100, session 44, DeepSeek-V3.2 batch 128: 212 us
   // against 272) or paired in lines (session 45: 306), so they never pair.
-  static const bool f16_off = env_off("SPARSEMLA_WGMMA_F16");  // fp8 rows in bf16 tiles (A/B)
   if (pairs && fp8 && grid.x % 2 == 0 && rows_per_split >= 2 * kTile) {
-    const Kernel kernel = f16_off ? mla_wgmma_kernel<true, true, false, false> : mla_wgmma_kernel<true, true, false, true>;
+    const Kernel kernel = f16 ? mla_wgmma_kernel<true, true, false, true> : mla_wgmma_kernel<true, true, false, false>;
     allow_smem(kernel, kSmemBytes);
     if (pairs_fit(kernel)) {
       cudaLaunchAttribute attr;
@@ -752,8 +752,8 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   // bf16 rows in whole lines into swizzled tiles (Form); SPARSEMLA_WGMMA_LINES=0 for the interleaved
   // tiles of before (A/B).
   static const bool lines_off = env_off("SPARSEMLA_WGMMA_LINES");
-  const Kernel kernel = fp8         ? (f16_off ? mla_wgmma_kernel<true, false, false, false>
-                                               : mla_wgmma_kernel<true, false, false, true>)
+  const Kernel kernel = fp8         ? (f16 ? mla_wgmma_kernel<true, false, false, true>
+                                           : mla_wgmma_kernel<true, false, false, false>)
                         : lines_off ? mla_wgmma_kernel<false, false, false, false>
                                     : mla_wgmma_kernel<false, false, true, false>;
   allow_smem(kernel, kSmemBytes);
