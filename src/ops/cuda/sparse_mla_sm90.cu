@@ -3,7 +3,8 @@
 //
 // One block per (token, 64 heads, split), three warpgroups:
 //   producer (warpgroup 2): gathers each tile of 64 latent rows into shared memory as bf16 (cp.async
-//     for bf16 rows; fp8 rows through registers, widened with their group scales), two tiles in
+//     for bf16 rows; fp8 rows through registers, widened with their group scales, into bf16 or
+//     fp16 tiles: Form's F16, with q and P then fp16 too), two tiles in
 //     flight, handed over through mbarriers (full: the tile is there; empty: both consumers are done).
 //   consumer 0 (warpgroup 0): S = Q K^T for the 64 heads x 64 rows (36 wgmma m64n64k16, Q resident
 //     in shared memory), the online softmax in registers, P (bf16) to shared memory for consumer 1,
@@ -67,7 +68,7 @@ constexpr int kOffAlpha = kOffP + (kTile / 8) * 64 * 16;  // [2][64] per-head re
 constexpr int kOffL = kOffAlpha + 2 * 64 * 4;                // [64] softmax denominators (epilogue)
 constexpr int kOffM = kOffL + 64 * 4;                     // [64] running maxima (epilogue)
 constexpr int kOffValid = kOffM + 64 * 4;                 // [2][64] uint32: the tile's row is used
-constexpr int kOffQScale = kOffValid + 2 * kTile * 4;     // [64] fp16 q's row factors (fp8 rows; see load_q)
+constexpr int kOffQScale = kOffValid + 2 * kTile * 4;     // [64] uint32: bits of q's row maxima (fp16 q: load_q)
 constexpr int kOffBar = kOffQScale + 64 * 4;              // mbarriers full[2], empty[2], remote[2]
 constexpr int kSmemBytes = kOffBar + 6 * 8;               // 231,216 of the 232,448 a block may have
 static_assert(kSmemBytes == mla_smem::kWgmmaBytes, "the selector checks devices against mla_smem::kWgmmaBytes");
@@ -282,7 +283,10 @@ __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t
 //     the producer waiting for its copies before it arrives.
 // F16 (fp8 rows): the tiles, q and P are fp16 rather than bf16 (widen_fp8x8_f16, load_q); e4m3 values
 // are exact in fp16 and its 11-bit significand is finer than bf16's 8, q is scaled into range per
-// head, P is within [0, 1], and the rope part saturates at 65504. Off by default until timed on a
+// head, P is within [0, 1], and the rope part saturates at 65504. Limits: a group's scale is rounded
+// to fp16 (relative error 2^-11 down to 2^-14, i.e. for group maxima from 448 * 2^-14 = 0.027; below
+// that it is subnormal and coarser, within e4m3's own rounding (2^-5) for maxima down to ~4e-4), and
+// a latent value past 65504 would overflow (the bf16 form has neither limit). Off by default until timed on a
 // GPU (AttentionWorkspace::wgmma_f16, SPARSEMLA_WGMMA_F16=1).
 template <bool FP8, bool PAIR, bool LINES, bool F16>
 struct Form {
