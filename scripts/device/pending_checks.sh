@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: re-checks of sessions 34-38's and 44's GPU code, in one run of ~18 minutes of
-# device time. Every phase but small8 (session 46, ~2 minutes) has run: session 37 all but prefill and ncu on an H200 on 186f2c6, session
+# device time. Every phase but f16 (session 47, ~4 minutes) and small8 (session 46, ~2 minutes) has run: session 37 all but prefill and ncu on an H200 on 186f2c6, session
 # 38 the prefill phase on an H100, session 45 the wgmma phase on an H100 on 118c578, session 46 the fp8
 # phase on an H100 on aa478b5 (PERFORMANCE.md, "Session 37", "Session 38", "Session 45", "Session 46":
 # all passed, the figures recorded; session 46 also ran session 45's quarters phase, not kept:
