@@ -51,11 +51,6 @@ __device__ __forceinline__ int swizzle(int r, int c) {
   return c < kScaleChunk ? c ^ (2 * x) : c == kScaleChunk ? c : kRopeChunk + ((c - kRopeChunk) ^ x);
 }
 
-__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
 template <int HG, int STAGES>
 __global__ void __launch_bounds__(HG * 64) mla_fp8_kernel(AttentionArgs a, MlaGeometry geo, float* part) {
   constexpr int THREADS = HG * 64;

@@ -122,12 +122,7 @@ struct Dest {
 // Two values as bf16, or as fp16 (F16).
 template <bool F16>
 __device__ __forceinline__ uint32_t pack16(float lo, float hi) {
-  if constexpr (F16) {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    return pack_bf16(lo, hi);
-  }
+  return F16 ? pack_f16(lo, hi) : pack_bf16(lo, hi);
 }
 
 // q of the block's 64 heads as bf16 (F16: fp16), by the 256 consumer threads (18 pieces of 8 values
