@@ -92,7 +92,8 @@ SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer
 step() { awk -F'|' '{print $1 "|" $4 "|" $5 "|" $6 "|" $7}'; }
 
 if has f16; then
-  timeout 150 "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMla*:CudaAttention.FrontSelections*:SparseMlaPlan*' \
+  timeout 150 "$BIN/sparsemla_tests" \
+    --gtest_filter='CudaAttention.SparseMla*:CudaAttention.FrontSelections*:SparseMlaPlan*:CudaAttention.IndexQueries*:CudaAttention.IndexerTakes*' \
     >"$OUT/f16_tests.log" 2>&1
   echo "f16 tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/f16_tests.log" | tail -6
   if [ -x "$SAN" ]; then

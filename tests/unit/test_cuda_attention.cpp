@@ -275,8 +275,19 @@ TEST(CudaAttention, FusedCacheWritesMatchTheCpuAndTheUnfusedChain) {
       }
 }
 
+// The power of two index_queries scales a head's fp16 queries by (attention.h): 2^(12 - e) for the
+// row's largest magnitude in [2^e, 2^(e+1)), e within [-64, 64]; 1 for a row of zeros.
+float fp16_query_factor(const float* row, int dim) {
+  float amax = 0.0f;
+  for (int i = 0; i < dim; ++i) amax = std::max(amax, std::fabs(row[i]));
+  if (amax == 0.0f || !std::isfinite(amax)) return 1.0f;
+  return std::ldexp(1.0f, -std::clamp(std::ilogb(amax) - 12, -64, 64));
+}
+
 // index_queries against the CPU: rope per head (as DeviceRope::apply), the weights scaled, and the
-// 16-bit copy the rotated fp32 values rounded to nearest (util/half.h).
+// 16-bit copy the rotated fp32 values rounded to nearest (util/half.h); in fp16 (fp8 keys) each
+// head's row scaled by fp16_query_factor and its weight by the inverse, so that queries far outside
+// fp16's range (gain 1e6) or below its normal numbers (1e-7) keep their precision.
 TEST(CudaAttention, IndexQueriesMatchTheCpu) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(6);
@@ -284,8 +295,10 @@ TEST(CudaAttention, IndexQueriesMatchTheCpu) {
   const cuda::DeviceRope drope(rope);
   for (auto [T, heads, dim] : std::vector<std::tuple<int, int, int>>{{1, 64, 128}, {5, 32, 128}, {3, 8, 64}, {2, 13, 96}})
     for (ops::RopeStyle style : {ops::RopeStyle::HalfSplit, ops::RopeStyle::Interleaved})
-      for (KvDtype dtype : {KvDtype::BF16, KvDtype::FP8}) {
-        std::vector<float> q = random_vec(size_t(T) * heads * dim, rng, 3.0f), w = random_vec(size_t(T) * heads, rng);
+      for (KvDtype dtype : {KvDtype::BF16, KvDtype::FP8})
+       for (float gain : {3.0f, 1e6f, 1e-7f}) {
+        if (dtype == KvDtype::BF16 && gain != 3.0f) continue;
+        std::vector<float> q = random_vec(size_t(T) * heads * dim, rng, gain), w = random_vec(size_t(T) * heads, rng);
         std::vector<int64_t> pos(static_cast<size_t>(T));
         for (auto& p : pos) p = int64_t(rng() % 150000);
         const float ws = 1.0f / std::sqrt(float(heads * dim));
@@ -293,6 +306,12 @@ TEST(CudaAttention, IndexQueriesMatchTheCpu) {
         for (int t = 0; t < T; ++t)
           for (int h = 0; h < heads; ++h) rope.apply(want_q.data() + (size_t(t) * heads + h) * dim, pos[size_t(t)], style);
         for (float& x : want_w) x *= ws;
+        std::vector<float> f(w.size(), 1.0f);  // each head's fp16 factor
+        if (cuda::index_queries_fp16(dtype))
+          for (size_t r = 0; r < f.size(); ++r) {
+            f[r] = fp16_query_factor(want_q.data() + r * size_t(dim), dim);
+            want_w[r] /= f[r];
+          }
         DeviceBuffer d_q = cuda::to_device(q), d_w = cuda::to_device(w), d_pos = cuda::to_device(pos),
                      d_q16(q.size() * 2);
         cuda::index_queries(d_q.as<float>(), d_w.as<float>(), T, heads, dim, drope.table(style), d_pos.as<int64_t>(), ws,
@@ -302,15 +321,20 @@ TEST(CudaAttention, IndexQueriesMatchTheCpu) {
         const auto got16 = cuda::to_host<uint16_t>(d_q16, q.size());
         ASSERT_EQ(got_w, want_w) << "head weights";
         for (size_t i = 0; i < q.size(); ++i) {
-          ASSERT_NEAR(got_q[i], want_q[i], 1e-6 * 3.0 * 6 + 1e-7) << "query value " << i;
-          ASSERT_EQ(got16[i], cuda::index_queries_fp16(dtype) ? f32_to_fp16(got_q[i]) : f32_to_bf16(got_q[i]))
-              << "16-bit query " << i;
+          ASSERT_NEAR(got_q[i], want_q[i], gain * (1e-6 * 6 + 3e-8)) << "query value " << i;
+          const float scaled = got_q[i] * f[i / size_t(dim)];
+          ASSERT_EQ(got16[i], cuda::index_queries_fp16(dtype) ? f32_to_fp16(scaled) : f32_to_bf16(scaled))
+              << "16-bit query " << i << " (gain " << gain << ")";
+          if (cuda::index_queries_fp16(dtype)) ASSERT_TRUE(std::isfinite(fp16_to_f32(got16[i]))) << "query " << i;
         }
-        // Without the 16-bit copy: the same in-place results.
+        // Without the 16-bit copy: the same in-place queries, the weights only scaled by w_scale.
         DeviceBuffer d_q2 = cuda::to_device(q), d_w2 = cuda::to_device(w);
         cuda::index_queries(d_q2.as<float>(), d_w2.as<float>(), T, heads, dim, drope.table(style), d_pos.as<int64_t>(), ws,
                             dtype, nullptr, nullptr);
         ASSERT_EQ(cuda::to_host<float>(d_q2, q.size()), got_q);
+        std::vector<float> plain_w(w);
+        for (float& x : plain_w) x *= ws;
+        ASSERT_EQ(cuda::to_host<float>(d_w2, w.size()), plain_w);
       }
   DeviceBuffer buf(4096), pos(8);
   EXPECT_THROW(cuda::index_queries(buf.as<float>(), buf.as<float>(), 1, 2, 32, drope.table(ops::RopeStyle::HalfSplit),
@@ -504,6 +528,78 @@ TEST(CudaAttention, IndexerScoresMatchTheCpuReference) {
   for (const IndexerCase& c : kIndexerCases) check_indexer(c, KvDtype::F32, cuda::IndexerKernel::Fma, rng);
   check_indexer({6, 40, {9, 70}, 2, 16}, KvDtype::BF16, cuda::IndexerKernel::Fma, rng);
   check_indexer({3, 96, {50}, 1, 8}, KvDtype::FP8, cuda::IndexerKernel::Fma, rng);
+}
+
+// The model's way to the mma indexer against fp8 keys (index_queries' scaled fp16 queries, then
+// indexer_scores on them) with queries far above fp16's range (gain 1e6: unscaled, every 16-bit
+// query would be inf and the scores NaN) and far below its normal numbers (1e-7: most would round
+// to zero or subnormals): every mma kernel within check_indexer's bound of the CPU scores on the
+// fp32 queries as the GPU rounds them (each head's row rounded to fp16 at its factor).
+TEST(CudaAttention, IndexerTakesQueriesOfAnyRange) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(47);
+  const ops::Rope rope = plain_rope(64, 1e4f);
+  const cuda::DeviceRope drope(rope);
+  for (const IndexerCase& c : {IndexerCase{64, 128, {1, 300}, 2, 64}, IndexerCase{32, 128, {700, 3}, 1, 2},
+                               IndexerCase{32, 128, {150}, 1, 64, 1}})
+    for (float gain : {1e6f, 1e-7f})
+      for (cuda::IndexerMma b : kMmaKernels) {
+        const int T = int(c.ctx.size());
+        std::vector<int> lens(size_t(c.n_seq), 1);
+        std::vector<int32_t> seq(static_cast<size_t>(T)), n_ctx(static_cast<size_t>(T));
+        std::vector<int64_t> pos(static_cast<size_t>(T));
+        for (int t = 0; t < T; ++t) {
+          seq[size_t(t)] = t % c.n_seq;
+          n_ctx[size_t(t)] = c.ctx[size_t(t)];
+          pos[size_t(t)] = c.ctx[size_t(t)] - 1;
+          lens[size_t(seq[size_t(t)])] = std::max(lens[size_t(seq[size_t(t)])], c.ctx[size_t(t)]);
+        }
+        Paged pg(lens, c.block_size, rng);
+        std::vector<float> keys = random_vec(size_t(pg.n_slots() * c.dim), rng);
+        GpuCache cache = make_cache(keys, pg.n_slots(), c.dim, 0, KvDtype::FP8, false);
+        const size_t nq = size_t(T) * c.heads * c.dim;
+        std::vector<float> q = random_vec(nq, rng, gain), w = random_vec(size_t(T) * c.heads, rng, 0.1f);
+        const int64_t max_ctx = *std::max_element(n_ctx.begin(), n_ctx.end());
+        const float ws = 1.0f / std::sqrt(float(c.heads * c.dim));
+        DeviceBuffer d_q = cuda::to_device(q), d_w = cuda::to_device(w), d_pos = cuda::to_device(pos),
+                     d_q16(nq * 2), d_seq = cuda::to_device(seq), d_n = cuda::to_device(n_ctx),
+                     d_scores(size_t(T * max_ctx) * 4);
+        cuda::index_queries(d_q.as<float>(), d_w.as<float>(), T, c.heads, c.dim, drope.table(ops::RopeStyle::HalfSplit),
+                            d_pos.as<int64_t>(), ws, KvDtype::FP8, d_q16.as<uint16_t>(), nullptr);
+        cuda::IndexerArgs a = indexer_args(d_q, d_w, T, c.heads, c.dim, d_seq, d_n, max_ctx,
+                                           pg.rows(cache.data, cache.row_bytes), KvDtype::FP8, d_scores);
+        a.q = nullptr;
+        a.q16 = d_q16.as<uint16_t>();
+        a.mma = b;
+        cuda::indexer_scores(a, cuda::IndexerKernel::Mma, nullptr);
+        const std::vector<float> got = cuda::to_host<float>(d_scores, size_t(T * max_ctx));
+        // The reference: the rotated fp32 queries (IndexQueriesMatchTheCpu checks them) rounded to
+        // fp16 at each head's factor, the weights scaled by w_scale.
+        std::vector<float> qr = cuda::to_host<float>(d_q, nq);
+        for (size_t r = 0; r < size_t(T) * c.heads; ++r) {
+          float* row = qr.data() + r * size_t(c.dim);
+          const float f = fp16_query_factor(row, c.dim);
+          for (int i = 0; i < c.dim; ++i) row[i] = round_f16(row[i] * f) / f;
+        }
+        for (float& x : w) x *= ws;
+        std::vector<float> w_abs(w), q_abs(qr), k_abs(size_t(c.dim));
+        for (float& x : w_abs) x = std::fabs(x);
+        for (float& x : q_abs) x = std::fabs(x);
+        for (int t = 0; t < T; ++t)
+          for (int p = 0; p < n_ctx[size_t(t)]; ++p) {
+            const float* key = cache.decoded.data() + pg.slot(seq[size_t(t)], p) * c.dim;
+            for (int i = 0; i < c.dim; ++i) k_abs[size_t(i)] = std::fabs(key[i]);
+            const size_t qo = size_t(t) * c.heads * c.dim, wo = size_t(t) * c.heads;
+            const float ref = model::indexer_score(qr.data() + qo, w.data() + wo, key, c.heads, c.dim);
+            const float mag = model::indexer_score(q_abs.data() + qo, w_abs.data() + wo, k_abs.data(), c.heads, c.dim);
+            const float g = got[size_t(t * max_ctx + p)];
+            ASSERT_TRUE(std::isfinite(g)) << cuda::indexer_mma_name(cuda::indexer_mma_choice(a)) << " gain " << gain;
+            ASSERT_LE(std::fabs(g - ref), 2e-5 * mag)
+                << cuda::indexer_mma_name(cuda::indexer_mma_choice(a)) << " gain " << gain << ": token " << t
+                << " position " << p << ": gpu " << g << " cpu " << ref;
+            ASSERT_GT(mag, 0.0f) << "the scores are not all zero";
+          }
+      }
 }
 
 // The tokens kernel on a prefill's shapes: GLM-5's and DeepSeek-V3.2's indexer, 300 tokens of one

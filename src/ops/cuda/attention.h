@@ -139,7 +139,11 @@ inline bool index_queries_fp16(KvDtype keys) { return keys == KvDtype::FP8; }
 // The indexer's queries and head weights as the scores read them, in one launch: rope on the first
 // 2 rope.half values of each head of q (in place, as DeviceRope::apply), w *= w_scale (in place),
 // and where q16 is given the rotated queries rounded to nearest in the mma kernel's 16-bit type
-// for keys of `keys` (IndexerArgs::q16).   q: [T, heads, dim]   w: [T, heads]   q16: [T, heads, dim]
+// for keys of `keys` (IndexerArgs::q16). In fp16 (fp8 keys) each head's row is first scaled by the
+// power of two f that puts its largest value in [2^12, 2^13), and its weight divided by f: the
+// scores are unchanged (relu is positively homogeneous; both scalings are exact), and queries of
+// any size fit fp16's range (65504) without overflow or subnormals. The fp32 q is not scaled.
+//   q: [T, heads, dim]   w: [T, heads]   q16: [T, heads, dim]
 void index_queries(float* q, float* w, int64_t T, int heads, int dim, const RopeTable& rope, const int64_t* pos,
                    float w_scale, KvDtype keys, uint16_t* q16, Stream s);
 
