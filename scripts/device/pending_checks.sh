@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: re-checks of sessions 34-38's and 44's GPU code, in one run of ~18 minutes of
-# device time. Every phase but f16 (session 47, ~4 minutes) and small8 (session 46, ~2 minutes) has run: session 37 all but prefill and ncu on an H200 on 186f2c6, session
+# device time. Every phase has run: session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
 # 38 the prefill phase on an H100, session 45 the wgmma phase on an H100 on 118c578, session 46 the fp8
 # phase on an H100 on aa478b5 (PERFORMANCE.md, "Session 37", "Session 38", "Session 45", "Session 46":
 # all passed, the figures recorded; session 46 also ran session 45's quarters phase, not kept:
@@ -54,26 +54,22 @@
 #             --one-sequence`): the old tiles (unpaired; the old default, bf16 pairs through registers,
 #             is only in a70283c's build or the patch wgmma_gather_forms.patch) and unpaired lines.
 #             (Session 45 also ran bf16 pairs in lines here; not kept: wgmma_bf16_pairs.patch.)
-#  small8     (session 46, not yet run; ~2 minutes) fp8 rows at small batches: the launch now gives one
-#             token's fp8 rows to the mma kernel (kWgmmaFp8MinBatch = 2, sparse_mla_plan.h; from session
-#             36's mma and session 46's Hopper figures, two sessions on H100s): its tests, then
+#  small8     (session 46; run 82 in session 48, H100: the bound became kWgmmaFp8MinRows = 256
+#             token-head rows, the peer arrival was kept) fp8 rows at small batches: its tests, then
 #             attention at batch 1, 2, 4, 8 (4K, 128K, GLM-5 and DeepSeek-V3.2, fp8) with
-#             `--kernel mma` against the Hopper kernel (SPARSEMLA_WGMMA_FP8_MIN_BATCH=1), two rounds:
-#             move kWgmmaFp8MinBatch to where the Hopper kernel starts to win; and the 3-layer
-#             GLM-5-width step at batch 1 with an fp8 cache, the bound at 1 and at 2. With
-#             $BIN/sparsemla_peer and $BIN/sparsemla_tests_peer (a build with
-#             patches/wgmma_peer_arrive.patch: the pairs' release to the other block without
-#             MEMBAR.ALL.GPU) also the Hopper tests and racecheck on the pairs with it, and an A/B of
-#             DeepSeek-V3.2 fp8 at batch 32 / 128 against $BIN/sparsemla: keep the patch if it wins.
-#  f16        (session 47, not yet run; ~4 minutes) the Hopper kernel's fp8 rows widened into fp16 tiles
-#             (q and P fp16, q scaled per row into fp16's range: both fp8 kernels): the attention tests
-#             (the new SparseMlaWgmmaTakesQOfAnyRange, SparseMlaFp8RowsTakeQOfAnyRange), racecheck and
-#             memcheck on the Hopper tests, and GLM-5 / DeepSeek-V3.2 fp8 at batch 32 / 128 (4K, 128K)
-#             with fp16 tiles (SPARSEMLA_WGMMA_F16=1; off by default until timed) against bf16 ones,
-#             two rounds: if fp16 wins, turn it on (AttentionWorkspace::wgmma_f16) and take the bf16
-#             form for fp8 rows out (Form's F16); and, with $BIN/sparsemla_old (the
-#             commit before, 9e5fb94), the mma kernel's fp8 rows at batch 1 / 2 against it (the cost
-#             of q's scaling pass).
+#             `--kernel mma` against the Hopper kernel (SPARSEMLA_WGMMA_FP8_MIN_ROWS=1), two rounds;
+#             and the 3-layer GLM-5-width step at batch 1 with an fp8 cache, the bound at 256 and 1.
+#             With $BIN/sparsemla_peer and $BIN/sparsemla_tests_peer (a build with a patch under test
+#             for the pairs; run 82 timed the peer arrival without MEMBAR.ALL.GPU) also the Hopper tests
+#             and racecheck on the pairs with it, and an A/B of DeepSeek-V3.2 fp8 at batch 32 / 128
+#             against $BIN/sparsemla.
+#  f16        (session 47; run 82 in session 48, H100: fp16 tiles 5-8% slower, not kept:
+#             patches/wgmma_fp16_tiles.patch) the attention and indexer tests on q of any range
+#             (SparseMlaWgmmaTakesQOfAnyRange, SparseMlaFp8RowsTakeQOfAnyRange, IndexQueries*,
+#             IndexerTakes*), racecheck and memcheck on the Hopper tests, and GLM-5 / DeepSeek-V3.2 fp8
+#             at batch 32 / 128 (4K, 128K) with SPARSEMLA_WGMMA_F16=1 against 0 (the same binary
+#             without the patch: two identical columns); with $BIN/sparsemla_old (9e5fb94), the mma
+#             kernel's fp8 rows at batch 1 / 2 against it (the cost of q's scaling pass).
 #  fp8        (session 45; run 77 in session 46, H100) why the Hopper kernel's fp8 rows are slower than bf16 rows at
 #             batch 128 (GLM-5 135 against 126 us on an H100, half the bytes) though neither their
 #             loads' latency (rows a tile ahead) nor their rope loads (by cp.async) were the bound
@@ -127,15 +123,15 @@ if has small8; then
   for round in 1 2; do
     for k in mma wgmma; do
       echo "== fp8 attention, --kernel $k, round $round" | tee -a "$OUT/small8_attention.log"
-      SPARSEMLA_WGMMA_FP8_MIN_BATCH=1 timeout 60 "$BIN/sparsemla" bench attention --kernel $k --shapes glm5 dsv32 \
+      SPARSEMLA_WGMMA_FP8_MIN_ROWS=1 timeout 60 "$BIN/sparsemla" bench attention --kernel $k --shapes glm5 dsv32 \
         --kv fp8 --batch 1 2 4 8 --context 4096 131072 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" | tee -a "$OUT/small8_attention.log"
     done
   done
   timeout 60 "$BIN/sparsemla" make-model --preset glm5-width --layers 3 --type q4_k_m --zeros -o /tmp/g3s.gguf \
     >/dev/null 2>&1 || echo "make-model q4_k_m 3 layers failed"
   for round in 1 2; do
-    for mb in 2 1; do
-      echo "fp8 cache, SPARSEMLA_WGMMA_FP8_MIN_BATCH=$mb, round $round: $(SPARSEMLA_WGMMA_FP8_MIN_BATCH=$mb timeout 90 \
+    for mb in 256 1; do
+      echo "fp8 cache, SPARSEMLA_WGMMA_FP8_MIN_ROWS=$mb, round $round: $(SPARSEMLA_WGMMA_FP8_MIN_ROWS=$mb timeout 90 \
         "$BIN/sparsemla" bench -m /tmp/g3s.gguf --device cuda --kv-cache fp8 --prompt 32768 --gen 32 --batch 1 2>&1 |
         grep -E '^decode|rror')" | tee -a "$OUT/small8_model.log"
     done

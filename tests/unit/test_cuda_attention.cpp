@@ -1316,19 +1316,14 @@ TEST(CudaAttention, SparseMlaFp8RowsTakeQOfAnyRange) {
 // The Hopper kernel, where the device is compute capability 9.0 and the build has its sm_90a code:
 // the latent 512 + rope 64 cases of kMlaCases (GLM-5 and DeepSeek-V3.2 heads, context shorter than
 // top-k, -1 padded selections, GLM-5 at tensor parallel 8 with its 8 heads padded to a block of 64,
-// dense) unsplit and split, plus several tokens of 128 heads over 16-row blocks and forced splits;
-// fp8 rows both in bf16 tiles (the default) and in fp16 tiles (AttentionWorkspace::wgmma_f16).
+// dense) unsplit and split, plus several tokens of 128 heads over 16-row blocks and forced splits.
 TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
   SPARSEMLA_REQUIRE_SM90A();
   std::mt19937 rng(7);
   const auto wgmma = cuda::AttentionKernel::Wgmma;
-  cuda::AttentionWorkspace f16;  // fp8 rows in fp16 tiles (AttentionWorkspace::wgmma_f16)
-  f16.wgmma_f16 = true;
   if (small_mode()) {  // under compute-sanitizer: one of each path
     check_mla({64, 512, 64, {700, 100}, 512, 2, 16}, KvDtype::BF16, wgmma, 1, rng);
     check_mla({128, 512, 64, {700, 100}, 512, 2, 16}, KvDtype::FP8, wgmma, 3, rng);
-    check_mla({128, 512, 64, {700, 100}, 512, 2, 16}, KvDtype::FP8, wgmma, 3, rng, 0, &f16);
-    check_mla({64, 512, 64, {700, 100}, 512, 2, 16}, KvDtype::FP8, wgmma, 1, rng, 0, &f16);
     return;
   }
   for (const MlaCase& c : kMlaCases) {
@@ -1337,29 +1332,23 @@ TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
       check_mla(c, d, wgmma, 0, rng);
       check_mla(c, d, wgmma, 1, rng);
     }
-    check_mla(c, KvDtype::FP8, wgmma, 0, rng, 0, &f16);
-    check_mla(c, KvDtype::FP8, wgmma, 1, rng, 0, &f16);
   }
   check_mla({128, 512, 64, {2500, 300, 2048}, 2048, 3, 16}, KvDtype::BF16, wgmma, 0, rng);
   check_mla({128, 512, 64, {2500, 300, 2048}, 2048, 3, 16}, KvDtype::FP8, wgmma, 5, rng);
-  check_mla({128, 512, 64, {2500, 300, 2048}, 2048, 3, 16}, KvDtype::FP8, wgmma, 5, rng, 0, &f16);
   check_mla({64, 512, 64, {4096, 4000}, 2048, 2, 64}, KvDtype::FP8, wgmma, 7, rng);
-  check_mla({64, 512, 64, {4096, 4000}, 2048, 2, 64}, KvDtype::FP8, wgmma, 7, rng, 0, &f16);
   check_mla({64, 512, 64, {20000}, 0, 1, 64}, KvDtype::BF16, wgmma, 0, rng);  // dense, many splits
 }
 
-// The Hopper kernel's fp16 q (fp8 rows in fp16 tiles, AttentionWorkspace::wgmma_f16; paired and
-// unpaired) whatever q's range: q past fp16's largest value and q in its subnormals, with the
-// softmax scale compensating (the same weights), so that only a q held unscaled in fp16 would fail;
-// fp8 rows in bf16 tiles and bf16 rows alongside.
+// The Hopper kernel whatever q's range: q far past fp16's largest value and far into its
+// subnormals, with the softmax scale compensating (the same weights); paired (DeepSeek-V3.2, fp8
+// rows) and unpaired, fp8 and bf16 rows (q and the tiles are bf16: fp32's range).
 TEST(CudaAttention, SparseMlaWgmmaTakesQOfAnyRange) {
   SPARSEMLA_REQUIRE_SM90A();
   std::mt19937 rng(29);
   const auto wgmma = cuda::AttentionKernel::Wgmma;
   for (float gain : {1e5f, 1e-6f})
-    for (auto [d, f16] : {std::pair{KvDtype::FP8, true}, std::pair{KvDtype::FP8, false}, std::pair{KvDtype::BF16, false}}) {
+    for (KvDtype d : {KvDtype::FP8, KvDtype::BF16}) {
       cuda::AttentionWorkspace ws;
-      ws.wgmma_f16 = f16;
       MlaCase c{64, 512, 64, {3000, 700}, 2048, 2, 16};  // GLM-5
       c.q_gain = gain;
       check_mla(c, d, wgmma, 0, rng, 0, &ws);
@@ -1374,8 +1363,7 @@ TEST(CudaAttention, SparseMlaWgmmaTakesQOfAnyRange) {
 // block of a cluster gathers half of every tile for both): paired and unpaired launches of the same
 // cases, each checked against the CPU, and the cluster size asserted (96 heads: a pair whose second
 // block holds 32); an odd block count (192 heads) and one tile per split (batch 1) never pair, nor do
-// bf16 rows (faster gathered unpaired, in whole lines: sessions 44-45). fp8 rows in bf16 tiles and in
-// fp16 tiles (AttentionWorkspace::wgmma_f16).
+// bf16 rows (faster gathered unpaired, in whole lines: sessions 44-45).
 TEST(CudaAttention, SparseMlaWgmmaPairsMatchTheCpuReference) {
   SPARSEMLA_REQUIRE_SM90A();
   std::mt19937 rng(17);
@@ -1402,17 +1390,13 @@ TEST(CudaAttention, SparseMlaWgmmaPairsMatchTheCpuReference) {
   };
   if (small_mode()) cases.resize(2);
   for (const PairCase& pc : cases)
-    for (bool pairs : {true, false})
-      for (bool f16 : {false, true}) {  // fp8 rows in bf16 and in fp16 tiles
-        if (f16 && pc.dtype != KvDtype::FP8) continue;
-        cuda::AttentionWorkspace ws;
-        ws.pairs = pairs;
-        ws.wgmma_f16 = f16;
-        check_mla(pc.c, pc.dtype, wgmma, pc.splits, rng, 0, &ws);
-        const bool paired = pairs && pc.dtype != KvDtype::BF16;
-        EXPECT_EQ(ws.last_cluster, paired ? pc.cluster : 1)
-            << "heads " << pc.c.heads << " splits " << pc.splits << " fp16 tiles " << f16;
-      }
+    for (bool pairs : {true, false}) {
+      cuda::AttentionWorkspace ws;
+      ws.pairs = pairs;
+      check_mla(pc.c, pc.dtype, wgmma, pc.splits, rng, 0, &ws);
+      const bool paired = pairs && pc.dtype != KvDtype::BF16;
+      EXPECT_EQ(ws.last_cluster, paired ? pc.cluster : 1) << "heads " << pc.c.heads << " splits " << pc.splits;
+    }
 }
 
 // One decode token (batch 1): the mma kernel's blocks of 16, 32 and 64 heads, split as finely as

@@ -101,8 +101,9 @@ TEST(SparseMlaPlan, EveryDeviceHasALaunchThatFitsAndFollowsTheRule) {
                   }
                   // The Hopper kernel: small batches go to the mma kernel, the rest keep it: bf16 rows
                   // below 8 tokens and 512 token-head rows (GLM-5 below 8 tokens, DeepSeek-V3.2 below 4),
-                  // fp8 rows below kWgmmaFp8MinBatch tokens.
-                  const bool small = d == KvDtype::BF16 ? T < 8 && T * sh.heads < 512 : T < kWgmmaFp8MinBatch;
+                  // fp8 rows below kWgmmaFp8MinRows (256) token-head rows (GLM-5 below 4 tokens,
+                  // DeepSeek-V3.2 at one).
+                  const bool small = d == KvDtype::BF16 ? T < 8 && T * sh.heads < 512 : T * sh.heads < 256;
                   if (k == AttentionKernel::Wgmma)
                     EXPECT_EQ(p.kernel, small ? AttentionKernel::Mma : AttentionKernel::Wgmma) << what;
                   else

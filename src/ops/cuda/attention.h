@@ -248,11 +248,6 @@ struct AttentionWorkspace {
   // launched another kernel, or nothing).
   bool pairs = true;
   int last_cluster = 0;
-  // The Hopper kernel's fp8 rows widened into fp16 tiles, with q and P in fp16 (sparse_mla_sm90.cu,
-  // Form's F16: one conversion and one multiplication per two values, where bf16 tiles take three
-  // instructions more per value). Off until timed on a GPU: session 47 wrote it and got no device
-  // (tests set it; SPARSEMLA_WGMMA_F16=1 in the environment turns it on).
-  bool wgmma_f16 = false;
   // The mma kernel's bf16 tiles (bf16 or fp8 rows) with 16 or 32 heads per block and two stages: two sets
   // of warps per head group, each taking every other tile of the split, where a split has two tiles
   // or more and the device has the shared memory (sparse_mla_kernels.cuh, TP); false: one set

@@ -102,9 +102,8 @@ inline size_t min_bytes(int kv_lora, int rope) {
   return bytes(1, 1, false, stride(kv_lora, rope), 2 * int64_t(kv_lora + rope));
 }
 
-// The wgmma kernel's block: q and two 64-row tiles as bf16 or fp16 (3 x 72 KB), P (8 KB), per-head
-// softmax state and q factors, row flags and mbarriers. Its fixed shape (latent 512 + rope 64, 64
-// heads) fixes the size.
-constexpr size_t kWgmmaBytes = 231216;
+// The wgmma kernel's block: q and two 64-row tiles as bf16 (3 x 72 KB), P (8 KB), per-head softmax
+// state, row flags and mbarriers. Its fixed shape (latent 512 + rope 64, 64 heads) fixes the size.
+constexpr size_t kWgmmaBytes = 230960;
 
 }  // namespace sparsemla::cuda::mla_smem

@@ -47,23 +47,16 @@ __device__ __forceinline__ void reg_fence(uint32_t (&r)[N]) {
       "+f"(d[i + 6]), "+f"(d[i + 7])
 #define SPARSEMLA_F32(d, i) SPARSEMLA_F8(d, i), SPARSEMLA_F8(d, i + 8), SPARSEMLA_F8(d, i + 16), SPARSEMLA_F8(d, i + 24)
 
-// The products below take bf16 operands, or fp16 ones with F16 = true (the same layouts); the
-// accumulators are fp32 either way.
-#define SPARSEMLA_WGMMA_TYPED(F16, shape, ...)                          \
-  if constexpr (F16) asm volatile(shape ".f32.f16.f16 {" __VA_ARGS__);  \
-  else asm volatile(shape ".f32.bf16.bf16 {" __VA_ARGS__)
-
 // d[64 x 64] (+)= A[64 x 16] B[16 x 64], both K-major in shared memory.
-template <bool F16 = false>
 __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t da, uint64_t db, int accumulate) {
-  SPARSEMLA_WGMMA_TYPED(F16,
-                        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                        "wgmma.mma_async.sync.aligned.m64n64k16",
-                        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-                        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-                        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                        : SPARSEMLA_F32(d, 0)
-                        : "l"(da), "l"(db), "r"(accumulate));
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : SPARSEMLA_F32(d, 0)
+      : "l"(da), "l"(db), "r"(accumulate));
 }
 
 #define SPARSEMLA_D128                                                                       \
@@ -78,28 +71,25 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t da, 
 
 // d[64 x 256] += A[64 x 16] B[16 x 256]: A from registers (the m16n8k16 A fragment of this warp's
 // 16 rows), B MN-major in shared memory.
-template <bool F16 = false>
 __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t db) {
-  SPARSEMLA_WGMMA_TYPED(F16,
-                        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
-                        "wgmma.mma_async.sync.aligned.m64n256k16",
-                        SPARSEMLA_D128 "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
-                        : SPARSEMLA_F32(d, 0), SPARSEMLA_F32(d, 32), SPARSEMLA_F32(d, 64), SPARSEMLA_F32(d, 96)
-                        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(1));
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" SPARSEMLA_D128
+      "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
+      : SPARSEMLA_F32(d, 0), SPARSEMLA_F32(d, 32), SPARSEMLA_F32(d, 64), SPARSEMLA_F32(d, 96)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(1));
 }
 
 // d[64 x 256] += A[64 x 16] B[16 x 256]: A K-major, B MN-major, both in shared memory.
-template <bool F16 = false>
 __device__ __forceinline__ void wgmma_m64n256k16_ss(float (&d)[128], uint64_t da, uint64_t db) {
-  SPARSEMLA_WGMMA_TYPED(F16,
-                        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                        "wgmma.mma_async.sync.aligned.m64n256k16",
-                        SPARSEMLA_D128 "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
-                        : SPARSEMLA_F32(d, 0), SPARSEMLA_F32(d, 32), SPARSEMLA_F32(d, 64), SPARSEMLA_F32(d, 96)
-                        : "l"(da), "l"(db), "n"(1));
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" SPARSEMLA_D128
+      "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : SPARSEMLA_F32(d, 0), SPARSEMLA_F32(d, 32), SPARSEMLA_F32(d, 64), SPARSEMLA_F32(d, 96)
+      : "l"(da), "l"(db), "n"(1));
 }
 
-#undef SPARSEMLA_WGMMA_TYPED
 #undef SPARSEMLA_D128
 #undef SPARSEMLA_F32
 #undef SPARSEMLA_F8
@@ -142,8 +132,13 @@ __device__ __forceinline__ uint32_t peer_u32addr(uint32_t addr, uint32_t peer) {
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 }
+// An arrival on the other block's barrier `peer_bar`, with the default semantics (release at CTA
+// scope), as CUTLASS's ClusterBarrier::arrive(cta_id) has it: the attention kernel arrives once its
+// tensor-core reads of a tile have completed (wgmma.wait_group), so the other block's writes into the
+// buffer cannot pass them. `.release.cluster` compiles to MEMBAR.ALL.GPU before every such arrival
+// (Nsight, session 46: ~6% of the pairs' stall samples).
 __device__ __forceinline__ void mbar_arrive_peer(uint32_t peer_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(peer_bar) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(peer_bar) : "memory");
 }
 // Arrives on this block's barrier and adds `bytes` to the transfers its phase waits for.
 __device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {

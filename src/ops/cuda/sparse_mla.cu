@@ -45,8 +45,7 @@ size_t emulated_smem(int per_sm, size_t bytes) {
 
 // The Hopper kernel and its launch (sparse_mla_sm90.cu): splits of rows_per_split rows each, blocks
 // in pairs where `pairs` and the rows and heads allow; returns the blocks per cluster launched.
-int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, bool f16,
-                     Stream s);
+int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, Stream s);
 // The fp8-row kernel (sparse_mla_fp8.cu): whether it takes these rows (fp8, latent 512 + rope 64),
 // and its launch (geo.hg 1, 2 or 4; geo.stages 2 or 3).
 bool mla_fp8_rows_take(const AttentionArgs& a);
@@ -71,14 +70,15 @@ MmaPlan plan_mma(const AttentionArgs& a, AttentionKernel k, const AttentionWorks
   // the launch decides. bf16 rows go to it below 8 tokens and 512 (token, head) rows, i.e. GLM-5's 64
   // heads below 8 tokens, DeepSeek-V3.2's 128 below 4 (H100, session 45, attention us at 4K, mma /
   // wgmma: GLM-5 batch 1 12.0 / 20.8, 4 25.3 / 31.7; DeepSeek-V3.2 batch 2 25.4 / 30.7, 4 39.0 / 36.4).
-  // fp8 rows go to it below kWgmmaFp8MinBatch tokens (sparse_mla_plan.h; H100, attention us at 4K /
-  // 128K, mma / wgmma: GLM-5 batch 1 15.1-15.3 (session 36) / 20.8-20.9 (session 46), DeepSeek-V3.2
-  // batch 1 20.3-20.7 / 22.7-23.1). Forced split counts (tests) keep the kernel asked for.
-  // SPARSEMLA_WGMMA_MIN_BATCH and SPARSEMLA_WGMMA_FP8_MIN_BATCH move the token bounds (1: the Hopper
-  // kernel at every batch), for measuring.
+  // fp8 rows go to it below kWgmmaFp8MinRows = 256 (token, head) rows (sparse_mla_plan.h; H100,
+  // session 48, run 82, attention us at 4K and 128K alike, mma / wgmma: GLM-5 batch 1 14.9 / 21.8,
+  // 2 20.3 / 23.6, 4 31.7 / 31.0, 8 59 / 37; DeepSeek-V3.2 batch 1 20.5 / 23.6, 2 31.5 / 30.3, 4
+  // 60.7 / 36.7; the GLM-5-width 3-layer step at batch 1 and 32K 0.958 / 0.980 ms). Forced split
+  // counts (tests) keep the kernel asked for. SPARSEMLA_WGMMA_MIN_BATCH and
+  // SPARSEMLA_WGMMA_FP8_MIN_ROWS move the bounds (1: the Hopper kernel at every batch), for measuring.
   static const int64_t wgmma_min_batch = env_int("SPARSEMLA_WGMMA_MIN_BATCH", 8);
-  static const int64_t wgmma_fp8_min_batch = env_int("SPARSEMLA_WGMMA_FP8_MIN_BATCH", kWgmmaFp8MinBatch);
-  const bool small = fp8 ? a.T < wgmma_fp8_min_batch : a.T < wgmma_min_batch && a.T * a.heads < 512;
+  static const int64_t wgmma_fp8_min_rows = env_int("SPARSEMLA_WGMMA_FP8_MIN_ROWS", kWgmmaFp8MinRows);
+  const bool small = fp8 ? a.T * a.heads < wgmma_fp8_min_rows : a.T < wgmma_min_batch && a.T * a.heads < 512;
   if (k == AttentionKernel::Wgmma && small && splits <= 0 && heads_per_block == 0) k = AttentionKernel::Mma;
   if ((a.kv_lora + a.rope) % 8 != 0 || a.kv_lora % 8 != 0 || a.rope % 2 != 0)
     fail("sparse_mla: the mma kernel needs kv_lora and kv_lora + rope multiples of 8 (got {} + {})", a.kv_lora, a.rope);
@@ -240,10 +240,8 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
                                            : "mma",
              geo.hg * 16,
              k == AttentionKernel::Wgmma ? 2 : geo.stages, geo.splits};
-  static const bool f16_on = env_switch("SPARSEMLA_WGMMA_F16") == 1;  // AttentionWorkspace::wgmma_f16
   if (k == AttentionKernel::Wgmma)
-    ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, ws.pairs && !pairs_off,
-                                       ws.wgmma_f16 || f16_on, st);
+    ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, ws.pairs && !pairs_off, st);
   else if (fp8_rows) mla_fp8_rows(a, geo, part, st);
   else {
     const MmaLaunch l = mma_launch(a, geo);

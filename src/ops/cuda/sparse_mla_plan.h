@@ -21,9 +21,10 @@ struct MlaLaunchPlan {
   size_t smem = 0;           // the mma kernel's shared memory per block (0: fma or wgmma)
 };
 
-// The Hopper kernel takes fp8 rows from this many tokens; fewer go to the mma kernel (sparse_mla.cu,
-// plan_mma, has the figures; SPARSEMLA_WGMMA_FP8_MIN_BATCH moves it).
-constexpr int64_t kWgmmaFp8MinBatch = 2;
+// The Hopper kernel takes fp8 rows from this many (token, head) rows; fewer go to the mma kernel:
+// GLM-5's 64 heads below 4 tokens, DeepSeek-V3.2's 128 at one token (sparse_mla.cu, plan_mma, has
+// the figures; SPARSEMLA_WGMMA_FP8_MIN_ROWS moves it).
+constexpr int64_t kWgmmaFp8MinRows = 256;
 
 // What sparse_mla(a, k, ws, s, splits, heads_per_block) launches on a device whose limits ws holds
 // (sm_count, smem_optin, and device_smem_per_sm or the emulated smem_per_sm; sparse_mla() fills

@@ -3,8 +3,7 @@
 //
 // One block per (token, 64 heads, split), three warpgroups:
 //   producer (warpgroup 2): gathers each tile of 64 latent rows into shared memory as bf16 (cp.async
-//     for bf16 rows; fp8 rows through registers, widened with their group scales, into bf16 or
-//     fp16 tiles: Form's F16, with q and P then fp16 too), two tiles in
+//     for bf16 rows; fp8 rows through registers, widened with their group scales), two tiles in
 //     flight, handed over through mbarriers (full: the tile is there; empty: both consumers are done).
 //   consumer 0 (warpgroup 0): S = Q K^T for the 64 heads x 64 rows (36 wgmma m64n64k16, Q resident
 //     in shared memory), the online softmax in registers, P (bf16) to shared memory for consumer 1,
@@ -68,9 +67,8 @@ constexpr int kOffAlpha = kOffP + (kTile / 8) * 64 * 16;  // [2][64] per-head re
 constexpr int kOffL = kOffAlpha + 2 * 64 * 4;                // [64] softmax denominators (epilogue)
 constexpr int kOffM = kOffL + 64 * 4;                     // [64] running maxima (epilogue)
 constexpr int kOffValid = kOffM + 64 * 4;                 // [2][64] uint32: the tile's row is used
-constexpr int kOffQScale = kOffValid + 2 * kTile * 4;     // [64] uint32: bits of q's row maxima (fp16 q: load_q)
-constexpr int kOffBar = kOffQScale + 64 * 4;              // mbarriers full[2], empty[2], remote[2]
-constexpr int kSmemBytes = kOffBar + 6 * 8;               // 231,216 of the 232,448 a block may have
+constexpr int kOffBar = kOffValid + 2 * kTile * 4;        // mbarriers full[2], empty[2], remote[2]
+constexpr int kSmemBytes = kOffBar + 6 * 8;               // 230,960 of the 232,448 a block may have
 static_assert(kSmemBytes == mla_smem::kWgmmaBytes, "the selector checks devices against mla_smem::kWgmmaBytes");
 
 // Registers per thread of the three roles: they add up to 3 x 168, what the block starts with
@@ -119,51 +117,19 @@ struct Dest {
   }
 };
 
-// Two values as bf16, or as fp16 (F16).
-template <bool F16>
-__device__ __forceinline__ uint32_t pack16(float lo, float hi) {
-  return F16 ? pack_f16(lo, hi) : pack_bf16(lo, hi);
-}
-
-// q of the block's 64 heads as bf16 (F16: fp16), by the 256 consumer threads (18 pieces of 8 values
-// each, in two rounds of loads in flight; thread ctid takes head ctid % 64); missing heads are zero.
-// fp16 q (the tiles of fp8 rows, Form) is scaled per head by q_factor (convert.cuh); the scores are
-// scaled back in the softmax.
-// Its first pass finds the rows' largest magnitudes (atomicMax on their bits in sScale, zeroed at
-// the kernel's start), the second converts: both consumers take part (kBarQ between the passes).
-template <bool F16>
-__device__ __forceinline__ void load_q(const AttentionArgs& a, int t, int h0, unsigned char* smem, int ctid) {
-  unsigned char* sQ = smem + kOffQ;
-  uint32_t* sScale = reinterpret_cast<uint32_t*>(smem + kOffQScale);
+// q of the block's 64 heads as bf16, by the 256 consumer threads (18 pieces of 8 values each, in two
+// rounds of loads in flight); missing heads are zero.
+__device__ __forceinline__ void load_q(const AttentionArgs& a, int t, int h0, unsigned char* sQ, int ctid) {
   const float* q = a.q + int64_t(t) * a.heads * kDim;
   constexpr int kPieces = kHeads * kChunks / 256, kRound = kPieces / 2;
-  const int h = ctid % kHeads;
-  const bool head = h0 + h < a.heads;
-  float f = 1.0f;  // the factor 2^-e of this thread's head
-  if constexpr (F16) {
-    float amax = 0.0f;
-    if (head) {
-      const float* src = q + int64_t(h0 + h) * kDim;
-#pragma unroll 2
-      for (int u = 0; u < kPieces; ++u) {
-        const float4* x = reinterpret_cast<const float4*>(src + (ctid / kHeads + 4 * u) * 8);
-        const float4 x0 = x[0], x1 = x[1];
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(x0.x), fabsf(x0.y)), fmaxf(fabsf(x0.z), fabsf(x0.w))));
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(x1.x), fabsf(x1.y)), fmaxf(fabsf(x1.z), fabsf(x1.w))));
-      }
-    }
-    atomicMax(&sScale[h], __float_as_uint(amax));  // non-negative floats order as their bits
-    named_sync(kBarQ, 256);
-    f = q_factor(sScale[h]);
-  }
 #pragma unroll
   for (int r = 0; r < kPieces; r += kRound) {
     float4 x[kRound][2];
 #pragma unroll
     for (int u = 0; u < kRound; ++u) {
-      const int c = (ctid + (r + u) * 256) / kHeads;
+      const int i = ctid + (r + u) * 256, h = i % kHeads, c = i / kHeads;
       x[u][0] = x[u][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (head) {
+      if (h0 + h < a.heads) {
         const float4* src = reinterpret_cast<const float4*>(q + int64_t(h0 + h) * kDim + c * 8);
         x[u][0] = src[0];
         x[u][1] = src[1];
@@ -171,10 +137,10 @@ __device__ __forceinline__ void load_q(const AttentionArgs& a, int t, int h0, un
     }
 #pragma unroll
     for (int u = 0; u < kRound; ++u) {
-      const int c = (ctid + (r + u) * 256) / kHeads;
+      const int i = ctid + (r + u) * 256, h = i % kHeads, c = i / kHeads;
       *reinterpret_cast<uint4*>(sQ + c * 1024 + h * 16) =
-          make_uint4(pack16<F16>(x[u][0].x * f, x[u][0].y * f), pack16<F16>(x[u][0].z * f, x[u][0].w * f),
-                     pack16<F16>(x[u][1].x * f, x[u][1].y * f), pack16<F16>(x[u][1].z * f, x[u][1].w * f));
+          make_uint4(pack_bf16(x[u][0].x, x[u][0].y), pack_bf16(x[u][0].z, x[u][0].w), pack_bf16(x[u][1].x, x[u][1].y),
+                     pack_bf16(x[u][1].z, x[u][1].w));
     }
   }
 }
@@ -202,62 +168,24 @@ __device__ __forceinline__ void load_fp8_piece(Fp8Piece& x, const uint8_t* base,
   x.scale = used ? *reinterpret_cast<const float4*>(src + kLora) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
-// Eight e4m3 values (little-endian in v) times their scale as eight fp16 values: the widening is
-// exact, so one conversion per two values and one multiplication (where the bf16 form,
-// widen_fp8x8, also goes through fp32 and back: three instructions more per value, session 46).
-__device__ __forceinline__ uint4 widen_fp8x8_f16(uint2 v, __half2 scale) {
-  const uint32_t h[4] = {fp8x2_to_f16x2(v.x), fp8x2_hi_to_f16x2(v.x), fp8x2_to_f16x2(v.y), fp8x2_hi_to_f16x2(v.y)};
-  uint32_t w[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const __half2 x = __hmul2(*reinterpret_cast<const __half2*>(&h[j]), scale);
-    w[j] = *reinterpret_cast<const uint32_t*>(&x);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// Eight bf16 values as fp16, magnitudes past 65504 kept at 65504 (the rope part of an fp16 tile).
-__device__ __forceinline__ uint4 bf16x8_to_f16x8(uint4 v) {
-  uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;"
-        : "=r"(w[j])
-        : "f"(__uint_as_float(w[j] & 0xffff0000u)), "f"(__uint_as_float(w[j] << 16)));
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// Widens a piece to bf16 (F16: fp16) into its row of a tile (and of the other block's, if paired)
-// and copies the row's rope pieces part and part + 4.
-template <bool F16>
+// Widens a piece to bf16 into its row of a tile (and of the other block's, if paired) and copies
+// the row's rope pieces part and part + 4.
 __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t* base, int slot, int64_t row_bytes,
                                                 const Dest& dst, int part, bool paired) {
-  const float scales[4] = {x.scale.x, x.scale.y, x.scale.z, x.scale.w};
-  __half2 hscales[4];
-  if constexpr (F16) {
-#pragma unroll
-    for (int g = 0; g < 4; ++g) hscales[g] = __float2half2_rn(scales[g]);
-  }
   uint4 rope[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
     rope[i] = slot >= 0 ? *reinterpret_cast<const uint4*>(base + int64_t(slot) * row_bytes + kLora + 16 + (part + 4 * i) * 16)
                         : make_uint4(0, 0, 0, 0);
+  const float scales[4] = {x.scale.x, x.scale.y, x.scale.z, x.scale.w};
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int p = part + 4 * i;
-    const uint2 lo = make_uint2(x.v[i].x, x.v[i].y), hi = make_uint2(x.v[i].z, x.v[i].w);
-    if constexpr (F16) {
-      const __half2 sc = hscales[i / 2];
-      dst.put16(2 * p, widen_fp8x8_f16(lo, sc), paired);
-      dst.put16(2 * p + 1, widen_fp8x8_f16(hi, sc), paired);
-    } else {
-      dst.put16(2 * p, widen_fp8x8(lo, scales[i / 2]), paired);
-      dst.put16(2 * p + 1, widen_fp8x8(hi, scales[i / 2]), paired);
-    }
+    dst.put16(2 * p, widen_fp8x8(make_uint2(x.v[i].x, x.v[i].y), scales[i / 2]), paired);
+    dst.put16(2 * p + 1, widen_fp8x8(make_uint2(x.v[i].z, x.v[i].w), scales[i / 2]), paired);
   }
 #pragma unroll
-  for (int i = 0; i < 2; ++i) dst.put16(kLora / 8 + part + 4 * i, F16 ? bf16x8_to_f16x8(rope[i]) : rope[i], paired);
+  for (int i = 0; i < 2; ++i) dst.put16(kLora / 8 + part + 4 * i, rope[i], paired);
 }
 
 // How the producer gathers, and the tile layout its consumers read:
@@ -276,20 +204,11 @@ __device__ __forceinline__ void store_fp8_piece(const Fp8Piece& x, const uint8_t
 //     at every batch, session 45: 306 us against 211 at batch 128, wgmma_bf16_pairs.patch).
 //   bf16 rows, !LINES (SPARSEMLA_WGMMA_LINES=0, for A/B): as fp8 rows' threads and tiles, by cp.async,
 //     the producer waiting for its copies before it arrives.
-// F16 (fp8 rows): the tiles, q and P are fp16 rather than bf16 (widen_fp8x8_f16, load_q); e4m3 values
-// are exact in fp16 and its 11-bit significand is finer than bf16's 8, q is scaled into range per
-// head, P is within [0, 1], and the rope part saturates at 65504. Limits: a group's scale is rounded
-// to fp16 (relative error 2^-11 down to 2^-14, i.e. for group maxima from 448 * 2^-14 = 0.027; below
-// that it is subnormal and coarser, within e4m3's own rounding (2^-5) for maxima down to ~4e-4), and
-// a latent value past 65504 would overflow (the bf16 form has neither limit). Off by default until timed on a
-// GPU (AttentionWorkspace::wgmma_f16, SPARSEMLA_WGMMA_F16=1).
-template <bool FP8, bool PAIR, bool LINES, bool F16>
+template <bool FP8, bool PAIR, bool LINES>
 struct Form {
   static_assert(!LINES || !FP8, "whole-line gathers are for bf16 rows");
   static_assert(!PAIR || FP8, "bf16 rows never pair");
-  static_assert(!F16 || FP8, "fp16 tiles are for fp8 rows");
   static constexpr bool kPair = PAIR;
-  static constexpr bool kF16 = F16;
   static constexpr bool kSwizzled = LINES;
   static constexpr bool kAsync = LINES;            // the copies arrive on the full barrier by themselves
   static constexpr uint32_t kFullArrivals = LINES ? 256 : 128;  // the producer's threads (+ their copies)
@@ -301,7 +220,7 @@ struct Form {
 // tile apart (position for tile j + 3, block-table entry for tile j + 2, slot for tile j + 1, whose
 // fp8 rows are then prefetched into L2), and fp8 rows are loaded into registers before the buffer
 // they go to is free. Slots are int32 here (a layer's cache has fewer than 2^31 rows).
-template <bool FP8, bool PAIR, bool LINES, bool F16>
+template <bool FP8, bool PAIR, bool LINES>
 __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, unsigned char* smem, int ptid) {
   constexpr bool kLines = LINES;
   constexpr int kRounds = (kLines ? 4 : 2) / (PAIR ? 2 : 1);
@@ -366,7 +285,7 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
       if (PAIR && ptid == 0) mbar_arrive_expect(&remote[b], kPeerBytes);  // what the other block sends
 #pragma unroll
       for (int round = 0; round < kRounds; ++round)
-        store_fp8_piece<F16>(x[round], base, slot0[round], row_bytes, dest(round), part, PAIR);
+        store_fp8_piece(x[round], base, slot0[round], row_bytes, dest(round), part, PAIR);
     } else {
       mbar_wait(&empty[b], ((j >> 1) & 1) ^ 1);
       constexpr int kPieces = kLines ? kChunks / 8 : kChunks / 4, kPieceStep = kLines ? 8 : 4;
@@ -486,7 +405,7 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
   uint64_t* empty = full + 2;
   float* sAlpha = reinterpret_cast<float*>(smem + kOffAlpha);
   const uint32_t sbase = smem_u32addr(smem);
-  load_q<F::kF16>(a, w.t, w.h0, smem, threadIdx.x);
+  load_q(a, w.t, w.h0, smem + kOffQ, threadIdx.x);
   fence_async_smem();
   named_sync(kBarQ, 256);
 
@@ -494,13 +413,7 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  // The softmax scale (log2 units) of rows row0 and row0 + 8, times 2^e for fp16 q (load_q).
-  float sl2[2] = {a.scale * kLog2e, a.scale * kLog2e};
-  if constexpr (F::kF16) {
-    const uint32_t* sScale = reinterpret_cast<const uint32_t*>(smem + kOffQScale);
-    sl2[0] /= q_factor(sScale[ln.row0]);
-    sl2[1] /= q_factor(sScale[ln.row0 + 8]);
-  }
+  const float sl2 = a.scale * kLog2e;
   for (int j = 0; j < w.n_tiles; ++j) {
     const int b = j & 1;
     const uint32_t tile = sbase + kOffK + b * kMatBytes;
@@ -516,7 +429,7 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
     auto k_step = [](int ks) { return F::kSwizzled ? (ks / 4) * 8192 + (ks % 4) * 32 : ks * 2048; };
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kDim / 16; ++ks) wgmma_m64n64k16_ss<F::kF16>(s, dq + ks * (2048 >> 4), dk + (k_step(ks) >> 4), ks);
+    for (int ks = 0; ks < kDim / 16; ++ks) wgmma_m64n64k16_ss(s, dq + ks * (2048 >> 4), dk + (k_step(ks) >> 4), ks);
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(s);
@@ -527,16 +440,16 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
     for (int jn = 0; jn < 8; ++jn)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        s[4 * jn + e] = valid[8 * jn + 2 * ln.q4 + (e & 1)] ? s[4 * jn + e] * sl2[e / 2] : -INFINITY;
+        s[4 * jn + e] = valid[8 * jn + 2 * ln.q4 + (e & 1)] ? s[4 * jn + e] * sl2 : -INFINITY;
     float alpha[2];
     online_softmax<8>(s, m, l, alpha);
     rescale(o, alpha[0], alpha[1]);
-    // P as bf16 (fp16): p[2 jn + rr] holds row row0 + 8 rr, columns 8 jn + 2 q4 and + 1.
+    // P as bf16: p[2 jn + rr] holds row row0 + 8 rr, columns 8 jn + 2 q4 and + 1.
     uint32_t p[16];
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn) {
-      p[2 * jn] = pack16<F::kF16>(s[4 * jn], s[4 * jn + 1]);
-      p[2 * jn + 1] = pack16<F::kF16>(s[4 * jn + 2], s[4 * jn + 3]);
+      p[2 * jn] = pack_bf16(s[4 * jn], s[4 * jn + 1]);
+      p[2 * jn + 1] = pack_bf16(s[4 * jn + 2], s[4 * jn + 3]);
     }
 
     // Hand P and alpha to consumer 1 once it is done with the previous tile's.
@@ -560,7 +473,7 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
       const uint32_t frag[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-      wgmma_m64n256k16_rs<F::kF16>(o, frag, dv + kk * (F::kVStep >> 4));
+      wgmma_m64n256k16_rs(o, frag, dv + kk * (F::kVStep >> 4));
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -593,7 +506,7 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
   uint64_t* empty = full + 2;
   const float* sAlpha = reinterpret_cast<const float*>(smem + kOffAlpha);
   const uint32_t sbase = smem_u32addr(smem);
-  load_q<F::kF16>(a, w.t, w.h0, smem, threadIdx.x);
+  load_q(a, w.t, w.h0, smem + kOffQ, threadIdx.x);
   fence_async_smem();
   named_sync(kBarQ, 256);
 
@@ -613,7 +526,7 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
         F::kSwizzled ? wgmma_desc_sw128(tile + 4 * 8192, 8192, 1024) : wgmma_desc(tile + 32 * 1024, 128, 1024);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) wgmma_m64n256k16_ss<F::kF16>(o, dp + kk * (2048 >> 4), dv + kk * (F::kVStep >> 4));
+    for (int kk = 0; kk < kTile / 16; ++kk) wgmma_m64n256k16_ss(o, dp + kk * (2048 >> 4), dv + kk * (F::kVStep >> 4));
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(o);
@@ -624,10 +537,10 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
   store_output(a, w, ln, 1, o, smem, part);
 }
 
-template <bool FP8, bool PAIR, bool LINES, bool F16>
+template <bool FP8, bool PAIR, bool LINES>
 __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part) {
   extern __shared__ __align__(128) unsigned char smem[];
-  using F = Form<FP8, PAIR, LINES, F16>;
+  using F = Form<FP8, PAIR, LINES>;
   Work w;
   w.t = blockIdx.y;
   w.h0 = blockIdx.x * kHeads;
@@ -651,7 +564,6 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
     mbar_init(&bars[5], 1);
     if (PAIR) asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  if (F16 && threadIdx.x < 64) reinterpret_cast<uint32_t*>(smem + kOffQScale)[threadIdx.x] = 0;  // load_q's maxima
   if (PAIR) cluster_sync();  // the other block's barriers exist before anything reaches them
   else __syncthreads();
   const int wg = threadIdx.x / 128;
@@ -663,18 +575,18 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
     consume_pv<F>(a, w, smem, part);
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsProducer));
-    produce<FP8, PAIR, LINES, F16>(a, w, smem, threadIdx.x - 256);
+    produce<FP8, PAIR, LINES>(a, w, smem, threadIdx.x - 256);
   }
   if (PAIR) cluster_sync();  // neither block leaves while the other may still reach its shared memory
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <bool FP8, bool PAIR, bool LINES, bool F16>
+template <bool FP8, bool PAIR, bool LINES>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const __grid_constant__ AttentionArgs a,
                                                                 int rows_per_split, float* part) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  mla_wgmma_body<FP8, PAIR, LINES, F16>(a, rows_per_split, part);
+  mla_wgmma_body<FP8, PAIR, LINES>(a, rows_per_split, part);
 #else
   __trap();  // no sm_90a code in this pass: the host side never launches it here
 #endif
@@ -715,8 +627,7 @@ bool pairs_fit(Kernel kernel) {
 
 }  // namespace
 
-int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, bool f16,
-                     Stream s) {
+int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, Stream s) {
 #if !defined(SPARSEMLA_HAVE_SM90A)
   fail("sparse_mla: this build has no sm_90a machine code for the wgmma kernel (90 is not in CMAKE_CUDA_ARCHITECTURES)");
 #endif
@@ -739,7 +650,7 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   // whole lines than paired through registers (H100, session 44, DeepSeek-V3.2 batch 128: 212 us
   // against 272) or paired in lines (session 45: 306), so they never pair.
   if (pairs && fp8 && grid.x % 2 == 0 && rows_per_split >= 2 * kTile) {
-    const Kernel kernel = f16 ? mla_wgmma_kernel<true, true, false, true> : mla_wgmma_kernel<true, true, false, false>;
+    const Kernel kernel = mla_wgmma_kernel<true, true, false>;
     allow_smem(kernel, kSmemBytes);
     if (pairs_fit(kernel)) {
       cudaLaunchAttribute attr;
@@ -751,10 +662,9 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   // bf16 rows in whole lines into swizzled tiles (Form); SPARSEMLA_WGMMA_LINES=0 for the interleaved
   // tiles of before (A/B).
   static const bool lines_off = env_off("SPARSEMLA_WGMMA_LINES");
-  const Kernel kernel = fp8         ? (f16 ? mla_wgmma_kernel<true, false, false, true>
-                                           : mla_wgmma_kernel<true, false, false, false>)
-                        : lines_off ? mla_wgmma_kernel<false, false, false, false>
-                                    : mla_wgmma_kernel<false, false, true, false>;
+  const Kernel kernel = fp8         ? mla_wgmma_kernel<true, false, false>
+                        : lines_off ? mla_wgmma_kernel<false, false, false>
+                                    : mla_wgmma_kernel<false, false, true>;
   allow_smem(kernel, kSmemBytes);
   kernel<<<grid, kThreads, kSmemBytes, st>>>(a, rows_per_split, part);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
