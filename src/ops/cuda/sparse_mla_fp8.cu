@@ -79,48 +79,48 @@ __global__ void __launch_bounds__(HG * 64) mla_fp8_kernel(AttentionArgs a, MlaGe
   // The fp16 latent part of row r is scaled by q_factor (convert.cuh) of its largest magnitude, kept
   // in the row's padding (qf(r)); the scores' latent part is scaled back (below).
   auto qf = [&](int r) { return reinterpret_cast<float*>(sQh + r * kQStride + kLora); };
+  // One pass: each warp two rows at a time (all their loads in flight: 10 float4 per lane), each
+  // lane 4 float4 of a row's latent values and lanes 0-15 one of its rope values; the row's maximum
+  // by shuffles, then its values written from the same registers. (Session 47's form read q twice,
+  // a warp's rows one after another for the maxima and then the whole of q again: the kernel 5-11%
+  // slower than without the scaling; H100, session 48, run 85.)
   auto load_q = [&]() {
-    constexpr int kPerHead = (kLora + kRope) / 4, kInFlight = 8;
+    constexpr int RB = 2, WARPS = THREADS / 32, NL = kLora / 128;
+    static_assert((HG * 16) % (WARPS * RB) == 0 && kRope / 4 <= 32, "q rows per warp");
     const float* q = a.q + int64_t(t) * a.heads * (kLora + kRope);
-    const int total = HG * 16 * kPerHead;
-    // Each warp a row at a time, each lane 4 pieces of 4 of its latent values.
-    for (int r = warp; r < HG * 16; r += THREADS / 32) {
-      float amax = 0.0f;
-      if (h0 + r < a.heads) {
-        const float4* src = reinterpret_cast<const float4*>(q + int64_t(h0 + r) * (kLora + kRope));
-        float4 v[kLora / 128];
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int r0 = warp * RB; r0 < HG * 16; r0 += WARPS * RB) {
+      float4 v[RB][NL], rv[RB];
 #pragma unroll
-        for (int k = 0; k < kLora / 128; ++k) v[k] = src[lane + 32 * k];
+      for (int j = 0; j < RB; ++j) {
+        const int h = h0 + r0 + j;
+        const float4* src = reinterpret_cast<const float4*>(q + int64_t(min(h, a.heads - 1)) * (kLora + kRope));
 #pragma unroll
-        for (int k = 0; k < kLora / 128; ++k)
-          amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
+        for (int k = 0; k < NL; ++k) v[j][k] = h < a.heads ? src[lane + 32 * k] : zero;
+        rv[j] = h < a.heads && lane < kRope / 4 ? src[kLora / 4 + lane] : zero;
       }
 #pragma unroll
-      for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      if (lane == 0) *qf(r) = q_factor(__float_as_uint(amax));
-    }
-    __syncthreads();
-    for (int i0 = 0; i0 < total; i0 += kInFlight * THREADS) {
-      float4 v[kInFlight];
+      for (int j = 0; j < RB; ++j) {
+        const int r = r0 + j;
+        float amax = 0.0f;
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
-        const int i = i0 + u * THREADS + tid, r = i / kPerHead, c = i % kPerHead, h = h0 + r;
-        v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (i < total && h < a.heads) v[u] = *reinterpret_cast<const float4*>(q + int64_t(h) * (kLora + kRope) + 4 * c);
-      }
+        for (int k = 0; k < NL; ++k)
+          amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[j][k].x), fabsf(v[j][k].y)), fmaxf(fabsf(v[j][k].z), fabsf(v[j][k].w))));
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
-        const int i = i0 + u * THREADS + tid, r = i / kPerHead, c = i % kPerHead;
-        if (i >= total) continue;
-        if (c < kLora / 4) {
-          const int p = 4 * c, col = 16 * (4 * (p / 64) + (p % 16) / 4) + 2 * ((p % 64) / 16);
-          const float f = *qf(r);
-          *reinterpret_cast<uint32_t*>(sQh + r * kQStride + col) = pack_f16(v[u].x * f, v[u].y * f);
-          *reinterpret_cast<uint32_t*>(sQh + r * kQStride + col + 8) = pack_f16(v[u].z * f, v[u].w * f);
-        } else {
-          *reinterpret_cast<uint2*>(sQr + r * kRStride + 4 * (c - kLora / 4)) =
-              make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
+        for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float f = q_factor(__float_as_uint(amax));
+        if (lane == 0) *qf(r) = f;
+        // latent value p = 4 (lane + 32 k) goes to column 16 (4 (p / 64) + p % 16 / 4) + 2 (p % 64 / 16)
+        // = col0 + 128 k
+        __half* dst = sQh + r * kQStride + 16 * (4 * (lane / 16) + lane % 4) + 2 * (lane % 16 / 4);
+#pragma unroll
+        for (int k = 0; k < NL; ++k) {
+          *reinterpret_cast<uint32_t*>(dst + 128 * k) = pack_f16(v[j][k].x * f, v[j][k].y * f);
+          *reinterpret_cast<uint32_t*>(dst + 128 * k + 8) = pack_f16(v[j][k].z * f, v[j][k].w * f);
         }
+        if (lane < kRope / 4)
+          *reinterpret_cast<uint2*>(sQr + r * kRStride + 4 * lane) =
+              make_uint2(pack_bf16(rv[j].x, rv[j].y), pack_bf16(rv[j].z, rv[j].w));
       }
     }
   };
