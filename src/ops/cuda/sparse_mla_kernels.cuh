@@ -134,14 +134,6 @@ __global__ void __launch_bounds__(HG * 64 * TP) mla_mma_kernel(AttentionArgs a, 
   const int ksteps = KS > 0 ? KS : geo.d_pad / 32;  // k-steps of 16 in each half (KS: known at compile time)
   const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
   const int groups = latent_groups(a.kv_lora);
-  // An fp8 row widened by this warp (widen_fp8_row): for latent 512 + rope 64 (the models' shape) with
-  // its loops unrolled at compile time, else at the row's runtime sizes.
-  auto widen_row = [&](__nv_bfloat16* dst, const uint8_t* row, bool exists) {
-    if (KS > 0 && a.kv_lora == 512 && a.rope == 64)
-      widen_fp8_row(dst, row, 512, 64, 512 / kFp8Group, lane, exists);
-    else
-      widen_fp8_row(dst, row, a.kv_lora, a.rope, groups, lane, exists);
-  };
 
   for (int c0 = r_begin; c0 < r_end; c0 += kChunk) {
     const int chunk_rows = load_chunk_slots(sSlot, a, br, c0, tid, THREADS);
@@ -170,7 +162,8 @@ __global__ void __launch_bounds__(HG * 64 * TP) mla_mma_kernel(AttentionArgs a, 
         // Each warp a row at a time, its lanes along the row (no index divided; missing rows zero).
         for (int r = warp; r < kRows; r += THREADS / 32) {
           const uint32_t slot = r < valid ? slots[r] : kNoSlot;
-          widen_row(sKbuf + r * stride, base + int64_t(slot) * row_bytes, slot != kNoSlot);
+          widen_fp8_row(sKbuf + r * stride, base + int64_t(slot) * row_bytes, a.kv_lora, a.rope, groups, lane,
+                        slot != kNoSlot);
         }
       }
     };
@@ -208,7 +201,7 @@ __global__ void __launch_bounds__(HG * 64 * TP) mla_mma_kernel(AttentionArgs a, 
           // divided by the row's runtime piece count cost ~20 instructions per 8 values: H100,
           // Nsight, GLM-5 fp8 batch 1, IMAD 348 K warp instructions against 57 K for bf16 rows).
           for (int r = warp; r < kRows; r += THREADS / 32)
-            widen_row(dstK + r * stride, raw + r * row_bytes, true);
+            widen_fp8_row(dstK + r * stride, raw + r * row_bytes, a.kv_lora, a.rope, groups, lane, true);
         }
         __syncthreads();
       }
