@@ -34,6 +34,8 @@
 #include <vector>
 
 #include "model/blocks/indexer.h"
+#include "model/hparams.h"
+#include "ops/cpu/rope.h"
 #include "ops/cuda/indexer_kernels.cuh"
 #include "../unit/paged_test_util.h"
 #include "util/half.h"
@@ -517,6 +519,67 @@ TEST(IndexerOnTheHost, FmaScoresMatchTheCpuReference) {
     worst = std::max(worst, check_scores(p, fwd.scores, false, "fma odd shape"));
   }
   std::printf("  fma max error %.2e\n", worst);
+}
+
+// index_queries' kernel (the indexer's queries and head weights in one launch, attention.h) against
+// ops::Rope::apply and the scaling attention.h states, in both thread orders: the rotated fp32 queries
+// in place, the weights times w_scale, and the 16-bit copy rounded to nearest; for fp8 keys (fp16
+// queries) each head's row scaled by the power of two 2^(12 - e) of its largest magnitude in [2^e,
+// 2^(e+1)) (computed here with ilogb) and its weight divided by it, so that queries far past fp16's
+// range (gain 1e6) or below its normal numbers (1e-7) keep their precision; bf16 rows unscaled.
+TEST(IndexerOnTheHost, QueriesRotatedAndScaledIntoTheirType) {
+  std::mt19937 rng(48);
+  model::HParams hp;
+  hp.qk_rope = 64;
+  hp.rope_theta = 1e4f;
+  const ops::Rope rope(hp);
+  for (auto [T, heads, dim] : std::vector<std::tuple<int, int, int>>{{2, 8, 128}, {1, 13, 96}, {3, 4, 64}})
+    for (ops::RopeStyle style : {ops::RopeStyle::HalfSplit, ops::RopeStyle::Interleaved})
+      for (bool fp16 : {true, false})
+        for (float gain : {3.0f, 1e6f, 1e-7f}) {
+          if (!fp16 && gain != 3.0f) continue;
+          const size_t n = size_t(T) * heads * dim;
+          const std::vector<float> q = random_vec(n, rng, gain), w = random_vec(size_t(T) * heads, rng, 1.0f);
+          std::vector<int64_t> pos(static_cast<size_t>(T));
+          for (auto& p : pos) p = int64_t(rng() % 150000);
+          const float ws = 1.0f / std::sqrt(float(heads * dim));
+          std::vector<float> want_q(q), want_w(w), f(w.size(), 1.0f);
+          for (int t = 0; t < T; ++t)
+            for (int h = 0; h < heads; ++h) rope.apply(want_q.data() + (size_t(t) * heads + h) * dim, pos[size_t(t)], style);
+          for (size_t r = 0; r < w.size(); ++r) {
+            want_w[r] *= ws;
+            if (!fp16) continue;
+            float amax = 0.0f;
+            for (int i = 0; i < dim; ++i) amax = std::max(amax, std::fabs(want_q[r * size_t(dim) + size_t(i)]));
+            f[r] = std::ldexp(1.0f, -std::clamp(std::ilogb(amax) - 12, -64, 64));
+            want_w[r] /= f[r];
+          }
+          const RopeTable table{rope.inv_freq().data(), rope.dims() / 2, rope.attn_factor(),
+                                style == ops::RopeStyle::Interleaved};
+          const std::string what = "T " + std::to_string(T) + " heads " + std::to_string(heads) + " dim " +
+                                   std::to_string(dim) + (fp16 ? " fp16" : " bf16") + " gain " + std::to_string(gain);
+          for (emu::Order order : {emu::Order::kForward, emu::Order::kReversed}) {
+            std::vector<float> got_q(q), got_w(w);
+            std::vector<uint16_t> got16(n, 0xFFFF);
+            const dim3 grid(unsigned(T), unsigned((heads + 7) / 8)), block(32, 8);
+            if (fp16)
+              emu::launch(index_queries_kernel<__half>, grid, block, 0, order, got_q.data(), got_w.data(), heads, dim,
+                          table, pos.data(), ws, reinterpret_cast<__half*>(got16.data()));
+            else
+              emu::launch(index_queries_kernel<__nv_bfloat16>, grid, block, 0, order, got_q.data(), got_w.data(), heads,
+                          dim, table, pos.data(), ws, reinterpret_cast<__nv_bfloat16*>(got16.data()));
+            ASSERT_EQ(got_w, want_w) << what << ": head weights";
+            for (size_t i = 0; i < n; ++i) {
+              ASSERT_NEAR(got_q[i], want_q[i], gain * (6e-6 + 3e-8)) << what << ": query value " << i;
+              const float scaled = got_q[i] * f[i / size_t(dim)];
+              ASSERT_EQ(got16[i], fp16 ? f32_to_fp16(scaled) : f32_to_bf16(scaled)) << what << ": 16-bit query " << i;
+              if (fp16) {
+                ASSERT_TRUE(std::isfinite(fp16_to_f32(got16[i]))) << what << ": query " << i;
+                ASSERT_TRUE(got_q[i] == 0.0f || fp16_to_f32(got16[i]) != 0.0f) << what << ": query " << i << " lost";
+              }
+            }
+          }
+        }
 }
 
 }  // namespace

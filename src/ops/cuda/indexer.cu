@@ -26,11 +26,9 @@
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/check.cuh"
-#include "ops/cuda/convert.cuh"
 #include "ops/cuda/indexer_kernels.cuh"
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/pdl.cuh"
-#include "ops/cuda/rope.cuh"
 #include "util/env.h"
 
 namespace sparsemla::cuda {
@@ -76,48 +74,6 @@ void launch_mma(const IndexerArgs& a, cudaStream_t st) {
                          [&](auto kernel, int threads, int tokens_per_block, auto smem_bytes, auto... extra) {
                            launch_one_wave(kernel, threads, tokens_per_block, smem_bytes, a, st, extra...);
                          });
-}
-
-// index_queries: block (token, 8 heads), one warp per head.
-constexpr int kQueryHeadsPerBlock = 8;
-
-template <class T16>
-__global__ void index_queries_kernel(float* q, float* w, int heads, int dim, RopeTable rope,
-                                     const int64_t* __restrict__ pos, float w_scale, T16* q16) {
-  pdl::launch_dependents();  // the next kernel may start its prologue (pdl.cuh)
-  const int t = blockIdx.x, h = blockIdx.y * kQueryHeadsPerBlock + threadIdx.y, lane = threadIdx.x;
-  if (h >= heads) return;
-  const int64_t head = int64_t(t) * heads + h;
-  float* row = q + head * dim;
-  T16* row16 = q16 ? q16 + head * dim : nullptr;
-  const float p = float(pos[t]);
-  float amax = 0.0f;
-  for (int64_t i = lane; i < rope.half; i += 32) {
-    const int64_t ia = rope_a(rope, i), ib = rope_b(rope, i);
-    float x0 = row[ia], x1 = row[ib];
-    rope_rotate(rope_angle(rope, p, i), &x0, &x1);
-    row[ia] = x0;
-    row[ib] = x1;
-    amax = fmaxf(amax, fmaxf(fabsf(x0), fabsf(x1)));
-  }
-  for (int64_t c = 2 * rope.half + lane; c < dim; c += 32) amax = fmaxf(amax, fabsf(row[c]));
-  // fp16 queries (fp8 keys): the row scaled by a power of two f that puts its largest value in
-  // [2^12, 2^13) (q_factor), its weight by 1 / f: w relu(q.k) = (w / f) relu(f q.k) exactly, and
-  // fp16's range (65504) no longer bounds the queries. bf16 has fp32's range: f = 1.
-  float f = 1.0f;
-  if (row16 && std::is_same<T16, __half>::value) {
-    for (int m = 16; m >= 1; m /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-    f = q_factor(__float_as_uint(amax));
-  }
-  if (row16) {  // each lane reads back the values it wrote
-    for (int64_t i = lane; i < rope.half; i += 32) {
-      const int64_t ia = rope_a(rope, i), ib = rope_b(rope, i);
-      row16[ia] = T16(row[ia] * f);  // the constructors round to nearest even, as pack4 does
-      row16[ib] = T16(row[ib] * f);
-    }
-    for (int64_t c = 2 * rope.half + lane; c < dim; c += 32) row16[c] = T16(row[c] * f);
-  }
-  if (lane == 0) w[head] = w[head] * w_scale / f;
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "ops/cuda/dynamic_smem.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/rope.cuh"
 #include "ops/cuda/topk_common.cuh"
 
 namespace sparsemla::cuda::indexer {
@@ -979,6 +980,55 @@ void dispatch_mma(const IndexerArgs& a, IndexerMma choice, int qfrag_stages, Lau
     if (choice == IndexerMma::kQfrag) return dispatch_qfrag<DIM, false>(a, qfrag_stages, launch);
     dispatch_stages<DIM, FP8, 2, false, 1>(a, 0, launch);
   }
+}
+
+// x rounded to nearest even in the 16-bit type T16 (__half or __nv_bfloat16).
+template <class T16>
+__device__ __forceinline__ T16 round16(float x) {
+  if constexpr (std::is_same<T16, __half>::value) return __float2half_rn(x);
+  else return __float2bfloat16_rn(x);
+}
+
+// index_queries (attention.h): block (token, 8 heads), one warp per head.
+constexpr int kQueryHeadsPerBlock = 8;
+
+template <class T16>
+__global__ void index_queries_kernel(float* q, float* w, int heads, int dim, RopeTable rope,
+                                     const int64_t* __restrict__ pos, float w_scale, T16* q16) {
+  pdl::launch_dependents();  // the next kernel may start its prologue (pdl.cuh)
+  const int t = blockIdx.x, h = blockIdx.y * kQueryHeadsPerBlock + threadIdx.y, lane = threadIdx.x;
+  if (h >= heads) return;
+  const int64_t head = int64_t(t) * heads + h;
+  float* row = q + head * dim;
+  T16* row16 = q16 ? q16 + head * dim : nullptr;
+  const float p = float(pos[t]);
+  float amax = 0.0f;
+  for (int64_t i = lane; i < rope.half; i += 32) {
+    const int64_t ia = rope_a(rope, i), ib = rope_b(rope, i);
+    float x0 = row[ia], x1 = row[ib];
+    rope_rotate(rope_angle(rope, p, i), &x0, &x1);
+    row[ia] = x0;
+    row[ib] = x1;
+    amax = fmaxf(amax, fmaxf(fabsf(x0), fabsf(x1)));
+  }
+  // fp16 queries (fp8 keys): the row scaled by a power of two f that puts its largest value in
+  // [2^12, 2^13) (q_factor), its weight by 1 / f: w relu(q.k) = (w / f) relu(f q.k) exactly, and
+  // fp16's range (65504) no longer bounds the queries. bf16 has fp32's range: f = 1.
+  float f = 1.0f;
+  if (row16 && std::is_same<T16, __half>::value) {
+    for (int64_t c = 2 * rope.half + lane; c < dim; c += 32) amax = fmaxf(amax, fabsf(row[c]));
+    for (int m = 16; m >= 1; m /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    f = q_factor(__float_as_uint(amax));
+  }
+  if (row16) {  // each lane reads back the values it wrote
+    for (int64_t i = lane; i < rope.half; i += 32) {
+      const int64_t ia = rope_a(rope, i), ib = rope_b(rope, i);
+      row16[ia] = round16<T16>(row[ia] * f);  // to nearest even, as pack4 rounds
+      row16[ib] = round16<T16>(row[ib] * f);
+    }
+    for (int64_t c = 2 * rope.half + lane; c < dim; c += 32) row16[c] = round16<T16>(row[c] * f);
+  }
+  if (lane == 0) w[head] = w[head] * w_scale / f;
 }
 
 }  // namespace sparsemla::cuda::indexer

@@ -27,5 +27,6 @@ inline __half __float2half(float v) {
   std::memcpy(&h.bits, &f, 2);
   return h;
 }
+inline __half __float2half_rn(float v) { return __float2half(v); }
 inline float2 __half22float2(__half2 v) { return make_float2(__half2float(v.x), __half2float(v.y)); }
 inline __half2 __floats2half2_rn(float lo, float hi) { return {__float2half(lo), __float2half(hi)}; }
