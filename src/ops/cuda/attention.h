@@ -96,8 +96,10 @@ enum class IndexerMma { kAuto, kStaged, kRegs, kQfrag, kTokens };
 struct IndexerArgs {
   const float* q = nullptr;  // [T, heads, dim]
   // The same queries already rounded to the 16-bit type the mma kernel multiplies (index_queries):
-  // where set, the mma kernel copies them straight into shared memory and does not read q (the
-  // scores are the same bits); the fma kernel always reads q.
+  // where set, the mma kernel copies them straight into shared memory and does not read q; the fma
+  // kernel always reads q. index_queries scales fp16 rows by a power of two and divides w by it, so
+  // its q16 goes with the w it wrote (the scores are then the same bits as q's, where those are
+  // finite and normal in fp16).
   const uint16_t* q16 = nullptr;
   const float* w = nullptr;
   int64_t T = 0;
@@ -141,8 +143,9 @@ inline bool index_queries_fp16(KvDtype keys) { return keys == KvDtype::FP8; }
 // and where q16 is given the rotated queries rounded to nearest in the mma kernel's 16-bit type
 // for keys of `keys` (IndexerArgs::q16). In fp16 (fp8 keys) each head's row is first scaled by the
 // power of two f that puts its largest value in [2^12, 2^13), and its weight divided by f: the
-// scores are unchanged (relu is positively homogeneous; both scalings are exact), and queries of
-// any size fit fp16's range (65504) without overflow or subnormals. The fp32 q is not scaled.
+// scores are unchanged (relu is positively homogeneous; both scalings are exact), and queries whose
+// row maxima lie anywhere in [2^-52, 2^77) fit fp16's range (65504) without overflow or subnormals
+// (q_factor keeps its exponent within [-64, 64]). The fp32 q is not scaled.
 //   q: [T, heads, dim]   w: [T, heads]   q16: [T, heads, dim]
 void index_queries(float* q, float* w, int64_t T, int heads, int dim, const RopeTable& rope, const int64_t* pos,
                    float w_scale, KvDtype keys, uint16_t* q16, Stream s);
