@@ -50,7 +50,11 @@ struct Shape {
   const char* name;
   int heads, kv_lora, rope, idx_heads, idx_dim, top_k;
 };
-const Shape kShapes[] = {{"glm5", 64, 512, 64, 32, 128, 2048}, {"dsv32", 128, 512, 64, 64, 128, 2048}};
+// The models' shapes, and one GPU's share of them under tensor parallelism (the query heads split
+// over the ranks; the indexer replicated on every rank: dist/shard_plan.h).
+const Shape kShapes[] = {{"glm5", 64, 512, 64, 32, 128, 2048},     {"dsv32", 128, 512, 64, 64, 128, 2048},
+                         {"glm5-tp2", 32, 512, 64, 32, 128, 2048}, {"glm5-tp8", 8, 512, 64, 32, 128, 2048},
+                         {"dsv32-tp2", 64, 512, 64, 64, 128, 2048}, {"dsv32-tp8", 16, 512, 64, 64, 128, 2048}};
 constexpr int64_t kScoreSlack = 128;  // score row stride over the context
 
 struct Timed {
@@ -128,7 +132,7 @@ void bench_prefill_indexer(const BenchAttentionArgs& a, const Shape& sh, const s
       if (std::find(done.begin(), done.end(), ran) != done.end()) continue;  // (a fallback already timed)
       done.push_back(ran);
       const double us = time_us(a.reps, [&](void* st) { cuda::indexer_scores(ia, ik, st); });
-      std::printf("prefill indexer %-6s %-4s %5d tokens ending at %7d | %-6s %10.1f us %7.1f TFLOP/s %4.0f%% of the GEMM\n",
+      std::printf("prefill indexer %-9s %-4s %5d tokens ending at %7d | %-6s %10.1f us %7.1f TFLOP/s %4.0f%% of the GEMM\n",
                   sh.name, dname.c_str(), T, ctx, ik == cuda::IndexerKernel::Mma ? cuda::indexer_mma_name(ran) : "fma", us,
                   flops / us * 1e-6, 100.0 * flops / (us * 1e-6) / gemm_flops);
       std::fflush(stdout);
@@ -179,7 +183,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
   const int64_t n_slots = int64_t(n_seq) * blocks_per_seq * bs;
 
   if (a.prefill == 0)
-    std::printf("%-6s %-4s %5s %7s | %9s %7s %5s | %8s %8s | %9s | %9s %7s %5s %7s %5s | %9s %5s | %s\n", "shape",
+    std::printf("%-9s %-4s %5s %7s | %9s %7s %5s | %8s %8s | %9s | %9s %7s %5s %7s %5s | %9s %5s | %s\n", "shape",
                 "kv", "batch", "context", "indexer", "GB/s", "%bw", "top-k", "tied", "idx+top-k", "attention", "GB/s",
                 "%bw", "TFLOP/s", "%mma", "step", "%bw", "kernels");
   for (const std::string& dname : a.dtypes) {
@@ -314,7 +318,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
                                   (ik == cuda::IndexerKernel::Mma
                                        ? std::string("; indexer ") + cuda::indexer_mma_name(cuda::indexer_mma_choice(ia))
                                        : std::string("; indexer fma"));
-          std::printf("%-6s %-4s %5d %7d | %7.1fus %7.0f %4.0f%% | %6.1fus %6.1fus | %7.1fus | %7.1fus %7.0f %4.0f%% %7.1f "
+          std::printf("%-9s %-4s %5d %7d | %7.1fus %7.0f %4.0f%% | %6.1fus %6.1fus | %7.1fus | %7.1fus %7.0f %4.0f%% %7.1f "
                       "%4.0f%% | %7.1fus %4.0f%% | %s\n",
                       sh.name, dname.c_str(), B, ctx, t_idx, idx_bytes / t_idx * 1e-3,
                       100.0 * idx_bytes / (t_idx * 1e-6) / copy_bps, t_topk, t_topk_tied, t_pair, t_att, att_bytes / t_att * 1e-3,
@@ -352,7 +356,10 @@ int run_bench_attention(const BenchAttentionArgs&) { fail("bench attention needs
 Runner add_bench_attention(CLI::App& bench) {
   auto a = std::make_shared<BenchAttentionArgs>();
   CLI::App* cmd = bench.add_subcommand("attention", "Time the sparse-attention kernels at GLM-5 and DeepSeek-V3.2 shapes");
-  cmd->add_option("--shapes", a->shapes, "glm5, dsv32");
+  cmd->add_option("--shapes", a->shapes,
+                  "glm5, dsv32 (default both), and one GPU's share under tensor parallelism: glm5-tp2, glm5-tp8, "
+                  "dsv32-tp2, dsv32-tp8 (the query heads split, the indexer whole)")
+      ->check(CLI::IsMember({"glm5", "dsv32", "glm5-tp2", "glm5-tp8", "dsv32-tp2", "dsv32-tp8"}));
   cmd->add_option("--batch", a->batches, "decode batch sizes");
   cmd->add_option("--context", a->contexts, "context lengths");
   cmd->add_option("--kv", a->dtypes, "cache dtypes: bf16, fp8");

@@ -226,6 +226,15 @@ TEST(DeviceCli, BenchModelSubcommandIsTheModelBenchmark) {
   EXPECT_TRUE(contains(missing.out, "bench needs --model FILE")) << missing.out;
 }
 
+// `bench attention --shapes` names the shapes it times; a name it does not know is refused with the
+// option and the name (it used to print an empty table), on any machine (parsing comes first).
+TEST(DeviceCli, BenchAttentionRefusesAnUnknownShape) {
+  const CliResult bad = cli("bench attention --shapes glm5 glm6 --batch 1 --context 4096");
+  EXPECT_NE(bad.status, 0) << bad.out;
+  EXPECT_TRUE(contains(bad.out, "--shapes")) << bad.out;
+  EXPECT_TRUE(contains(bad.out, "glm6")) << bad.out;
+}
+
 TEST(DeviceCli, ServeSplitOverTwoCpuRanksAnswersAsTheWholeModel) {
   for (const std::string& user : {"Hello there", "Tell me a story about a cat"}) {
     const Served whole = serve_chat("-t 2", user), split = serve_chat("-t 2 --tensor-parallel 2", user);
