@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: re-checks of sessions 34-38's and 44's GPU code, in one run of ~18 minutes of
-# device time. Every phase has run: session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
+# device time. Every phase but s48 (session 48) has run: session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
 # 38 the prefill phase on an H100, session 45 the wgmma phase on an H100 on 118c578, session 46 the fp8
 # phase on an H100 on aa478b5 (PERFORMANCE.md, "Session 37", "Session 38", "Session 45", "Session 46":
 # all passed, the figures recorded; session 46 also ran session 45's quarters phase, not kept:
@@ -63,6 +63,11 @@
 #             for the pairs; run 82 timed the peer arrival without MEMBAR.ALL.GPU) also the Hopper tests
 #             and racecheck on the pairs with it, and an A/B of DeepSeek-V3.2 fp8 at batch 32 / 128
 #             against $BIN/sparsemla.
+#  s48        (session 48, not yet run; ~3 minutes) the indexer's scaled fp16 queries on the final code
+#             (index_queries' kernel moved into indexer_kernels.cuh after run 88) and `bench attention`'s
+#             tensor-parallel shares (glm5-tp2 / -tp8, dsv32-tp2; bf16 and fp8; batch 1-128; the
+#             kernel the model takes, mma and wgmma): where the Hopper kernel (64 heads per block, 8 or
+#             32 of them real) and the mma kernel cross at these head counts; the selector gives them mma.
 #  f16        (session 47; run 82 in session 48, H100: fp16 tiles 5-8% slower, not kept:
 #             patches/wgmma_fp16_tiles.patch) the attention and indexer tests on q of any range
 #             (SparseMlaWgmmaTakesQOfAnyRange, SparseMlaFp8RowsTakeQOfAnyRange, IndexQueries*,
@@ -81,11 +86,23 @@
 # compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
+PHASES=${PHASES:-s48 f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 step() { awk -F'|' '{print $1 "|" $4 "|" $5 "|" $6 "|" $7}'; }
+
+if has s48; then
+  timeout 150 "$BIN/sparsemla_tests" \
+    --gtest_filter='CudaAttention.IndexQueries*:CudaAttention.IndexerTakes*:CudaAttention.IndexerScoresMatch*:DeviceCli.BenchAttention*' \
+    >"$OUT/s48_tests.log" 2>&1
+  echo "s48 tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/s48_tests.log" | tail -4
+  for k in auto mma wgmma; do
+    echo "== tensor-parallel shares, --kernel $k" | tee -a "$OUT/s48_tp.log"
+    timeout 120 "$BIN/sparsemla" bench attention --kernel $k --shapes glm5-tp2 glm5-tp8 dsv32-tp2 --kv bf16 fp8 \
+      --batch 1 8 32 128 --context 4096 131072 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" | tee -a "$OUT/s48_tp.log"
+  done
+fi
 
 if has f16; then
   timeout 150 "$BIN/sparsemla_tests" \
