@@ -47,6 +47,7 @@ using namespace indexer;
 using sparsemla::bf16_to_f32;
 using sparsemla::f32_to_bf16;
 
+using test_paged::fp16_query_factor;
 using test_paged::Paged;
 using test_paged::random_vec;
 
@@ -524,8 +525,8 @@ TEST(IndexerOnTheHost, FmaScoresMatchTheCpuReference) {
 // index_queries' kernel (the indexer's queries and head weights in one launch, attention.h) against
 // ops::Rope::apply and the scaling attention.h states, in both thread orders: the rotated fp32 queries
 // in place, the weights times w_scale, and the 16-bit copy rounded to nearest; for fp8 keys (fp16
-// queries) each head's row scaled by the power of two 2^(12 - e) of its largest magnitude in [2^e,
-// 2^(e+1)) (computed here with ilogb) and its weight divided by it, so that queries far past fp16's
+// queries) each head's row scaled by fp16_query_factor (paged_test_util.h) and its weight divided
+// by it, so that queries far past fp16's
 // range (gain 1e6) or below its normal numbers (1e-7) keep their precision; bf16 rows unscaled.
 TEST(IndexerOnTheHost, QueriesRotatedAndScaledIntoTheirType) {
   std::mt19937 rng(48);
@@ -567,10 +568,8 @@ TEST(IndexerOnTheHost, QueriesRotatedAndScaledIntoTheirType) {
             std::vector<float> want_w(w), f(w.size(), 1.0f);
             for (size_t r = 0; r < w.size(); ++r) {
               want_w[r] *= ws;
-              float amax = 0.0f;
-              for (int i = 0; i < dim; ++i) amax = std::max(amax, std::fabs(got_q[r * size_t(dim) + size_t(i)]));
-              if (!fp16 || amax == 0.0f) continue;
-              f[r] = std::ldexp(1.0f, -std::clamp(std::ilogb(amax) - 12, -64, 64));
+              if (!fp16) continue;
+              f[r] = fp16_query_factor(got_q.data() + r * size_t(dim), dim);
               want_w[r] /= f[r];
             }
             ASSERT_EQ(got_w, want_w) << what << ": head weights";

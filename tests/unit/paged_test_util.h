@@ -3,6 +3,7 @@
 // cache with shuffled blocks. Host code only.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -15,6 +16,16 @@ inline std::vector<float> random_vec(size_t n, std::mt19937& rng, float scale = 
   std::vector<float> v(n);
   for (float& x : v) x = d(rng);
   return v;
+}
+
+// The power of two index_queries scales a head's fp16 queries by (attention.h), computed here
+// independently of the kernels' q_factor: 2^(12 - e) for the row's largest magnitude in
+// [2^e, 2^(e+1)), e within [-64, 64]; 1 for a row of zeros.
+inline float fp16_query_factor(const float* row, int dim) {
+  float amax = 0.0f;
+  for (int i = 0; i < dim; ++i) amax = std::max(amax, std::fabs(row[i]));
+  if (amax == 0.0f || !std::isfinite(amax)) return 1.0f;
+  return std::ldexp(1.0f, -std::clamp(std::ilogb(amax) - 12, -64, 64));
 }
 
 // Position p of sequence s lives at slot(s, p); the block tables are a shuffled permutation.

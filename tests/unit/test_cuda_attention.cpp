@@ -81,6 +81,7 @@ bool small_mode() { return std::getenv("SPARSEMLA_GPU_TEST_SMALL") != nullptr; }
 float round_bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 float round_f16(float x) { return fp16_to_f32(f32_to_fp16(x)); }
 
+using cuda::test_paged::fp16_query_factor;
 using cuda::test_paged::random_vec;
 
 // The paged tables of paged_test_util.h with their device copy.
@@ -275,15 +276,6 @@ TEST(CudaAttention, FusedCacheWritesMatchTheCpuAndTheUnfusedChain) {
       }
 }
 
-// The power of two index_queries scales a head's fp16 queries by (attention.h): 2^(12 - e) for the
-// row's largest magnitude in [2^e, 2^(e+1)), e within [-64, 64]; 1 for a row of zeros.
-float fp16_query_factor(const float* row, int dim) {
-  float amax = 0.0f;
-  for (int i = 0; i < dim; ++i) amax = std::max(amax, std::fabs(row[i]));
-  if (amax == 0.0f || !std::isfinite(amax)) return 1.0f;
-  return std::ldexp(1.0f, -std::clamp(std::ilogb(amax) - 12, -64, 64));
-}
-
 // index_queries against the CPU: rope per head (as DeviceRope::apply), the weights scaled, and the
 // 16-bit copy the rotated fp32 values rounded to nearest (util/half.h); in fp16 (fp8 keys) each
 // head's row scaled by fp16_query_factor and its weight by the inverse, so that queries far outside
@@ -296,48 +288,48 @@ TEST(CudaAttention, IndexQueriesMatchTheCpu) {
   for (auto [T, heads, dim] : std::vector<std::tuple<int, int, int>>{{1, 64, 128}, {5, 32, 128}, {3, 8, 64}, {2, 13, 96}})
     for (ops::RopeStyle style : {ops::RopeStyle::HalfSplit, ops::RopeStyle::Interleaved})
       for (KvDtype dtype : {KvDtype::BF16, KvDtype::FP8})
-       for (float gain : {3.0f, 1e6f, 1e-7f}) {
-        if (dtype == KvDtype::BF16 && gain != 3.0f) continue;
-        std::vector<float> q = random_vec(size_t(T) * heads * dim, rng, gain), w = random_vec(size_t(T) * heads, rng);
-        std::vector<int64_t> pos(static_cast<size_t>(T));
-        for (auto& p : pos) p = int64_t(rng() % 150000);
-        const float ws = 1.0f / std::sqrt(float(heads * dim));
-        std::vector<float> want_q(q), want_w(w);
-        for (int t = 0; t < T; ++t)
-          for (int h = 0; h < heads; ++h) rope.apply(want_q.data() + (size_t(t) * heads + h) * dim, pos[size_t(t)], style);
-        for (float& x : want_w) x *= ws;
-        DeviceBuffer d_q = cuda::to_device(q), d_w = cuda::to_device(w), d_pos = cuda::to_device(pos),
-                     d_q16(q.size() * 2);
-        cuda::index_queries(d_q.as<float>(), d_w.as<float>(), T, heads, dim, drope.table(style), d_pos.as<int64_t>(), ws,
-                            dtype, d_q16.as<uint16_t>(), nullptr);
-        const auto got_q = cuda::to_host<float>(d_q, q.size());
-        const auto got_w = cuda::to_host<float>(d_w, w.size());
-        const auto got16 = cuda::to_host<uint16_t>(d_q16, q.size());
-        // Each head's fp16 factor from the GPU's own rotated values (checked below against the CPU's,
-        // which may differ in a last bit: at a power of two, that would move the factor).
-        std::vector<float> f(w.size(), 1.0f);
-        if (cuda::index_queries_fp16(dtype))
-          for (size_t r = 0; r < f.size(); ++r) {
-            f[r] = fp16_query_factor(got_q.data() + r * size_t(dim), dim);
-            want_w[r] /= f[r];
+        for (float gain : {3.0f, 1e6f, 1e-7f}) {
+          if (dtype == KvDtype::BF16 && gain != 3.0f) continue;
+          std::vector<float> q = random_vec(size_t(T) * heads * dim, rng, gain), w = random_vec(size_t(T) * heads, rng);
+          std::vector<int64_t> pos(static_cast<size_t>(T));
+          for (auto& p : pos) p = int64_t(rng() % 150000);
+          const float ws = 1.0f / std::sqrt(float(heads * dim));
+          std::vector<float> want_q(q), want_w(w);
+          for (int t = 0; t < T; ++t)
+            for (int h = 0; h < heads; ++h) rope.apply(want_q.data() + (size_t(t) * heads + h) * dim, pos[size_t(t)], style);
+          for (float& x : want_w) x *= ws;
+          DeviceBuffer d_q = cuda::to_device(q), d_w = cuda::to_device(w), d_pos = cuda::to_device(pos),
+                       d_q16(q.size() * 2);
+          cuda::index_queries(d_q.as<float>(), d_w.as<float>(), T, heads, dim, drope.table(style), d_pos.as<int64_t>(), ws,
+                              dtype, d_q16.as<uint16_t>(), nullptr);
+          const auto got_q = cuda::to_host<float>(d_q, q.size());
+          const auto got_w = cuda::to_host<float>(d_w, w.size());
+          const auto got16 = cuda::to_host<uint16_t>(d_q16, q.size());
+          // Each head's fp16 factor from the GPU's own rotated values (checked below against the CPU's,
+          // which may differ in a last bit: at a power of two, that would move the factor).
+          std::vector<float> f(w.size(), 1.0f);
+          if (cuda::index_queries_fp16(dtype))
+            for (size_t r = 0; r < f.size(); ++r) {
+              f[r] = fp16_query_factor(got_q.data() + r * size_t(dim), dim);
+              want_w[r] /= f[r];
+            }
+          ASSERT_EQ(got_w, want_w) << "head weights";
+          for (size_t i = 0; i < q.size(); ++i) {
+            ASSERT_NEAR(got_q[i], want_q[i], gain * (1e-6 * 6 + 3e-8)) << "query value " << i;
+            const float scaled = got_q[i] * f[i / size_t(dim)];
+            ASSERT_EQ(got16[i], cuda::index_queries_fp16(dtype) ? f32_to_fp16(scaled) : f32_to_bf16(scaled))
+                << "16-bit query " << i << " (gain " << gain << ")";
+            if (cuda::index_queries_fp16(dtype)) ASSERT_TRUE(std::isfinite(fp16_to_f32(got16[i]))) << "query " << i;
           }
-        ASSERT_EQ(got_w, want_w) << "head weights";
-        for (size_t i = 0; i < q.size(); ++i) {
-          ASSERT_NEAR(got_q[i], want_q[i], gain * (1e-6 * 6 + 3e-8)) << "query value " << i;
-          const float scaled = got_q[i] * f[i / size_t(dim)];
-          ASSERT_EQ(got16[i], cuda::index_queries_fp16(dtype) ? f32_to_fp16(scaled) : f32_to_bf16(scaled))
-              << "16-bit query " << i << " (gain " << gain << ")";
-          if (cuda::index_queries_fp16(dtype)) ASSERT_TRUE(std::isfinite(fp16_to_f32(got16[i]))) << "query " << i;
+          // Without the 16-bit copy: the same in-place queries, the weights only scaled by w_scale.
+          DeviceBuffer d_q2 = cuda::to_device(q), d_w2 = cuda::to_device(w);
+          cuda::index_queries(d_q2.as<float>(), d_w2.as<float>(), T, heads, dim, drope.table(style), d_pos.as<int64_t>(), ws,
+                              dtype, nullptr, nullptr);
+          ASSERT_EQ(cuda::to_host<float>(d_q2, q.size()), got_q);
+          std::vector<float> plain_w(w);
+          for (float& x : plain_w) x *= ws;
+          ASSERT_EQ(cuda::to_host<float>(d_w2, w.size()), plain_w);
         }
-        // Without the 16-bit copy: the same in-place queries, the weights only scaled by w_scale.
-        DeviceBuffer d_q2 = cuda::to_device(q), d_w2 = cuda::to_device(w);
-        cuda::index_queries(d_q2.as<float>(), d_w2.as<float>(), T, heads, dim, drope.table(style), d_pos.as<int64_t>(), ws,
-                            dtype, nullptr, nullptr);
-        ASSERT_EQ(cuda::to_host<float>(d_q2, q.size()), got_q);
-        std::vector<float> plain_w(w);
-        for (float& x : plain_w) x *= ws;
-        ASSERT_EQ(cuda::to_host<float>(d_w2, w.size()), plain_w);
-      }
   DeviceBuffer buf(4096), pos(8);
   EXPECT_THROW(cuda::index_queries(buf.as<float>(), buf.as<float>(), 1, 2, 32, drope.table(ops::RopeStyle::HalfSplit),
                                    pos.as<int64_t>(), 1.0f, KvDtype::BF16, nullptr, nullptr),

@@ -45,15 +45,15 @@ __device__ __forceinline__ void copy_row_pieces(T* dst, const uint8_t* src, int 
 // scales) widened by one warp into a bf16 tile row: lane l takes the 8-value pieces l, l + 32, ...
 // and the rope words likewise (consecutive lanes, consecutive bytes: no bank conflicts). `exists`
 // false: the row is zeros (its source is not read).
-__device__ __forceinline__ void widen_fp8_row(__nv_bfloat16* dst, const uint8_t* row, int kv_lora, int rope, int groups,
-                                              int lane, bool exists) {
+__device__ __forceinline__ void widen_fp8_row(__nv_bfloat16* dst, const uint8_t* row, int kv_lora, int rope, int lane,
+                                              bool exists) {
   const float* scales = reinterpret_cast<const float*>(row + kv_lora);
   for (int c = lane; c < kv_lora / 8; c += 32) {
     uint4 w = make_uint4(0, 0, 0, 0);
     if (exists) w = widen_fp8x8(*reinterpret_cast<const uint2*>(row + c * 8), scales[c / (kFp8Group / 8)]);
     *reinterpret_cast<uint4*>(dst + c * 8) = w;
   }
-  const uint32_t* rope_words = reinterpret_cast<const uint32_t*>(row + kv_lora + 4 * groups);
+  const uint32_t* rope_words = reinterpret_cast<const uint32_t*>(row + kv_lora + 4 * latent_groups(kv_lora));
   for (int c = lane; c < rope / 2; c += 32)
     *reinterpret_cast<uint32_t*>(dst + kv_lora + 2 * c) = exists ? rope_words[c] : 0u;
 }
@@ -133,7 +133,6 @@ __global__ void __launch_bounds__(HG * 64 * TP) mla_mma_kernel(AttentionArgs a, 
   const float sl2 = a.scale * kLog2e;
   const int ksteps = KS > 0 ? KS : geo.d_pad / 32;  // k-steps of 16 in each half (KS: known at compile time)
   const uint8_t* base = static_cast<const uint8_t*>(a.latent.data);
-  const int groups = latent_groups(a.kv_lora);
 
   for (int c0 = r_begin; c0 < r_end; c0 += kChunk) {
     const int chunk_rows = load_chunk_slots(sSlot, a, br, c0, tid, THREADS);
@@ -162,8 +161,7 @@ __global__ void __launch_bounds__(HG * 64 * TP) mla_mma_kernel(AttentionArgs a, 
         // Each warp a row at a time, its lanes along the row (no index divided; missing rows zero).
         for (int r = warp; r < kRows; r += THREADS / 32) {
           const uint32_t slot = r < valid ? slots[r] : kNoSlot;
-          widen_fp8_row(sKbuf + r * stride, base + int64_t(slot) * row_bytes, a.kv_lora, a.rope, groups, lane,
-                        slot != kNoSlot);
+          widen_fp8_row(sKbuf + r * stride, base + int64_t(slot) * row_bytes, a.kv_lora, a.rope, lane, slot != kNoSlot);
         }
       }
     };
@@ -201,7 +199,7 @@ __global__ void __launch_bounds__(HG * 64 * TP) mla_mma_kernel(AttentionArgs a, 
           // divided by the row's runtime piece count cost ~20 instructions per 8 values: H100,
           // Nsight, GLM-5 fp8 batch 1, IMAD 348 K warp instructions against 57 K for bf16 rows).
           for (int r = warp; r < kRows; r += THREADS / 32)
-            widen_fp8_row(dstK + r * stride, raw + r * row_bytes, a.kv_lora, a.rope, groups, lane, true);
+            widen_fp8_row(dstK + r * stride, raw + r * row_bytes, a.kv_lora, a.rope, lane, true);
         }
         __syncthreads();
       }
