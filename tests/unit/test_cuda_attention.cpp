@@ -1333,6 +1333,31 @@ TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
   check_mla({64, 512, 64, {20000}, 0, 1, 64}, KvDtype::BF16, wgmma, 0, rng);  // dense, many splits
 }
 
+// One GPU's share of the heads under tensor parallelism (GLM-5's 64 over 2, 4 or 8 GPUs: 32, 16, 8;
+// DeepSeek-V3.2's 128 over 8: 16) on the Hopper kernel, its block of 64 heads padded, at batches
+// where the launch's own choice is that kernel (asserted): bf16 rows from 8 tokens, fp8 rows from 4
+// tokens at 32 heads and at every batch below 32 heads. Contexts above, at and below top-k, 16-row
+// blocks.
+TEST(CudaAttention, SparseMlaWgmmaTakesTensorParallelShares) {
+  SPARSEMLA_REQUIRE_SM90A();
+  std::mt19937 rng(37);
+  const int ctx_of[] = {3000, 700, 2048, 64, 1500};
+  const struct {
+    int heads, tokens;
+    KvDtype dtype;
+  } shares[] = {{32, 8, KvDtype::BF16}, {16, 8, KvDtype::BF16}, {8, 24, KvDtype::BF16}, {32, 4, KvDtype::FP8},
+                {16, 2, KvDtype::FP8},  {8, 1, KvDtype::FP8},   {8, 24, KvDtype::FP8}};
+  for (const auto& sh : shares) {
+    if (small_mode() && sh.tokens > 8) continue;
+    MlaCase c{sh.heads, 512, 64, {}, 2048, std::min(sh.tokens, 3), 16};
+    for (int t = 0; t < sh.tokens; ++t) c.ctx.push_back(ctx_of[t % 5]);
+    cuda::AttentionWorkspace ws;
+    check_mla(c, sh.dtype, cuda::AttentionKernel::Wgmma, 0, rng, 0, &ws);
+    EXPECT_STREQ(ws.last.kernel, "wgmma") << sh.heads << " heads, " << sh.tokens << " tokens, "
+                                           << cuda::kv_dtype_name(sh.dtype);
+  }
+}
+
 // The Hopper kernel whatever q's range: q far past fp16's largest value and far into its
 // subnormals, with the softmax scale compensating (the same weights); paired (DeepSeek-V3.2, fp8
 // rows) and unpaired, fp8 and bf16 rows (q and the tiles are bf16: fp32's range).

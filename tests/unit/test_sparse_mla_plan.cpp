@@ -74,7 +74,7 @@ TEST(SparseMlaPlan, EveryDeviceHasALaunchThatFitsAndFollowsTheRule) {
             for (bool sparse : {true, false})
               for (bool pairs_allowed : {true, false})
                 for (AttentionKernel k : {AttentionKernel::Mma, AttentionKernel::Wgmma}) {
-                  if (k == AttentionKernel::Wgmma && (!dev.hopper || sh.heads % 64 != 0)) continue;
+                  if (k == AttentionKernel::Wgmma && !dev.hopper) continue;
                   if (!sparse && ctx > 4096) continue;  // (dense attention at 128K is not a decode shape)
                   AttentionWorkspace ws;
                   ws.sm_count = dev.sms;
@@ -100,10 +100,12 @@ TEST(SparseMlaPlan, EveryDeviceHasALaunchThatFitsAndFollowsTheRule) {
                     EXPECT_LE(p.smem, size_t(dev.optin)) << what << ": more shared memory than a block may have";
                   }
                   // The Hopper kernel: small batches go to the mma kernel, the rest keep it: bf16 rows
-                  // below 8 tokens and 512 token-head rows (GLM-5 below 8 tokens, DeepSeek-V3.2 below 4),
-                  // fp8 rows below kWgmmaFp8MinRows (256) token-head rows (GLM-5 below 4 tokens,
-                  // DeepSeek-V3.2 at one).
-                  const bool small = d == KvDtype::BF16 ? T < 8 && T * sh.heads < 512 : T * sh.heads < 256;
+                  // below 8 tokens and 512 token-head rows (GLM-5 below 8 tokens, DeepSeek-V3.2 below 4,
+                  // 8-32 heads below 8), fp8 rows below kWgmmaFp8MinRows (256) token-head rows and
+                  // kWgmmaFp8MinTokens (4) tokens at 32 heads or more (GLM-5 and its share at tensor
+                  // parallel 2 below 4 tokens, DeepSeek-V3.2 at one); 8 and 16 heads never.
+                  const bool small = d == KvDtype::BF16 ? T < 8 && T * sh.heads < 512
+                                                        : T * sh.heads < 256 && T < 4 && sh.heads >= 32;
                   if (k == AttentionKernel::Wgmma)
                     EXPECT_EQ(p.kernel, small ? AttentionKernel::Mma : AttentionKernel::Wgmma) << what;
                   else

@@ -70,15 +70,21 @@ MmaPlan plan_mma(const AttentionArgs& a, AttentionKernel k, const AttentionWorks
   // the launch decides. bf16 rows go to it below 8 tokens and 512 (token, head) rows, i.e. GLM-5's 64
   // heads below 8 tokens, DeepSeek-V3.2's 128 below 4 (H100, session 45, attention us at 4K, mma /
   // wgmma: GLM-5 batch 1 12.0 / 20.8, 4 25.3 / 31.7; DeepSeek-V3.2 batch 2 25.4 / 30.7, 4 39.0 / 36.4).
-  // fp8 rows go to it below kWgmmaFp8MinRows = 256 (token, head) rows (sparse_mla_plan.h; H100,
-  // session 48, run 82, attention us at 4K and 128K alike, mma / wgmma: GLM-5 batch 1 14.9 / 21.8,
-  // 2 20.3 / 23.6, 4 31.7 / 31.0, 8 59 / 37; DeepSeek-V3.2 batch 1 20.5 / 23.6, 2 31.5 / 30.3, 4
-  // 60.7 / 36.7; the GLM-5-width 3-layer step at batch 1 and 32K 0.958 / 0.980 ms). Forced split
+  // fp8 rows go to it below kWgmmaFp8MinRows = 256 (token, head) rows and 4 tokens, where a token
+  // has 32 heads or more (sparse_mla_plan.h; H100, session 48, run 82, attention us at 4K and 128K
+  // alike, mma / wgmma: GLM-5 batch 1 14.9 / 21.8, 2 20.3 / 23.6, 4 31.7 / 31.0, 8 59 / 37;
+  // DeepSeek-V3.2 batch 1 20.5 / 23.6, 2 31.5 / 30.3, 4 60.7 / 36.7; the GLM-5-width 3-layer step at
+  // batch 1 and 32K 0.958 / 0.980 ms; session 49, run 90, one GPU's share under tensor parallelism,
+  // 4K: 32 heads batch 1 13.0 / 14.5, 2 14.5 / 15.1, 4 19.7 / 18.2, 8 44.0 / 22.8; 16 heads batch 1
+  // 12.9 / 11.6, 8 26.1 / 16.0; 8 heads batch 1 12.4 / 10.6, 8 20.1 / 14.9, 32 40.3 / 41.4, 128
+  // 162.8 / 117.3). bf16 rows follow the same rule at 8-32 heads (run 90: 32 heads batch 4 18.6 /
+  // 19.1, 8 25.1 / 23.1, 128 216 / 117; 8 heads batch 4 10.8 / 11.9, 8 15.0 / 14.6). Forced split
   // counts (tests) keep the kernel asked for. SPARSEMLA_WGMMA_MIN_BATCH and
   // SPARSEMLA_WGMMA_FP8_MIN_ROWS move the bounds (1: the Hopper kernel at every batch), for measuring.
   static const int64_t wgmma_min_batch = env_int("SPARSEMLA_WGMMA_MIN_BATCH", 8);
   static const int64_t wgmma_fp8_min_rows = env_int("SPARSEMLA_WGMMA_FP8_MIN_ROWS", kWgmmaFp8MinRows);
-  const bool small = fp8 ? a.T * a.heads < wgmma_fp8_min_rows : a.T < wgmma_min_batch && a.T * a.heads < 512;
+  const bool small = fp8 ? a.T * a.heads < wgmma_fp8_min_rows && a.T < kWgmmaFp8MinTokens && a.heads >= 32
+                         : a.T < wgmma_min_batch && a.T * a.heads < 512;
   if (k == AttentionKernel::Wgmma && small && splits <= 0 && heads_per_block == 0) k = AttentionKernel::Mma;
   if ((a.kv_lora + a.rope) % 8 != 0 || a.kv_lora % 8 != 0 || a.rope % 2 != 0)
     fail("sparse_mla: the mma kernel needs kv_lora and kv_lora + rope multiples of 8 (got {} + {})", a.kv_lora, a.rope);

@@ -21,10 +21,13 @@ struct MlaLaunchPlan {
   size_t smem = 0;           // the mma kernel's shared memory per block (0: fma or wgmma)
 };
 
-// The Hopper kernel takes fp8 rows from this many (token, head) rows; fewer go to the mma kernel:
-// GLM-5's 64 heads below 4 tokens, DeepSeek-V3.2's 128 at one token (sparse_mla.cu, plan_mma, has
-// the figures; SPARSEMLA_WGMMA_FP8_MIN_ROWS moves it).
+// The Hopper kernel takes fp8 rows from this many (token, head) rows or this many tokens; fewer go
+// to the mma kernel where a token has 32 heads or more: GLM-5's 64 heads below 4 tokens (32, one
+// GPU's share at tensor parallel 2, too), DeepSeek-V3.2's 128 at one token; 8 or 16 heads take the
+// Hopper kernel at every batch (sparse_mla.cu, plan_mma, has the figures;
+// SPARSEMLA_WGMMA_FP8_MIN_ROWS moves the rows' bound).
 constexpr int64_t kWgmmaFp8MinRows = 256;
+constexpr int64_t kWgmmaFp8MinTokens = 4;
 
 // What sparse_mla(a, k, ws, s, splits, heads_per_block) launches on a device whose limits ws holds
 // (sm_count, smem_optin, and device_smem_per_sm or the emulated smem_per_sm; sparse_mla() fills
