@@ -20,11 +20,12 @@
 // gather (loads and widening) is the producer's cost, so pairs halve it; bf16 rows, gathered by
 // cp.async in whole lines, are faster unpaired (see Form).
 //
-// q and P are unswizzled ("interleaved") core matrices of 8 rows x 16 bytes: a [rows][dims] bf16
-// matrix is stored as [dims / 8][rows][8]. The K tiles are stored so too for fp8 and paired rows (a
-// thread's 8 converted dims are one 16-byte store, 8 consecutive rows one 128-byte line), and for bf16
-// unpaired rows in 128-byte swizzled lines (9 pieces of 64 dims x 64 rows; see Form), so that a group
-// of 8 lanes copies whole 128-byte pieces of a row. Either way the tile is the K-major B operand of
+// P is unswizzled ("interleaved") core matrices of 8 rows x 16 bytes: a [rows][dims] bf16 matrix is
+// stored as [dims / 8][rows][8]; q is in 128-byte swizzled lines (load_q). The K tiles are stored
+// interleaved for fp8 and paired rows (a thread's 8 converted dims are one 16-byte store, 8
+// consecutive rows one 128-byte line), and for bf16 unpaired rows in 128-byte swizzled lines (9
+// pieces of 64 dims x 64 rows; see Form), so that a group of 8 lanes copies whole 128-byte pieces of
+// a row. Either way the tile is the K-major B operand of
 // Q K^T (rows = n) and, unchanged, the MN-major B operand of P V (rows = k).
 // Descriptor strides: LBO between core matrices along K (swizzled MN-major: between pieces along N),
 // SBO along M or N (swizzled: between 8-row atoms).
@@ -60,7 +61,7 @@ constexpr int kThreads = 384;
 
 // Shared memory, in bytes.
 constexpr int kMatBytes = kChunks * 64 * 16;             // one [64][576] bf16 matrix: 72 KB
-constexpr int kOffQ = 0;                                  // q, [72][64 heads][8]
+constexpr int kOffQ = 0;                                  // q, [9][64 heads][128 B] swizzled
 constexpr int kOffK = kOffQ + kMatBytes;                  // two tiles, [2][72][64 rows][8]
 constexpr int kOffP = kOffK + 2 * kMatBytes;              // P, [8][64 heads][8 rows] bf16
 constexpr int kOffAlpha = kOffP + (kTile / 8) * 64 * 16;  // [2][64] per-head rescale of tile j (j % 2)
@@ -117,30 +118,35 @@ struct Dest {
   }
 };
 
-// q of the block's 64 heads as bf16, by the 256 consumer threads (18 pieces of 8 values each, in two
-// rounds of loads in flight); missing heads are zero.
+// q of the block's 64 heads as bf16 in 128-byte swizzled lines, laid out as the bf16 K tiles (kv_off<true>:
+// 9 pieces of 64 dims, [9][64 heads][128 B]), by the 256 consumer threads in two rounds of 18 float4
+// loads in flight. Each half warp takes one (head, piece) at a time, its 16 lanes the piece's 16
+// float4 (256 contiguous bytes of fp32, whole lines: a warp's load reads 4 lines) and writes it as
+// one 128-byte line of shared memory (8-byte stores, no bank conflict); half warp w takes heads w +
+// 16 i of piece k / 4 at step k, so every address is the thread's own plus a constant. (The form
+// before, a head per lane, read 32 lines per load instruction: its cost grew with the heads and made
+// the batch-1 launch, one tile per block, slower at 64 heads than at 8.) Missing heads are zero.
 __device__ __forceinline__ void load_q(const AttentionArgs& a, int t, int h0, unsigned char* sQ, int ctid) {
-  const float* q = a.q + int64_t(t) * a.heads * kDim;
-  constexpr int kPieces = kHeads * kChunks / 256, kRound = kPieces / 2;
+  constexpr int kRow4 = kDim / 4;                                  // float4 per head
+  constexpr int kSteps = kHeads * kRow4 / 256, kRound = kSteps / 2;  // per thread: 36, 18 a round
+  static_assert(kRow4 == 9 * 16 && kSteps == 4 * 9, "16 half warps, 4 heads each per piece, 9 pieces");
+  const int hw = ctid / 16, l16 = ctid % 16;
+  const int present = a.heads - h0 - hw;  // heads of this half warp's run (hw + 16 i) that q holds: i * 16 < present
+  const float4* src = reinterpret_cast<const float4*>(a.q + (int64_t(t) * a.heads + h0 + hw) * kDim) + l16;
+  unsigned char* dst = sQ + kv_off<true>(hw, l16 / 2) + (l16 % 2) * 8;
 #pragma unroll
-  for (int r = 0; r < kPieces; r += kRound) {
-    float4 x[kRound][2];
+  for (int r = 0; r < kSteps; r += kRound) {
+    float4 x[kRound];
 #pragma unroll
     for (int u = 0; u < kRound; ++u) {
-      const int i = ctid + (r + u) * 256, h = i % kHeads, c = i / kHeads;
-      x[u][0] = x[u][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (h0 + h < a.heads) {
-        const float4* src = reinterpret_cast<const float4*>(q + int64_t(h0 + h) * kDim + c * 8);
-        x[u][0] = src[0];
-        x[u][1] = src[1];
-      }
+      const int k = r + u, i = k % 4, piece = k / 4;
+      x[u] = 16 * i < present ? src[16 * i * kRow4 + piece * 16] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
     for (int u = 0; u < kRound; ++u) {
-      const int i = ctid + (r + u) * 256, h = i % kHeads, c = i / kHeads;
-      *reinterpret_cast<uint4*>(sQ + c * 1024 + h * 16) =
-          make_uint4(pack_bf16(x[u][0].x, x[u][0].y), pack_bf16(x[u][0].z, x[u][0].w), pack_bf16(x[u][1].x, x[u][1].y),
-                     pack_bf16(x[u][1].z, x[u][1].w));
+      const int k = r + u, i = k % 4, piece = k / 4;
+      *reinterpret_cast<uint2*>(dst + piece * 8192 + 16 * i * 128) =
+          make_uint2(pack_bf16(x[u].x, x[u].y), pack_bf16(x[u].z, x[u].w));
     }
   }
 }
@@ -419,17 +425,19 @@ __device__ __forceinline__ void consume_qk(const AttentionArgs& a, const Work& w
     const uint32_t tile = sbase + kOffK + b * kMatBytes;
     wait_tile<F>(full, j);
 
-    // S = Q K^T over 36 k-steps of 16 dims (2048 bytes apart in q; in a swizzled tile 32 bytes apart
-    // within a piece's lines, pieces 8192 bytes apart).
+    // S = Q K^T over 36 k-steps of 16 dims (in q and a swizzled tile 32 bytes apart within a piece's
+    // lines, pieces 8192 bytes apart; in an interleaved tile 2048 bytes apart).
     float s[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[i] = 0.0f;
-    const uint64_t dq = wgmma_desc(sbase + kOffQ, 1024, 128);
+    const uint64_t dq = wgmma_desc_sw128(sbase + kOffQ, 16, 1024);
     const uint64_t dk = F::kSwizzled ? wgmma_desc_sw128(tile, 16, 1024) : wgmma_desc(tile, 1024, 128);
-    auto k_step = [](int ks) { return F::kSwizzled ? (ks / 4) * 8192 + (ks % 4) * 32 : ks * 2048; };
+    auto sw_step = [](int ks) { return (ks / 4) * 8192 + (ks % 4) * 32; };
+    auto k_step = [&](int ks) { return F::kSwizzled ? sw_step(ks) : ks * 2048; };
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kDim / 16; ++ks) wgmma_m64n64k16_ss(s, dq + ks * (2048 >> 4), dk + (k_step(ks) >> 4), ks);
+    for (int ks = 0; ks < kDim / 16; ++ks)
+      wgmma_m64n64k16_ss(s, dq + (sw_step(ks) >> 4), dk + (k_step(ks) >> 4), ks);
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(s);
@@ -551,8 +559,8 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
   w.r_end = min(n_rows, w.r_begin + rows_per_split);
   w.n_tiles = w.r_end > w.r_begin ? ceil_tiles(w.r_end - w.r_begin) : 0;
   if (threadIdx.x == 0) {
-    // Swizzled tiles need 1024-byte aligned atoms: the block's shared memory starts so aligned.
-    if (F::kSwizzled && (smem_u32addr(smem) & 1023u) != 0) __trap();
+    // Swizzled q (and tiles) need 1024-byte aligned atoms: the block's shared memory starts so aligned.
+    if ((smem_u32addr(smem) & 1023u) != 0) __trap();
     // full: the producer's threads (and for bf16 rows in lines their copies' completions)
     const uint32_t producers = F::kFullArrivals;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kOffBar);
