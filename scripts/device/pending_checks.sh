@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: re-checks of sessions 34-38's and 44's GPU code, in one run of ~18 minutes of
-# device time. Every phase but s48 (session 48) has run: session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
+# device time. Every phase but s49 (session 49) has run: session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
 # 38 the prefill phase on an H100, session 45 the wgmma phase on an H100 on 118c578, session 46 the fp8
 # phase on an H100 on aa478b5 (PERFORMANCE.md, "Session 37", "Session 38", "Session 45", "Session 46":
 # all passed, the figures recorded; session 46 also ran session 45's quarters phase, not kept:
@@ -63,7 +63,12 @@
 #             for the pairs; run 82 timed the peer arrival without MEMBAR.ALL.GPU) also the Hopper tests
 #             and racecheck on the pairs with it, and an A/B of DeepSeek-V3.2 fp8 at batch 32 / 128
 #             against $BIN/sparsemla.
-#  s48        (session 48, not yet run; ~3 minutes) the indexer's scaled fp16 queries on the final code
+#  s49        (session 49, not yet run; ~2 minutes) patches/wgmma_staged_output.patch, the Hopper
+#             kernel's output staged in shared memory and stored as whole runs: with
+#             $BIN/sparsemla_staged and $BIN/sparsemla_tests_staged (a build with the patch), its
+#             Hopper tests, memcheck and racecheck on them (small shapes), and the attention table
+#             (Hopper kernel forced at every batch) against $BIN/sparsemla, two rounds interleaved.
+#  s48        (session 48; run 89 in session 49, H100: tests passed, the shares timed) the indexer's scaled fp16 queries on the final code
 #             (index_queries' kernel moved into indexer_kernels.cuh after run 88) and `bench attention`'s
 #             tensor-parallel shares (glm5-tp2 / -tp8, dsv32-tp2; bf16 and fp8; batch 1-128; the
 #             kernel the model takes, mma and wgmma): where the Hopper kernel (64 heads per block, 8 or
@@ -85,11 +90,32 @@
 # compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-s48 f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
+PHASES=${PHASES:-s49 s48 f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 step() { awk -F'|' '{print $1 "|" $4 "|" $5 "|" $6 "|" $7}'; }
+
+if has s49 && [ -x "$BIN/sparsemla_staged" ]; then
+  timeout 150 "$BIN/sparsemla_tests_staged" \
+    --gtest_filter='CudaAttention.SparseMlaWgmma*:CudaAttention.FrontSelections*:CudaAttention.SparseMlaRescales*' \
+    >"$OUT/s49_tests.log" 2>&1
+  echo "s49 tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/s49_tests.log" | tail -4
+  for tool in memcheck racecheck; do
+    SPARSEMLA_GPU_TEST_SMALL=1 timeout 150 "$SAN" --tool $tool "$BIN/sparsemla_tests_staged" \
+      --gtest_filter='CudaAttention.SparseMlaWgmmaMatches*:CudaAttention.SparseMlaWgmmaTakesTensor*' \
+      >"$OUT/s49_$tool.log" 2>&1
+    echo "s49 $tool: exit $?"; grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/s49_$tool.log"
+  done
+  for round in 1 2; do
+    for exe in sparsemla_staged sparsemla; do
+      echo "== round $round $exe" | tee -a "$OUT/s49_ab.log"
+      SPARSEMLA_WGMMA_MIN_BATCH=1 SPARSEMLA_WGMMA_FP8_MIN_ROWS=1 timeout 120 "$BIN/$exe" bench attention --kernel wgmma \
+        --shapes glm5 dsv32 glm5-tp2 glm5-tp8 --kv bf16 fp8 --batch 1 2 8 32 128 --context 4096 131072 --reps 3 2>&1 \
+        | grep -E "^(glm5|dsv32)|rror" | step | tee -a "$OUT/s49_ab.log"
+    done
+  done
+fi
 
 if has s48; then
   timeout 150 "$BIN/sparsemla_tests" \
