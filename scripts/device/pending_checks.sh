@@ -96,6 +96,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 step() { awk -F'|' '{print $1 "|" $4 "|" $5 "|" $6 "|" $7}'; }
 
+if has s49 && [ ! -x "$BIN/sparsemla_staged" ]; then echo "s49 skipped: no $BIN/sparsemla_staged"; fi
 if has s49 && [ -x "$BIN/sparsemla_staged" ]; then
   timeout 150 "$BIN/sparsemla_tests_staged" \
     --gtest_filter='CudaAttention.SparseMlaWgmma*:CudaAttention.FrontSelections*:CudaAttention.SparseMlaRescales*' \

@@ -86,6 +86,7 @@ TEST(BackendSelect, HopperWgmmaKernelDeclaresWhatItTakes) {
   // DeepSeek-V3.2 at tensor parallel 8 (16 heads) and GLM-5 at 8 (8 heads): padded blocks of 64.
   for (int heads : {16, 8})
     EXPECT_EQ(select_backends(gpu(9, 0, 232448, heads, 512, 64, 64, 128)).get("attention").chosen, "cuda-wgmma-sm90");
+  refused(gpu(9, 0, 232448, 4, 512, 64, 32, 128), "4 heads is fewer than 8");  // GLM-5 at tensor parallel 16
   refused(gpu(9, 0, 101376, 64, 512, 64, 32, 128), "101376");   // a 9.0 device with less shared memory
   // Same-major neighbours are not Hopper.
   refused(gpu(9, 1, 232448, 64, 512, 64, 32, 128), "9.1");

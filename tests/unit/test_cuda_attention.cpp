@@ -1336,8 +1336,8 @@ TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
 // One GPU's share of the heads under tensor parallelism (GLM-5's 64 over 2, 4 or 8 GPUs: 32, 16, 8;
 // DeepSeek-V3.2's 128 over 8: 16) on the Hopper kernel, its block of 64 heads padded, at batches
 // where the launch's own choice is that kernel (asserted): bf16 rows from 8 tokens, fp8 rows from 4
-// tokens at 32 heads and at every batch below 32 heads. Contexts above, at and below top-k, 16-row
-// blocks.
+// tokens at 32 heads and at every batch below 32 heads; then forced unsplit. Contexts above, at and
+// below top-k, 16-row blocks.
 TEST(CudaAttention, SparseMlaWgmmaTakesTensorParallelShares) {
   SPARSEMLA_REQUIRE_SM90A();
   std::mt19937 rng(37);
@@ -1356,6 +1356,10 @@ TEST(CudaAttention, SparseMlaWgmmaTakesTensorParallelShares) {
     EXPECT_STREQ(ws.last.kernel, "wgmma") << sh.heads << " heads, " << sh.tokens << " tokens, "
                                            << cuda::kv_dtype_name(sh.dtype);
   }
+  // Unsplit (the normalized output written straight, fewer than 64 rows of it), also under the
+  // sanitizers' small mode.
+  check_mla({32, 512, 64, {700, 2100}, 512, 2, 16}, KvDtype::FP8, cuda::AttentionKernel::Wgmma, 1, rng);
+  check_mla({8, 512, 64, {700, 2100}, 512, 2, 16}, KvDtype::BF16, cuda::AttentionKernel::Wgmma, 1, rng);
 }
 
 // The Hopper kernel whatever q's range: q far past fp16's largest value and far into its

@@ -142,6 +142,34 @@ TEST(SparseMlaPlan, EveryDeviceHasALaunchThatFitsAndFollowsTheRule) {
 // GLM-5 batch 1 at 128K (issue 6's headline shape) on each device: tile pairs at 16 heads where
 // they fit; on the 99 KB devices one set of warps, 16 heads with two stages where the SMs are many
 // enough for 128 blocks, else 32 heads (the SM count rule).
+// The Hopper kernel's small-batch bounds at the shapes they were measured on (H100, sessions 45-49;
+// sparse_mla.cu, plan_mma), stated point by point rather than by the rule's own expression.
+TEST(SparseMlaPlan, HopperKernelTakesTheBatchesItWins) {
+  AttentionWorkspace ws;
+  ws.sm_count = 132;
+  ws.smem_optin = 232448;
+  ws.device_smem_per_sm = 233472;
+  ws.tile_pairs = true;
+  const struct {
+    int heads;
+    int64_t T;
+    KvDtype d;
+    bool hopper;
+  } points[] = {
+      {64, 7, KvDtype::BF16, false}, {64, 8, KvDtype::BF16, true},  {128, 3, KvDtype::BF16, false},
+      {128, 4, KvDtype::BF16, true}, {32, 4, KvDtype::BF16, false}, {32, 8, KvDtype::BF16, true},
+      {8, 4, KvDtype::BF16, false},  {8, 8, KvDtype::BF16, true},   {64, 3, KvDtype::FP8, false},
+      {64, 4, KvDtype::FP8, true},   {128, 1, KvDtype::FP8, false}, {128, 2, KvDtype::FP8, true},
+      {32, 3, KvDtype::FP8, false},  {32, 4, KvDtype::FP8, true},   {16, 1, KvDtype::FP8, true},
+      {8, 1, KvDtype::FP8, true},
+  };
+  for (const auto& pt : points) {
+    const MlaLaunchPlan p = plan_sparse_mla(args(pt.heads, pt.T, pt.d, 131072, true), AttentionKernel::Wgmma, ws);
+    EXPECT_EQ(p.kernel, pt.hopper ? AttentionKernel::Wgmma : AttentionKernel::Mma)
+        << pt.heads << " heads, " << pt.T << " tokens, " << (pt.d == KvDtype::FP8 ? "fp8" : "bf16");
+  }
+}
+
 TEST(SparseMlaPlan, BatchOneAtLongContextTakesTilePairsWhereTheyFit) {
   for (const DeviceLimits& dev : kDevices) {
     AttentionWorkspace ws;

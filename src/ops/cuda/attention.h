@@ -243,10 +243,10 @@ struct AttentionWorkspace {
   // device holds as many of its blocks per SM as that one would (SM12x: 102400, one 99 KB block).
   int smem_per_sm = 0;
   int device_smem_per_sm = 0;  // this device's (queried on first use)
-  // The Hopper kernel with 128 or more heads (an even number of blocks of 64) and fp8 rows runs its
-  // blocks in pairs (thread-block clusters of two) where each block has two 64-row tiles or more: each
-  // block of a pair gathers half of every tile and shares it; false: every block gathers all its rows
-  // (tests, A/B). SPARSEMLA_MLA_PAIRS=0 in the environment turns pairs off as well.
+  // The Hopper kernel with an even number of 64-head blocks per token (128 heads; 65-127 padded) and
+  // fp8 rows runs its blocks in pairs (thread-block clusters of two) where each block has two 64-row
+  // tiles or more: each block of a pair gathers half of every tile and shares it; false: every block
+  // gathers all its rows (tests, A/B). SPARSEMLA_MLA_PAIRS=0 in the environment turns pairs off as well.
   // last_cluster: blocks per cluster of the last call's Hopper launch (1 or 2; 0: the last call
   // launched another kernel, or nothing).
   bool pairs = true;

@@ -11,11 +11,11 @@
 //   consumer 1 (warpgroup 1): O[:, 256:512] += P V with P from shared memory.
 // V is the first 512 columns of the same rows: one tile serves both products.
 //
-// Pairs (fp8 rows, 128 or more heads: DeepSeek-V3.2): the two blocks of 64 heads of a token and split
-// form a thread-block cluster and gather the same rows, so each producer gathers and widens only half
-// of every tile (rows 32 r .. 32 r + 31 for cluster rank r) and writes them into both blocks'
-// buffers, into the other block's with st.async, which counts its bytes on that block's `remote`
-// mbarrier. A buffer is free once the consumers of both blocks are done with it (every consumer
+// Pairs (fp8 rows, an even number of 64-head blocks: DeepSeek-V3.2's 128 heads): two blocks of a
+// token and split form a thread-block cluster and gather the same rows, so each producer gathers and
+// widens only half of every tile (rows 32 r .. 32 r + 31 for cluster rank r) and writes them into
+// both blocks' buffers, into the other block's with st.async, which counts its bytes on that block's
+// `remote` mbarrier. A buffer is free once the consumers of both blocks are done with it (every consumer
 // thread arrives on its block's `empty`, each consumer warp once on the other block's). The fp8
 // gather (loads and widening) is the producer's cost, so pairs halve it; bf16 rows, gathered by
 // cp.async in whole lines, are faster unpaired (see Form).
@@ -62,7 +62,7 @@ constexpr int kThreads = 384;
 // Shared memory, in bytes.
 constexpr int kMatBytes = kChunks * 64 * 16;             // one [64][576] bf16 matrix: 72 KB
 constexpr int kOffQ = 0;                                  // q, [9][64 heads][128 B] swizzled
-constexpr int kOffK = kOffQ + kMatBytes;                  // two tiles, [2][72][64 rows][8]
+constexpr int kOffK = kOffQ + kMatBytes;                  // two tiles, interleaved or swizzled (Form)
 constexpr int kOffP = kOffK + 2 * kMatBytes;              // P, [8][64 heads][8 rows] bf16
 constexpr int kOffAlpha = kOffP + (kTile / 8) * 64 * 16;  // [2][64] per-head rescale of tile j (j % 2)
 constexpr int kOffL = kOffAlpha + 2 * 64 * 4;                // [64] softmax denominators (epilogue)
@@ -547,7 +547,7 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
 
 template <bool FP8, bool PAIR, bool LINES>
 __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part) {
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem[];
   using F = Form<FP8, PAIR, LINES>;
   Work w;
   w.t = blockIdx.y;
