@@ -95,13 +95,17 @@ has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 step() { awk -F'|' '{print $1 "|" $4 "|" $5 "|" $6 "|" $7}'; }
+# gtests NAME SECONDS BINARY FILTER: a test binary's run under a filter, logged to $OUT/NAME_tests.log,
+# its exit status and summary lines printed.
+gtests() {
+  timeout "$2" "$BIN/$3" --gtest_filter="$4" >"$OUT/$1_tests.log" 2>&1
+  echo "$1 tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/$1_tests.log" | tail -8
+}
 
 if has s49 && [ ! -x "$BIN/sparsemla_staged" ]; then echo "s49 skipped: no $BIN/sparsemla_staged"; fi
 if has s49 && [ -x "$BIN/sparsemla_staged" ]; then
-  timeout 150 "$BIN/sparsemla_tests_staged" \
-    --gtest_filter='CudaAttention.SparseMlaWgmma*:CudaAttention.FrontSelections*:CudaAttention.SparseMlaRescales*' \
-    >"$OUT/s49_tests.log" 2>&1
-  echo "s49 tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/s49_tests.log" | tail -4
+  gtests s49 150 sparsemla_tests_staged \
+    'CudaAttention.SparseMlaWgmma*:CudaAttention.FrontSelections*:CudaAttention.SparseMlaRescales*'
   for tool in memcheck racecheck; do
     SPARSEMLA_GPU_TEST_SMALL=1 timeout 150 "$SAN" --tool $tool "$BIN/sparsemla_tests_staged" \
       --gtest_filter='CudaAttention.SparseMlaWgmmaMatches*:CudaAttention.SparseMlaWgmmaTakesTensor*' \
@@ -119,10 +123,8 @@ if has s49 && [ -x "$BIN/sparsemla_staged" ]; then
 fi
 
 if has s48; then
-  timeout 150 "$BIN/sparsemla_tests" \
-    --gtest_filter='CudaAttention.IndexQueries*:CudaAttention.IndexerTakes*:CudaAttention.IndexerScoresMatch*:DeviceCli.BenchAttention*' \
-    >"$OUT/s48_tests.log" 2>&1
-  echo "s48 tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/s48_tests.log" | tail -4
+  gtests s48 150 sparsemla_tests \
+    'CudaAttention.IndexQueries*:CudaAttention.IndexerTakes*:CudaAttention.IndexerScoresMatch*:DeviceCli.BenchAttention*'
   for k in auto mma wgmma; do
     echo "== tensor-parallel shares, --kernel $k" | tee -a "$OUT/s48_tp.log"
     timeout 120 "$BIN/sparsemla" bench attention --kernel $k --shapes glm5-tp2 glm5-tp8 dsv32-tp2 --kv bf16 fp8 \
@@ -131,10 +133,8 @@ if has s48; then
 fi
 
 if has f16; then
-  timeout 150 "$BIN/sparsemla_tests" \
-    --gtest_filter='CudaAttention.SparseMla*:CudaAttention.FrontSelections*:SparseMlaPlan*:CudaAttention.IndexQueries*:CudaAttention.IndexerTakes*' \
-    >"$OUT/f16_tests.log" 2>&1
-  echo "f16 tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/f16_tests.log" | tail -6
+  gtests f16 150 sparsemla_tests \
+    'CudaAttention.SparseMla*:CudaAttention.FrontSelections*:SparseMlaPlan*:CudaAttention.IndexQueries*:CudaAttention.IndexerTakes*'
   if [ -x "$SAN" ]; then
     SPARSEMLA_GPU_TEST_SMALL=1 timeout 90 "$SAN" --tool racecheck --error-exitcode 9 "$BIN/sparsemla_tests" \
       --gtest_filter='CudaAttention.SparseMlaWgmma*' >"$OUT/f16_racecheck.log" 2>&1
@@ -157,9 +157,7 @@ if has f16; then
 fi
 
 if has small8; then
-  timeout 120 "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMlaBatchOne*:CudaAttention.SparseMlaWgmma*:SparseMlaPlan*' \
-    >"$OUT/small8_tests.log" 2>&1
-  echo "small8 tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/small8_tests.log" | tail -4
+  gtests small8 120 sparsemla_tests 'CudaAttention.SparseMlaBatchOne*:CudaAttention.SparseMlaWgmma*:SparseMlaPlan*'
   for round in 1 2; do
     for k in mma wgmma; do
       echo "== fp8 attention, --kernel $k, round $round" | tee -a "$OUT/small8_attention.log"
@@ -178,8 +176,7 @@ if has small8; then
   done
   rm -f /tmp/g3s.gguf
   if [ -x "$BIN/sparsemla_peer" ] && [ -x "$BIN/sparsemla_tests_peer" ]; then
-    timeout 120 "$BIN/sparsemla_tests_peer" --gtest_filter='CudaAttention.SparseMlaWgmma*' >"$OUT/small8_peer_tests.log" 2>&1
-    echo "peer tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/small8_peer_tests.log" | tail -4
+    gtests small8_peer 120 sparsemla_tests_peer 'CudaAttention.SparseMlaWgmma*'
     SPARSEMLA_GPU_TEST_SMALL=1 timeout 120 "$SAN" --tool racecheck --error-exitcode 9 "$BIN/sparsemla_tests_peer" \
       --gtest_filter='CudaAttention.SparseMlaWgmmaPairs*' >"$OUT/small8_peer_racecheck.log" 2>&1
     echo "peer racecheck: exit $?"; grep -hE "RACECHECK SUMMARY" "$OUT/small8_peer_racecheck.log"
@@ -206,8 +203,7 @@ fi
 
 if has wgmma; then
   W='CudaAttention.SparseMla*:CudaAttention.FrontSelections*:*GpuModelFixture.LogitsMatch*:*GpuModelFixture.Greedy*'
-  timeout 240 "$BIN/sparsemla_tests" --gtest_filter="$W" >"$OUT/wgmma_tests.log" 2>&1
-  echo "wgmma tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/wgmma_tests.log" | tail -8
+  gtests wgmma 240 sparsemla_tests "$W"
   if [ -x "$SAN" ]; then
     SPARSEMLA_GPU_TEST_SMALL=1 timeout 120 "$SAN" --tool memcheck --report-api-errors no --error-exitcode 9 \
       "$BIN/sparsemla_tests" --gtest_filter='CudaAttention.SparseMlaWgmma*' >"$OUT/wgmma_memcheck.log" 2>&1
