@@ -98,7 +98,8 @@ std::string attn_wgmma(const AttentionProblem& p) {
   if (p.kv_lora != 512 || p.rope != 64) return fmt::format("latent {} + rope {} is not 512 + 64", p.kv_lora, p.rope);
   // 8-32 heads (tensor-parallel shares of GLM-5 and DeepSeek-V3.2) were timed padded to a block of 64
   // (PERFORMANCE.md, session 49); fewer were not, and would leave more than 7/8 of each block idle.
-  if (p.heads < 8) return fmt::format("{} heads is fewer than 8 (a block computes 64 heads; fewer go to cuda-mma)", p.heads);
+  if (p.heads < 8)
+    return fmt::format("{} heads is fewer than 8 (a block computes 64 heads; fewer go to cuda-mma)", p.heads);
   if (p.smem_optin && cuda::mla_smem::kWgmmaBytes > p.smem_optin)
     return fmt::format("needs {} bytes of shared memory per block, the device allows {}", cuda::mla_smem::kWgmmaBytes,
                        p.smem_optin);
@@ -120,8 +121,8 @@ const Impl kImpls[] = {
     {"top-k", "cpu", 1, any, "CPU partial sort"},
     {"attention", "cuda-wgmma-sm90", 4, attn_wgmma,
      "Hopper wgmma (bf16, operands in shared memory), 64 heads and 64 rows per step (8 heads or more; fewer "
-     "than 64, as one GPU's share under tensor parallelism, pad a block of 64), fp8 rows widened by a producer warpgroup, split-KV; "
-     "small batches go to cuda-mma"},
+     "than 64, as one GPU's share under tensor parallelism, pad a block of 64), fp8 rows widened by a "
+     "producer warpgroup, split-KV; small batches go to cuda-mma"},
     {"attention", "cuda-mma", 3, attn_mma,
      "tensor cores (mma.sync), 16, 32 or 64 heads per block by batch and shared memory, split-KV", attn_mma_detail},
     {"attention", "cuda-fma", 2, attn_fma, "one block per token and head, any shape"},
