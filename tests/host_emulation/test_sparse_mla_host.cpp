@@ -302,7 +302,7 @@ int run_mma(Problem& p, int hg, int stages, int splits, int tile_pairs = 1) {
   const int tiles = std::max(1, ceil_div(rows, kRows));
   const MlaGeometry geo = mma_geometry(a, hg, stages, tiles, splits, tile_pairs);
   const MmaLaunch l = mma_launch(a, geo);
-  std::vector<float> part(geo.splits > 1 ? size_t(a.T) * geo.splits * a.heads * (a.kv_lora + 2) : 0, NAN);
+  std::vector<float> part(geo.splits > 1 ? size_t(a.T) * geo.splits * a.heads * partial_row_floats(a.kv_lora) : 0, NAN);
   run_both_orders(p, [&](emu::Order order) {
     std::fill(part.begin(), part.end(), NAN);
     emu::launch(l.kernel, l.grid, dim3(unsigned(l.threads)), l.smem, order, p.a, geo, part.data());

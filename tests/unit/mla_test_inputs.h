@@ -37,6 +37,10 @@ struct MlaCase {
   // fp16's largest value (65504), 1e-6 into its subnormals, which a kernel holding q as fp16 must
   // scale q out of (sparse_mla_sm90.cu's load_q).
   float q_gain = 1.0f;
+  // The output written this many floats past the start of its buffer: 2 keeps the 8 bytes every
+  // kernel's float2 stores need but not the 16 of the Hopper kernel's bulk stores (it then stores
+  // from registers).
+  int out_shift = 0;
 };
 
 // The selection entries of token t the kernels (and the reference) take: AttentionArgs's contract.

@@ -1111,7 +1111,7 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   for (float& x : q) x *= c.q_gain;
   GpuCache cache = make_cache(in.rows, pg.n_slots(), c.kv_lora, c.rope, dtype, true);
   DeviceBuffer d_q = cuda::to_device(q), d_seq = cuda::to_device(seq), d_n = cuda::to_device(n_ctx),
-               d_out(size_t(T) * c.heads * c.kv_lora * 4);
+               d_out((size_t(T) * c.heads * c.kv_lora + size_t(c.out_shift)) * 4);
   DeviceBuffer d_sel = c.top_k > 0 ? cuda::to_device(sel) : DeviceBuffer();
   cuda::AttentionArgs a;
   a.q = d_q.as<float>();
@@ -1128,12 +1128,14 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   a.selected_front = c.front;
   a.latent = pg.rows(cache.data, cache.row_bytes);
   a.dtype = dtype;
-  a.out = d_out.as<float>();
+  a.out = d_out.as<float>() + c.out_shift;
   cuda::AttentionWorkspace fresh;
   cuda::AttentionWorkspace& ws = ws_in ? *ws_in : fresh;
-  d_out.upload(std::vector<float>(size_t(T) * c.heads * c.kv_lora, NAN).data(), size_t(T) * c.heads * c.kv_lora * 4);
+  const size_t n_out = size_t(T) * c.heads * c.kv_lora + size_t(c.out_shift);
+  d_out.upload(std::vector<float>(n_out, NAN).data(), n_out * 4);
   cuda::sparse_mla(a, kernel, ws, nullptr, splits, heads_per_block);
-  const std::vector<float> got = cuda::to_host<float>(d_out, size_t(T) * c.heads * c.kv_lora);
+  std::vector<float> got = cuda::to_host<float>(d_out, n_out);
+  got.erase(got.begin(), got.begin() + c.out_shift);
 
   std::vector<float> qr = q;
   if (kernel != cuda::AttentionKernel::Fma)  // the tensor-core kernels take q as bf16
@@ -1360,6 +1362,11 @@ TEST(CudaAttention, SparseMlaWgmmaTakesTensorParallelShares) {
   // sanitizers' small mode.
   check_mla({32, 512, 64, {700, 2100}, 512, 2, 16}, KvDtype::FP8, cuda::AttentionKernel::Wgmma, 1, rng);
   check_mla({8, 512, 64, {700, 2100}, 512, 2, 16}, KvDtype::BF16, cuda::AttentionKernel::Wgmma, 1, rng);
+  // An output off the 16-byte alignment of the block's bulk stores (unsplit: the rows go straight
+  // to it), stored from registers instead.
+  MlaCase shifted{64, 512, 64, {700, 2100}, 512, 2, 16};
+  shifted.out_shift = 2;
+  for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) check_mla(shifted, d, cuda::AttentionKernel::Wgmma, 1, rng);
 }
 
 // The Hopper kernel whatever q's range: q far past fp16's largest value and far into its

@@ -230,7 +230,7 @@ struct AttentionArgs {
   bool selected_front = false;
   PagedRows latent;
   KvDtype dtype = KvDtype::BF16;
-  float* out = nullptr;
+  float* out = nullptr;  // [T, heads, kv_lora], 8-byte aligned (float2 stores; 16 lets the Hopper kernel store by bulk copies)
 };
 
 // Scratch memory of the split-KV path; grown on demand and kept.

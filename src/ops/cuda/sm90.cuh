@@ -116,6 +116,15 @@ __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
 }
 // Orders this thread's ordinary shared-memory writes before later reads by the tensor cores.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// A bulk copy of `bytes` from shared to global memory (the TMA unit; a multiple of 16 bytes, both
+// addresses 16-byte aligned), in the thread's bulk group. The shared memory must have been written
+// before a fence_async_smem() of its writers. Then bulk_commit(), and bulk_wait_read() before the
+// source is written again or the block exits.
+__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 
 // Thread-block clusters.
 __device__ __forceinline__ uint32_t cluster_rank() {

@@ -235,7 +235,7 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
   if (ws.smem_per_sm > 0) geo.launch_smem = emulated_smem(ws.smem_per_sm, plan.smem);
   float* part = nullptr;
   if (geo.splits > 1) {
-    const size_t need = size_t(a.T) * geo.splits * a.heads * (a.kv_lora + 2) * sizeof(float);
+    const size_t need = size_t(a.T) * geo.splits * a.heads * partial_row_floats(a.kv_lora) * sizeof(float);
     if (ws.partial.bytes() < need) ws.partial = DeviceBuffer(need);
     part = ws.partial.as<float>();
   }

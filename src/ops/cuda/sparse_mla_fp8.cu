@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(HG * 64) mla_fp8_kernel(AttentionArgs a, MlaGe
     if (h >= a.heads) continue;
     const float inv = geo.splits == 1 ? (l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f) : 1.0f;
     float* dst = geo.splits == 1 ? a.out + (int64_t(t) * a.heads + h) * kLora
-                                 : part + ((int64_t(t) * geo.splits + split) * a.heads + h) * (kLora + 2);
+                                 : part + ((int64_t(t) * geo.splits + split) * a.heads + h) * partial_row_floats(kLora);
 #pragma unroll
     for (int jb = 0; jb < 8; ++jb) {
       const float f = K[jb / 4] * inv;

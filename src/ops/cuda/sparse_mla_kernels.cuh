@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(HG * 64 * TP) mla_mma_kernel(AttentionArgs a, 
       }
     } else {
       const int64_t row = (int64_t(t) * geo.splits + split) * a.heads + h;
-      float* dst = part + row * (a.kv_lora + 2);
+      float* dst = part + row * partial_row_floats(a.kv_lora);
 #pragma unroll
       for (int j = 0; j < NV; ++j) {
         const int c = half * NV * 8 + j * 8 + q4 * 2;
@@ -345,7 +345,7 @@ constexpr int kCombineEarly = 32;  // splits whose values a thread loads before 
 __global__ void __launch_bounds__(kCombineDims) mla_combine_kernel(AttentionArgs a, int splits, const float* part) {
   __shared__ float s_w[kMaxSplits];
   const int t = blockIdx.z, h = blockIdx.y, tid = threadIdx.x;
-  const int64_t stride = a.kv_lora + 2;
+  const int64_t stride = partial_row_floats(a.kv_lora);
   const int64_t split_step = int64_t(a.heads) * stride;
   const float* p = part + (int64_t(t) * splits * a.heads + h) * stride;
   const int c = blockIdx.x * kCombineDims + tid;

@@ -14,6 +14,12 @@ namespace sparsemla::cuda {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// Floats of one split's partial output per (token, split, head), the rows the split merge
+// (mla_combine_kernel) reads: kv_lora unnormalized sums, the running maximum, the denominator, and
+// two floats of padding, so that each row of kv_lora = 512 starts 16-byte aligned (the Hopper kernel
+// stores a row with one bulk copy).
+__host__ __device__ constexpr int64_t partial_row_floats(int kv_lora) { return int64_t(kv_lora) + 4; }
+
 struct MlaGeometry {
   int d;                   // kv_lora + rope
   int d_pad;               // d rounded up to 32 (two halves of whole k-steps)
