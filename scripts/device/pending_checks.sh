@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: re-checks of sessions 34-38's and 44's GPU code, in one run of ~18 minutes of
-# device time. Every phase but s49 (session 49) has run: session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
+# device time. Every phase but s50 (session 50) has run (s49 in run 95 of session 50): session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
 # 38 the prefill phase on an H100, session 45 the wgmma phase on an H100 on 118c578, session 46 the fp8
 # phase on an H100 on aa478b5 (PERFORMANCE.md, "Session 37", "Session 38", "Session 45", "Session 46":
 # all passed, the figures recorded; session 46 also ran session 45's quarters phase, not kept:
@@ -63,11 +63,16 @@
 #             for the pairs; run 82 timed the peer arrival without MEMBAR.ALL.GPU) also the Hopper tests
 #             and racecheck on the pairs with it, and an A/B of DeepSeek-V3.2 fp8 at batch 32 / 128
 #             against $BIN/sparsemla.
-#  s49        (session 49, not yet run; ~2 minutes) patches/wgmma_staged_output.patch, the Hopper
-#             kernel's output staged in shared memory and stored as whole runs: with
-#             $BIN/sparsemla_staged and $BIN/sparsemla_tests_staged (a build with the patch), its
-#             Hopper tests, memcheck and racecheck on them (small shapes), and the attention table
-#             (Hopper kernel forced at every batch) against $BIN/sparsemla, two rounds interleaved.
+#  s50        (session 50, not yet run; ~2 minutes) the Hopper kernel's output by bulk copies
+#             (SPARSEMLA_WGMMA_OUT: 0 fragments to global memory, 1 staged in the tile buffers and one
+#             bulk copy per row, 2 staged and copied by the threads; the split partial rows padded to
+#             516 floats for every kernel): the attention tests under mode 1 (all of CudaAttention), then
+#             the Hopper ones under modes 0 and 2, memcheck and racecheck on the Hopper tests under mode 1
+#             (small shapes),
+#             and the attention table (Hopper kernel forced at every batch, 4K) under the three
+#             modes, two rounds interleaved. (s49, run 95 in session 50, H100: the staged thread copy
+#             gained 8-18% at batches 2-8 with 64-128 real heads and lost at the padded shares and at
+#             bf16 batch 128; patches/wgmma_staged_output.patch is that form.)
 #  s48        (session 48; run 89 in session 49, H100: tests passed, the shares timed) the indexer's scaled fp16 queries on the final code
 #             (index_queries' kernel moved into indexer_kernels.cuh after run 88) and `bench attention`'s
 #             tensor-parallel shares (glm5-tp2 / -tp8, dsv32-tp2; bf16 and fp8; batch 1-128; the
@@ -90,7 +95,7 @@
 # compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-s49 s48 f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
+PHASES=${PHASES:-s50 s48 f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -102,22 +107,23 @@ gtests() {
   echo "$1 tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/$1_tests.log" | tail -8
 }
 
-if has s49 && [ ! -x "$BIN/sparsemla_staged" ]; then echo "s49 skipped: no $BIN/sparsemla_staged"; fi
-if has s49 && [ -x "$BIN/sparsemla_staged" ]; then
-  gtests s49 150 sparsemla_tests_staged \
-    'CudaAttention.SparseMlaWgmma*:CudaAttention.FrontSelections*:CudaAttention.SparseMlaRescales*'
+if has s50; then
+  SPARSEMLA_WGMMA_OUT=1 gtests s50 200 sparsemla_tests 'CudaAttention.*:SparseMlaPlan.*'
+  for m in 0 2; do
+    SPARSEMLA_WGMMA_OUT=$m gtests s50_mode$m 100 sparsemla_tests 'CudaAttention.SparseMlaWgmma*'
+  done
   for tool in memcheck racecheck; do
-    SPARSEMLA_GPU_TEST_SMALL=1 timeout 150 "$SAN" --tool $tool "$BIN/sparsemla_tests_staged" \
+    SPARSEMLA_WGMMA_OUT=1 SPARSEMLA_GPU_TEST_SMALL=1 timeout 150 "$SAN" --tool $tool "$BIN/sparsemla_tests" \
       --gtest_filter='CudaAttention.SparseMlaWgmmaMatches*:CudaAttention.SparseMlaWgmmaTakesTensor*' \
-      >"$OUT/s49_$tool.log" 2>&1
-    echo "s49 $tool: exit $?"; grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/s49_$tool.log"
+      >"$OUT/s50_$tool.log" 2>&1
+    echo "s50 $tool: exit $?"; grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/s50_$tool.log"
   done
   for round in 1 2; do
-    for exe in sparsemla_staged sparsemla; do
-      echo "== round $round $exe" | tee -a "$OUT/s49_ab.log"
-      SPARSEMLA_WGMMA_MIN_BATCH=1 SPARSEMLA_WGMMA_FP8_MIN_ROWS=1 timeout 120 "$BIN/$exe" bench attention --kernel wgmma \
-        --shapes glm5 dsv32 glm5-tp2 glm5-tp8 --kv bf16 fp8 --batch 1 2 8 32 128 --context 4096 131072 --reps 3 2>&1 \
-        | grep -E "^(glm5|dsv32)|rror" | step | tee -a "$OUT/s49_ab.log"
+    for m in 0 1 2; do
+      echo "== round $round mode $m" | tee -a "$OUT/s50_ab.log"
+      SPARSEMLA_WGMMA_OUT=$m SPARSEMLA_WGMMA_MIN_BATCH=1 SPARSEMLA_WGMMA_FP8_MIN_ROWS=1 timeout 120 "$BIN/sparsemla" \
+        bench attention --kernel wgmma --shapes glm5 dsv32 glm5-tp2 glm5-tp8 --kv bf16 fp8 --batch 1 2 8 32 128 \
+        --context 4096 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" | step | tee -a "$OUT/s50_ab.log"
     done
   done
 fi

@@ -706,8 +706,9 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   const dim3 grid(unsigned(ceil_div(a.heads, kHeads)), unsigned(a.T), unsigned(splits));
   const bool fp8 = a.dtype == KvDtype::FP8;
   const auto st = static_cast<cudaStream_t>(s);
-  // store_output's form (temporary A/B switch): the bulk copies need 16-byte aligned rows.
-  static const int out_env = int(env_int("SPARSEMLA_WGMMA_OUT", 1));
+  // store_output's form (A/B switch; 0, the fragments stored from registers, until the bulk copies
+  // have run on a GPU: pending_checks.sh's s50 phase): the bulk copies need 16-byte aligned rows.
+  static const int out_env = int(env_int("SPARSEMLA_WGMMA_OUT", 0));
   const bool aligned = (reinterpret_cast<uintptr_t>(splits == 1 ? static_cast<void*>(a.out) : part) & 15u) == 0;
   const int out_mode = out_env == 1 && !aligned ? 0 : out_env;
   // Pairs for fp8 rows, where there are two blocks of heads per token and each block has two tiles or
