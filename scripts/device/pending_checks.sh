@@ -63,16 +63,16 @@
 #             for the pairs; run 82 timed the peer arrival without MEMBAR.ALL.GPU) also the Hopper tests
 #             and racecheck on the pairs with it, and an A/B of DeepSeek-V3.2 fp8 at batch 32 / 128
 #             against $BIN/sparsemla.
-#  s50        (session 50, not yet run; ~2 minutes) the Hopper kernel's output by bulk copies
-#             (SPARSEMLA_WGMMA_OUT: 0 fragments to global memory, 1 staged in the tile buffers and one
-#             bulk copy per row, 2 staged and copied by the threads; the split partial rows padded to
-#             516 floats for every kernel): the attention tests under mode 1 (all of CudaAttention), then
-#             the Hopper ones under modes 0 and 2, memcheck and racecheck on the Hopper tests under mode 1
-#             (small shapes),
-#             and the attention table (Hopper kernel forced at every batch, 4K) under the three
-#             modes, two rounds interleaved. (s49, run 95 in session 50, H100: the staged thread copy
-#             gained 8-18% at batches 2-8 with 64-128 real heads and lost at the padded shares and at
-#             bf16 batch 128; patches/wgmma_staged_output.patch is that form.)
+#  s50        (session 50; run 96 ran it on the three-form build of eae8482, H100: kept the bulk
+#             copies from 64 heads) the Hopper kernel's output stored by bulk copies: on the final
+#             code, the attention tests (all of CudaAttention), the Hopper ones with the bulk copies
+#             at every head count and with none (SPARSEMLA_WGMMA_BULK_OUT=1 / 0), memcheck and
+#             racecheck on the Hopper tests with the bulk copies (small shapes), and the small-batch
+#             bounds on one device: `--kernel mma` against the Hopper kernel forced
+#             (SPARSEMLA_WGMMA_BULK_MIN_ROWS=1 ...) at batch 1, 2, 4 for GLM-5 and DeepSeek-V3.2,
+#             both caches (the new bound, kWgmmaBulkMinRows = 128 rows, was set from the mma kernel's
+#             figures of earlier runs: sparse_mla.cu, plan_mma). (s49, run 95 in session 50, H100: the
+#             staged thread copy; patches/wgmma_staged_output.patch.)
 #  s48        (session 48; run 89 in session 49, H100: tests passed, the shares timed) the indexer's scaled fp16 queries on the final code
 #             (index_queries' kernel moved into indexer_kernels.cuh after run 88) and `bench attention`'s
 #             tensor-parallel shares (glm5-tp2 / -tp8, dsv32-tp2; bf16 and fp8; batch 1-128; the
@@ -108,22 +108,22 @@ gtests() {
 }
 
 if has s50; then
-  SPARSEMLA_WGMMA_OUT=1 gtests s50 200 sparsemla_tests 'CudaAttention.*:SparseMlaPlan.*'
-  for m in 0 2; do
-    SPARSEMLA_WGMMA_OUT=$m gtests s50_mode$m 100 sparsemla_tests 'CudaAttention.SparseMlaWgmma*'
+  gtests s50 200 sparsemla_tests 'CudaAttention.*:SparseMlaPlan.*'
+  for m in 0 1; do
+    SPARSEMLA_WGMMA_BULK_OUT=$m gtests s50_bulk$m 100 sparsemla_tests 'CudaAttention.SparseMlaWgmma*'
   done
   for tool in memcheck racecheck; do
-    SPARSEMLA_WGMMA_OUT=1 SPARSEMLA_GPU_TEST_SMALL=1 timeout 150 "$SAN" --tool $tool "$BIN/sparsemla_tests" \
+    SPARSEMLA_WGMMA_BULK_OUT=1 SPARSEMLA_GPU_TEST_SMALL=1 timeout 150 "$SAN" --tool $tool "$BIN/sparsemla_tests" \
       --gtest_filter='CudaAttention.SparseMlaWgmmaMatches*:CudaAttention.SparseMlaWgmmaTakesTensor*' \
       >"$OUT/s50_$tool.log" 2>&1
     echo "s50 $tool: exit $?"; grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/s50_$tool.log"
   done
   for round in 1 2; do
-    for m in 0 1 2; do
-      echo "== round $round mode $m" | tee -a "$OUT/s50_ab.log"
-      SPARSEMLA_WGMMA_OUT=$m SPARSEMLA_WGMMA_MIN_BATCH=1 SPARSEMLA_WGMMA_FP8_MIN_ROWS=1 timeout 120 "$BIN/sparsemla" \
-        bench attention --kernel wgmma --shapes glm5 dsv32 glm5-tp2 glm5-tp8 --kv bf16 fp8 --batch 1 2 8 32 128 \
-        --context 4096 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" | step | tee -a "$OUT/s50_ab.log"
+    for k in mma wgmma; do
+      echo "== round $round --kernel $k" | tee -a "$OUT/s50_bounds.log"
+      SPARSEMLA_WGMMA_BULK_MIN_ROWS=1 SPARSEMLA_WGMMA_MIN_BATCH=1 SPARSEMLA_WGMMA_FP8_MIN_ROWS=1 timeout 120 \
+        "$BIN/sparsemla" bench attention --kernel $k --shapes glm5 dsv32 --kv bf16 fp8 --batch 1 2 4 \
+        --context 4096 131072 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" | step | tee -a "$OUT/s50_bounds.log"
     done
   done
 fi

@@ -99,13 +99,15 @@ TEST(SparseMlaPlan, EveryDeviceHasALaunchThatFitsAndFollowsTheRule) {
                     EXPECT_GT(p.smem, 0u) << what;
                     EXPECT_LE(p.smem, size_t(dev.optin)) << what << ": more shared memory than a block may have";
                   }
-                  // The Hopper kernel: small batches go to the mma kernel, the rest keep it: bf16 rows
-                  // below 8 tokens and 512 token-head rows (GLM-5 below 8 tokens, DeepSeek-V3.2 below 4,
-                  // 8-32 heads below 8), fp8 rows below kWgmmaFp8MinRows (256) token-head rows and
-                  // kWgmmaFp8MinTokens (4) tokens at 32 heads or more (GLM-5 and its share at tensor
-                  // parallel 2 below 4 tokens, DeepSeek-V3.2 at one); 8 and 16 heads never.
-                  const bool small = d == KvDtype::BF16 ? T < 8 && T * sh.heads < 512
-                                                        : T * sh.heads < 256 && T < 4 && sh.heads >= 32;
+                  // The Hopper kernel: small batches go to the mma kernel, the rest keep it: from 64
+                  // heads (bulk output stores) below kWgmmaBulkMinRows (128) token-head rows (GLM-5 at
+                  // one token); below 64 heads bf16 rows below 8 tokens and 512 token-head rows, fp8
+                  // rows below kWgmmaFp8MinRows (256) token-head rows and kWgmmaFp8MinTokens (4) tokens
+                  // at 32 heads (GLM-5's share at tensor parallel 2 below 4 tokens); 8 and 16 heads
+                  // with fp8 rows never.
+                  const bool small = sh.heads >= 64           ? T * sh.heads < 128
+                                     : d == KvDtype::BF16 ? T < 8 && T * sh.heads < 512
+                                                          : T * sh.heads < 256 && T < 4 && sh.heads >= 32;
                   if (k == AttentionKernel::Wgmma)
                     EXPECT_EQ(p.kernel, small ? AttentionKernel::Mma : AttentionKernel::Wgmma) << what;
                   else
@@ -156,12 +158,13 @@ TEST(SparseMlaPlan, HopperKernelTakesTheBatchesItWins) {
     KvDtype d;
     bool hopper;
   } points[] = {
-      {64, 7, KvDtype::BF16, false}, {64, 8, KvDtype::BF16, true},  {128, 3, KvDtype::BF16, false},
-      {128, 4, KvDtype::BF16, true}, {32, 4, KvDtype::BF16, false}, {32, 8, KvDtype::BF16, true},
-      {8, 4, KvDtype::BF16, false},  {8, 8, KvDtype::BF16, true},   {64, 3, KvDtype::FP8, false},
-      {64, 4, KvDtype::FP8, true},   {128, 1, KvDtype::FP8, false}, {128, 2, KvDtype::FP8, true},
-      {32, 3, KvDtype::FP8, false},  {32, 4, KvDtype::FP8, true},   {16, 1, KvDtype::FP8, true},
-      {8, 1, KvDtype::FP8, true},
+      // 64 heads or more (bulk output stores, session 50): all but GLM-5 at one token.
+      {64, 1, KvDtype::BF16, false}, {64, 2, KvDtype::BF16, true},  {128, 1, KvDtype::BF16, true},
+      {64, 1, KvDtype::FP8, false},  {64, 2, KvDtype::FP8, true},   {128, 1, KvDtype::FP8, true},
+      // One GPU's share under tensor parallelism (session 49).
+      {32, 4, KvDtype::BF16, false}, {32, 8, KvDtype::BF16, true},  {8, 4, KvDtype::BF16, false},
+      {8, 8, KvDtype::BF16, true},   {32, 3, KvDtype::FP8, false},  {32, 4, KvDtype::FP8, true},
+      {16, 1, KvDtype::FP8, true},   {8, 1, KvDtype::FP8, true},
   };
   for (const auto& pt : points) {
     const MlaLaunchPlan p = plan_sparse_mla(args(pt.heads, pt.T, pt.d, 131072, true), AttentionKernel::Wgmma, ws);

@@ -79,12 +79,19 @@ MmaPlan plan_mma(const AttentionArgs& a, AttentionKernel k, const AttentionWorks
   // 12.9 / 11.6, 8 26.1 / 16.0; 8 heads batch 1 12.4 / 10.6, 8 20.1 / 14.9, 32 40.3 / 41.4, 128
   // 162.8 / 117.3). bf16 rows follow the same rule at 8-32 heads (run 90: 32 heads batch 4 18.6 /
   // 19.1, 8 25.1 / 23.1, 128 216 / 117; 8 heads batch 4 10.8 / 11.9, 8 15.0 / 14.6). Forced split
-  // counts (tests) keep the kernel asked for. SPARSEMLA_WGMMA_MIN_BATCH and
-  // SPARSEMLA_WGMMA_FP8_MIN_ROWS move the bounds (1: the Hopper kernel at every batch), for measuring.
+  // counts (tests) keep the kernel asked for. From 64 heads, where the Hopper kernel stores its
+  // output by bulk copies (kWgmmaBulkOutputMinHeads), both row types go to it from kWgmmaBulkMinRows =
+  // 128 (token, head) rows, i.e. all but GLM-5 at one token (H100, session 50, run 96's bulk stores
+  // against the mma kernel's figures above and run 83's: GLM-5 bf16 batch 1 15.3 / 11.7-12.2 (mma),
+  // 2 16.7 / 18.3; fp8 batch 1 15.3 / 14.9, 2 16.5 / 20.3; DeepSeek-V3.2 bf16 batch 1 17.3 / 18.4,
+  // 2 21.5 / 25.1; fp8 batch 1 17.1 / 20.5). SPARSEMLA_WGMMA_MIN_BATCH, SPARSEMLA_WGMMA_FP8_MIN_ROWS
+  // and SPARSEMLA_WGMMA_BULK_MIN_ROWS move the bounds (1: the Hopper kernel at every batch), for measuring.
   static const int64_t wgmma_min_batch = env_int("SPARSEMLA_WGMMA_MIN_BATCH", 8);
   static const int64_t wgmma_fp8_min_rows = env_int("SPARSEMLA_WGMMA_FP8_MIN_ROWS", kWgmmaFp8MinRows);
-  const bool small = fp8 ? a.T * a.heads < wgmma_fp8_min_rows && a.T < kWgmmaFp8MinTokens && a.heads >= 32
-                         : a.T < wgmma_min_batch && a.T * a.heads < 512;
+  static const int64_t wgmma_bulk_min_rows = env_int("SPARSEMLA_WGMMA_BULK_MIN_ROWS", kWgmmaBulkMinRows);
+  const bool small = a.heads >= kWgmmaBulkOutputMinHeads ? a.T * a.heads < wgmma_bulk_min_rows
+                     : fp8 ? a.T * a.heads < wgmma_fp8_min_rows && a.T < kWgmmaFp8MinTokens && a.heads >= 32
+                           : a.T < wgmma_min_batch && a.T * a.heads < 512;
   if (k == AttentionKernel::Wgmma && small && splits <= 0 && heads_per_block == 0) k = AttentionKernel::Mma;
   if ((a.kv_lora + a.rope) % 8 != 0 || a.kv_lora % 8 != 0 || a.rope % 2 != 0)
     fail("sparse_mla: the mma kernel needs kv_lora and kv_lora + rope multiples of 8 (got {} + {})", a.kv_lora, a.rope);

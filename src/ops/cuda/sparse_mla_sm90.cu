@@ -45,6 +45,7 @@
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/sm90.cuh"
+#include "ops/cuda/sparse_mla_plan.h"
 #include "ops/cuda/sparse_mla_tile.cuh"
 #include "util/env.h"
 
@@ -154,7 +155,7 @@ __device__ __forceinline__ void load_q(const AttentionArgs& a, int t, int h0, un
 // What a block does: token t, heads h0 .. h0 + 63, rows [r_begin, r_end) of the token's rows.
 struct Work {
   int t, h0, split, splits;
-  int out_mode;  // store_output's form (temporary A/B switch)
+  bool bulk_out;  // store_output's form
   int r_begin, r_end, n_tiles;
 };
 
@@ -375,13 +376,17 @@ __device__ __forceinline__ void rescale(float (&o)[128], float alpha0, float alp
 
 // The block's output: normalized rows [heads][512] when unsplit, else the split's unnormalized sums
 // with each head's maximum and denominator (from shared memory, kBarEpi), rows of
-// partial_row_floats(512). out_mode (temporary A/B switch, SPARSEMLA_WGMMA_OUT): 0 each consumer
-// thread stores its fragments' float2 (a warp's store touches 8 rows' lines); 1 both consumer
-// warpgroups put their columns (wg * 256 .. + 255) into a staging copy in the tile buffers (free once
-// both consumers are past their last tile: rows kStageStride floats apart, 8 banks apart, so that a
-// half warp's float2 stores meet no conflict), then one bulk copy per row (the TMA unit); 2 the same
-// staging copy stored by the 256 consumer threads, one row after the other (a warp's store 256
-// contiguous bytes).
+// partial_row_floats(512). Two forms (Work::bulk_out, chosen by the host side):
+//  - bulk: both consumer warpgroups put their columns (wg * 256 .. + 255) into a staging copy in the
+//    tile buffers (free once both consumers are past their last tile: rows kStageStride floats
+//    apart, 8 banks apart, so that a half warp's float2 stores meet no conflict), then one bulk copy
+//    (the TMA unit) per head's row. Stored from the fragments, every warp instruction wrote 8 heads'
+//    rows, and those stores held a third of the stall samples at one tile per block (session 49);
+//    copied from the staging copy by the threads instead (a warp's store 256 contiguous bytes), as
+//    many store instructions: slower than the bulk copies at every shape (session 50, run 96;
+//    scripts/device/patches/wgmma_staged_output.patch).
+//  - fragments: each consumer thread stores its fragments' float2: faster where the block's 64 rows
+//    are mostly padding (8 heads), and where the output is not 16-byte aligned.
 constexpr int kStageStride = kLora + 8;
 constexpr int kBarStage = 5;  // the staging copy is whole
 static_assert(kOffK + kHeads * kStageStride * 4 <= kOffP, "the staging copy fits in the tile buffers");
@@ -393,7 +398,7 @@ __device__ __forceinline__ void store_output(const AttentionArgs& a, const Work&
   const float* sM = reinterpret_cast<const float*>(smem + kOffM);
   const int col0 = wg * 256 + 2 * ln.q4;
   const int64_t prow = partial_row_floats(kLora);
-  if (w.out_mode == 0) {
+  if (!w.bulk_out) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int row = ln.row0 + 8 * rr, h = w.h0 + row;
@@ -433,27 +438,18 @@ __device__ __forceinline__ void store_output(const AttentionArgs& a, const Work&
       stage[row * kStageStride + kLora + 1] = lr;
     }
   }
-  // Row r of the block goes to dst + r * row_len (the heads' rows are consecutive in both outputs).
-  const int rows = min(kHeads, a.heads - w.h0), ctid = threadIdx.x;
-  const int64_t row_len = w.splits == 1 ? kLora : prow;
-  float* dst = w.splits == 1 ? a.out + (int64_t(w.t) * a.heads + w.h0) * kLora
-                             : part + ((int64_t(w.t) * w.splits + w.split) * a.heads + w.h0) * prow;
-  if (w.out_mode == 1) {
-    fence_async_smem();  // the staging copy, written by these threads, is read by the bulk copies
-    named_sync(kBarStage, 256);
-    if (ctid < rows) {
-      bulk_store(dst + ctid * row_len, smem_u32addr(stage + ctid * kStageStride), uint32_t(row_len * 4));
-      bulk_commit();
-      bulk_wait_read();  // (the block's shared memory outlives the copy's reads)
-    }
-    return;
-  }
+  fence_async_smem();  // the staging copy, written by these threads, is read by the bulk copies
   named_sync(kBarStage, 256);
-  const int len = w.splits == 1 ? kLora : kLora + 2;
-#pragma unroll 8
-  for (int r = 0; r < rows; ++r)
-    for (int c = 2 * ctid; c < len; c += 512)
-      *reinterpret_cast<float2*>(dst + r * row_len + c) = *reinterpret_cast<const float2*>(stage + r * kStageStride + c);
+  // Head row r of the block (consecutive rows in both outputs) by consumer thread r.
+  const int rows = min(kHeads, a.heads - w.h0), r = threadIdx.x;
+  if (r < rows) {
+    const int64_t row_len = w.splits == 1 ? kLora : prow;
+    float* dst = w.splits == 1 ? a.out + (int64_t(w.t) * a.heads + w.h0) * kLora
+                               : part + ((int64_t(w.t) * w.splits + w.split) * a.heads + w.h0) * prow;
+    bulk_store(dst + r * row_len, smem_u32addr(stage + r * kStageStride), uint32_t(row_len * 4));
+    bulk_commit();
+    bulk_wait_read();  // (the block's shared memory outlives the copy's reads)
+  }
 }
 
 // Warpgroup 0: S = Q K^T, the online softmax, P to consumer 1, O[:, 0:256] += P V.
@@ -599,7 +595,7 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
 }
 
 template <bool FP8, bool PAIR, bool LINES>
-__device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part, int out_mode) {
+__device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part, int bulk_out) {
   extern __shared__ __align__(1024) unsigned char smem[];
   using F = Form<FP8, PAIR, LINES>;
   Work w;
@@ -607,7 +603,7 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
   w.h0 = blockIdx.x * kHeads;
   w.split = blockIdx.z;
   w.splits = gridDim.z;
-  w.out_mode = out_mode;
+  w.bulk_out = bulk_out != 0;
   const int n_rows = token_rows(a, w.t);
   w.r_begin = w.split * rows_per_split;
   w.r_end = min(n_rows, w.r_begin + rows_per_split);
@@ -646,9 +642,9 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
 
 template <bool FP8, bool PAIR, bool LINES>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const __grid_constant__ AttentionArgs a,
-                                                                int rows_per_split, float* part, int out_mode) {
+                                                                int rows_per_split, float* part, int bulk_out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  mla_wgmma_body<FP8, PAIR, LINES>(a, rows_per_split, part, out_mode);
+  mla_wgmma_body<FP8, PAIR, LINES>(a, rows_per_split, part, bulk_out);
 #else
   __trap();  // no sm_90a code in this pass: the host side never launches it here
 #endif
@@ -706,11 +702,12 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   const dim3 grid(unsigned(ceil_div(a.heads, kHeads)), unsigned(a.T), unsigned(splits));
   const bool fp8 = a.dtype == KvDtype::FP8;
   const auto st = static_cast<cudaStream_t>(s);
-  // store_output's form (A/B switch; 0, the fragments stored from registers, until the bulk copies
-  // have run on a GPU: pending_checks.sh's s50 phase): the bulk copies need 16-byte aligned rows.
-  static const int out_env = int(env_int("SPARSEMLA_WGMMA_OUT", 0));
+  // store_output's form: bulk copies from kWgmmaBulkOutputMinHeads (sparse_mla_plan.h), where the
+  // rows they store start 16-byte aligned. SPARSEMLA_WGMMA_BULK_OUT=0 / 1 takes the fragments' form /
+  // the bulk copies (where aligned) at every head count, for measuring.
+  static const int bulk_env = env_switch("SPARSEMLA_WGMMA_BULK_OUT");
   const bool aligned = (reinterpret_cast<uintptr_t>(splits == 1 ? static_cast<void*>(a.out) : part) & 15u) == 0;
-  const int out_mode = out_env == 1 && !aligned ? 0 : out_env;
+  const int bulk_out = aligned && (bulk_env >= 0 ? bulk_env == 1 : a.heads >= kWgmmaBulkOutputMinHeads);
   // Pairs for fp8 rows, where there are two blocks of heads per token and each block has two tiles or
   // more (with one, the cluster's launch and barriers cost more than the halved gather saves: H200,
   // DeepSeek-V3.2 fp8 batch 1, 23.0 us paired against 21.4). bf16 rows gather faster unpaired in
@@ -722,7 +719,7 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
     if (pairs_fit(kernel)) {
       cudaLaunchAttribute attr;
       const cudaLaunchConfig_t cfg = pair_config(grid, st, attr);
-      SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, rows_per_split, part, out_mode));
+      SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, rows_per_split, part, bulk_out));
       return 2;
     }
   }
@@ -733,7 +730,7 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
                         : lines_off ? mla_wgmma_kernel<false, false, false>
                                     : mla_wgmma_kernel<false, false, true>;
   allow_smem(kernel, kSmemBytes);
-  kernel<<<grid, kThreads, kSmemBytes, st>>>(a, rows_per_split, part, out_mode);
+  kernel<<<grid, kThreads, kSmemBytes, st>>>(a, rows_per_split, part, bulk_out);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
   return 1;
 }
