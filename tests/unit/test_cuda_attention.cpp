@@ -1416,7 +1416,7 @@ TEST(CudaAttention, SparseMlaWgmmaPairsMatchTheCpuReference) {
       {{128, 512, 64, {5000, 100}, 0, 2, 64}, KvDtype::BF16, 4, 2},
       {{192, 512, 64, {2500}, 2048, 1, 16}, KvDtype::FP8, 1, 1},   // three blocks: unpaired
       {{128, 512, 64, {4096}, 2048, 1, 64}, KvDtype::FP8, 32, 1},  // batch 1: one tile per split, unpaired
-                                                                    // (forced: the launch's own takes mma)
+                                                                    // (32 splits forced)
   };
   if (small_mode()) cases.resize(2);
   for (const PairCase& pc : cases)
