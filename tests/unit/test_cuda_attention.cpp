@@ -1135,6 +1135,7 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   d_out.upload(std::vector<float>(n_out, NAN).data(), n_out * 4);
   cuda::sparse_mla(a, kernel, ws, nullptr, splits, heads_per_block);
   std::vector<float> got = cuda::to_host<float>(d_out, n_out);
+  for (int i = 0; i < c.out_shift; ++i) EXPECT_TRUE(std::isnan(got[size_t(i)])) << "written before the output: " << i;
   got.erase(got.begin(), got.begin() + c.out_shift);
 
   std::vector<float> qr = q;
