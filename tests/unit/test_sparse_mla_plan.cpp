@@ -141,10 +141,7 @@ TEST(SparseMlaPlan, EveryDeviceHasALaunchThatFitsAndFollowsTheRule) {
   std::printf("  %d launch plans checked\n", plans);
 }
 
-// GLM-5 batch 1 at 128K (issue 6's headline shape) on each device: tile pairs at 16 heads where
-// they fit; on the 99 KB devices one set of warps, 16 heads with two stages where the SMs are many
-// enough for 128 blocks, else 32 heads (the SM count rule).
-// The Hopper kernel's small-batch bounds at the shapes they were measured on (H100, sessions 45-49;
+// The Hopper kernel's small-batch bounds at the shapes they were measured on (H100, sessions 45-50;
 // sparse_mla.cu, plan_mma), stated point by point rather than by the rule's own expression.
 TEST(SparseMlaPlan, HopperKernelTakesTheBatchesItWins) {
   AttentionWorkspace ws;
@@ -173,6 +170,9 @@ TEST(SparseMlaPlan, HopperKernelTakesTheBatchesItWins) {
   }
 }
 
+// GLM-5 batch 1 at 128K (issue 6's headline shape) on each device: tile pairs at 16 heads where
+// they fit; on the 99 KB devices one set of warps, 16 heads with two stages where the SMs are many
+// enough for 128 blocks, else 32 heads (the SM count rule).
 TEST(SparseMlaPlan, BatchOneAtLongContextTakesTilePairsWhereTheyFit) {
   for (const DeviceLimits& dev : kDevices) {
     AttentionWorkspace ws;

@@ -32,10 +32,10 @@ constexpr int64_t kWgmmaFp8MinTokens = 4;
 // The Hopper kernel stores a block's output by bulk copies (one per head's row, staged in the tile
 // buffers) where a token has this many heads or more (a last block of fewer, as at 96 heads, too);
 // fewer heads (one GPU's share under tensor parallelism, padded to a block of 64) store the fragments
-// from registers: H100, session 50, run 96, attention
-// us at 4K, fragments / bulk: GLM-5 bf16 batch 1 16.5 / 15.3, 2 18.6 / 16.7, 8 32.4 / 29.6, 32 73.9
-// / 71.0, 128 126.8 / 127.4; DeepSeek-V3.2 fp8 batch 2 23.9 / 21.4, 8 39.8 / 37.0, 128 201.6 /
-// 200.4; 8 heads batch 1 10.6 / 11.4, 8 14.7 / 15.4; 32 heads within 0.3 either way.
+// from registers. H100, session 50, run 96, attention us at 4K, fragments / bulk: GLM-5 bf16 batch 1
+// 16.5 / 15.3, 2 18.6 / 16.7, 8 32.4 / 29.6, 32 73.9 / 71.0, 128 126.8 / 127.4; DeepSeek-V3.2 fp8
+// batch 2 23.9 / 21.4, 8 39.8 / 37.0, 128 201.6 / 200.4; 8 heads batch 1 10.6 / 11.4, 8 14.7 / 15.4;
+// 32 heads within 0.4 either way.
 constexpr int kWgmmaBulkOutputMinHeads = 64;
 // With its bulk stores the Hopper kernel takes both row types from this many (token, head) rows:
 // below, GLM-5's 64 heads at one token, the mma kernel (sparse_mla.cu, plan_mma, has the figures).
