@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: re-checks of sessions 34-38's and 44's GPU code, in one run of ~18 minutes of
-# device time. Every phase but s50 (session 50) has run (s49 in run 95 of session 50): session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
+# device time. Every phase has run (s50's tests, racecheck and bounds in run 99 of session 51, not its
+# memcheck; s49 in run 95 of session 50): session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
 # 38 the prefill phase on an H100, session 45 the wgmma phase on an H100 on 118c578, session 46 the fp8
 # phase on an H100 on aa478b5 (PERFORMANCE.md, "Session 37", "Session 38", "Session 45", "Session 46":
 # all passed, the figures recorded; session 46 also ran session 45's quarters phase, not kept:
@@ -63,7 +64,8 @@
 #             for the pairs; run 82 timed the peer arrival without MEMBAR.ALL.GPU) also the Hopper tests
 #             and racecheck on the pairs with it, and an A/B of DeepSeek-V3.2 fp8 at batch 32 / 128
 #             against $BIN/sparsemla.
-#  s50        (session 50; run 96 ran it on the three-form build of eae8482, H100: kept the bulk
+#  s50        (session 50; run 99 in session 51 ran its tests, racecheck and bounds on the final code,
+#             H100: passed, the bound confirmed; run 96 ran it on the three-form build of eae8482, H100: kept the bulk
 #             copies from 64 heads) the Hopper kernel's output stored by bulk copies: on the final
 #             code, the attention tests (all of CudaAttention), the Hopper ones with the bulk copies
 #             at every head count and with none (SPARSEMLA_WGMMA_BULK_OUT=1 / 0), memcheck and
