@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: re-checks of sessions 34-38's and 44's GPU code, in one run of ~18 minutes of
-# device time. Every phase has run (s50's tests, racecheck and bounds in run 99 of session 51, not its
-# memcheck; s49 in run 95 of session 50): session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
+# device time. Every phase but s51 (session 51) has run (s50's tests, racecheck and bounds in run 99
+# of session 51, not its memcheck; s49 in run 95 of session 50): session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
 # 38 the prefill phase on an H100, session 45 the wgmma phase on an H100 on 118c578, session 46 the fp8
 # phase on an H100 on aa478b5 (PERFORMANCE.md, "Session 37", "Session 38", "Session 45", "Session 46":
 # all passed, the figures recorded; session 46 also ran session 45's quarters phase, not kept:
@@ -64,6 +64,10 @@
 #             for the pairs; run 82 timed the peer arrival without MEMBAR.ALL.GPU) also the Hopper tests
 #             and racecheck on the pairs with it, and an A/B of DeepSeek-V3.2 fp8 at batch 32 / 128
 #             against $BIN/sparsemla.
+#  s51        (session 51; not yet run) the attention's FMA kernel with its inner loop unrolled by 4
+#             (it spilled 5.6-12 KB a thread on sm_80-89 fully unrolled; on sm_90 12-20 bytes): its GPU
+#             test (SparseMlaMatchesTheCpuReference runs it on bf16, fp8 and f32 rows) and the fixtures'
+#             f32-cache model tests, which take it, then memcheck on the attention test (small shapes).
 #  s50        (session 50; run 99 in session 51 ran its tests, racecheck and bounds on the final code,
 #             H100: passed, the bound confirmed; run 96 ran it on the three-form build of eae8482, H100: kept the bulk
 #             copies from 64 heads) the Hopper kernel's output stored by bulk copies: on the final
@@ -97,7 +101,7 @@
 # compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-s50 s48 f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
+PHASES=${PHASES:-s51 s50 s48 f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -108,6 +112,13 @@ gtests() {
   timeout "$2" "$BIN/$3" --gtest_filter="$4" >"$OUT/$1_tests.log" 2>&1
   echo "$1 tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/$1_tests.log" | tail -8
 }
+
+if has s51; then
+  gtests s51 150 sparsemla_tests 'CudaAttention.SparseMlaMatchesTheCpuReference:*GpuModelFixture.F32Cache*'
+  SPARSEMLA_GPU_TEST_SMALL=1 timeout 120 "$SAN" --tool memcheck "$BIN/sparsemla_tests" \
+    --gtest_filter='CudaAttention.SparseMlaMatchesTheCpuReference' >"$OUT/s51_memcheck.log" 2>&1
+  echo "s51 memcheck: exit $?"; grep -hE "ERROR SUMMARY" "$OUT/s51_memcheck.log"
+fi
 
 if has s50; then
   gtests s50 200 sparsemla_tests 'CudaAttention.*:SparseMlaPlan.*'
