@@ -84,7 +84,9 @@ MmaPlan plan_mma(const AttentionArgs& a, AttentionKernel k, const AttentionWorks
   // 128 (token, head) rows, i.e. all but GLM-5 at one token (H100, session 50, run 96's bulk stores
   // against the mma kernel's figures above and run 83's: GLM-5 bf16 batch 1 15.3 / 11.7-12.2 (mma),
   // 2 16.7 / 18.3; fp8 batch 1 15.3 / 14.9, 2 16.5 / 20.3; DeepSeek-V3.2 bf16 batch 1 17.3 / 18.4,
-  // 2 21.5 / 25.1; fp8 batch 1 17.1 / 20.5). SPARSEMLA_WGMMA_BULK_MIN_ROWS moves that bound,
+  // 2 21.5 / 25.1; fp8 batch 1 17.1 / 20.5; confirmed on one H100 in session 51, run 99, mma /
+  // Hopper at 4K: GLM-5 bf16 batch 1 11.5 / 15.2, 2 17.5 / 16.5; fp8 1 14.6 / 15.1, 2 18.9 / 16.7;
+  // DeepSeek-V3.2 bf16 1 17.6 / 17.1, fp8 1 19.0 / 16.5). SPARSEMLA_WGMMA_BULK_MIN_ROWS moves that bound,
   // SPARSEMLA_WGMMA_MIN_BATCH and SPARSEMLA_WGMMA_FP8_MIN_ROWS those below 64 heads (1: the Hopper kernel
   // at every batch), for measuring.
   static const int64_t wgmma_min_batch = env_int("SPARSEMLA_WGMMA_MIN_BATCH", 8);
