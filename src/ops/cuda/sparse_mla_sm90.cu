@@ -433,7 +433,7 @@ __device__ __forceinline__ void store_output(const AttentionArgs& a, const Work&
 #pragma unroll
     for (int jn = 0; jn < 32; ++jn)
       *reinterpret_cast<float2*>(dst + 8 * jn) = make_float2(o[4 * jn + 2 * rr] * f, o[4 * jn + 2 * rr + 1] * f);
-    if (wg == 0 && ln.q4 == 0) {
+    if (w.splits > 1 && wg == 0 && ln.q4 == 0) {  // (an unsplit row is kLora long: no maximum, no sum)
       stage[row * kStageStride + kLora] = sM[row];
       stage[row * kStageStride + kLora + 1] = lr;
     }
@@ -595,7 +595,7 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
 }
 
 template <bool FP8, bool PAIR, bool LINES>
-__device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part, int bulk_out) {
+__device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part, bool bulk_out) {
   extern __shared__ __align__(1024) unsigned char smem[];
   using F = Form<FP8, PAIR, LINES>;
   Work w;
@@ -603,7 +603,7 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
   w.h0 = blockIdx.x * kHeads;
   w.split = blockIdx.z;
   w.splits = gridDim.z;
-  w.bulk_out = bulk_out != 0;
+  w.bulk_out = bulk_out;
   const int n_rows = token_rows(a, w.t);
   w.r_begin = w.split * rows_per_split;
   w.r_end = min(n_rows, w.r_begin + rows_per_split);
@@ -642,7 +642,7 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
 
 template <bool FP8, bool PAIR, bool LINES>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const __grid_constant__ AttentionArgs a,
-                                                                int rows_per_split, float* part, int bulk_out) {
+                                                                int rows_per_split, float* part, bool bulk_out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   mla_wgmma_body<FP8, PAIR, LINES>(a, rows_per_split, part, bulk_out);
 #else
@@ -650,7 +650,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const __grid_con
 #endif
 }
 
-using Kernel = void (*)(AttentionArgs, int, float*, int);
+using Kernel = void (*)(AttentionArgs, int, float*, bool);
 
 cudaLaunchConfig_t pair_config(dim3 grid, cudaStream_t s, cudaLaunchAttribute& attr) {
   attr.id = cudaLaunchAttributeClusterDimension;
@@ -707,7 +707,7 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   // the bulk copies (where aligned) at every head count, for measuring.
   static const int bulk_env = env_switch("SPARSEMLA_WGMMA_BULK_OUT");
   const bool aligned = (reinterpret_cast<uintptr_t>(splits == 1 ? static_cast<void*>(a.out) : part) & 15u) == 0;
-  const int bulk_out = aligned && (bulk_env >= 0 ? bulk_env == 1 : a.heads >= kWgmmaBulkOutputMinHeads);
+  const bool bulk_out = aligned && (bulk_env >= 0 ? bulk_env == 1 : a.heads >= kWgmmaBulkOutputMinHeads);
   // Pairs for fp8 rows, where there are two blocks of heads per token and each block has two tiles or
   // more (with one, the cluster's launch and barriers cost more than the halved gather saves: H200,
   // DeepSeek-V3.2 fp8 batch 1, 23.0 us paired against 21.4). bf16 rows gather faster unpaired in
