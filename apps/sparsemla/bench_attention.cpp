@@ -308,9 +308,11 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           // What ran (the launch decides some of it: the mma kernel takes bf16 batches under 8 tokens from
           // the Hopper one, and fp8 rows by batch and shared memory): kernel, heads per block x tiles in
           // flight, split-KV blocks per token.
-          const std::string ran = fmt::format("{}{}, {}x{}, {} split{}", ws.last.kernel, ws.last_cluster == 2 ? " pairs" : "",
+          const std::string ran = fmt::format("{}{}, {}x{}, {} split{}{}", ws.last.kernel,
+                                              ws.last_cluster == 2 && !ws.last_split_cluster ? " pairs" : "",
                                               ws.last.heads_per_block, ws.last.stages, ws.last.splits,
-                                              ws.last.splits == 1 ? "" : "s") +
+                                              ws.last.splits == 1 ? "" : "s",
+                                              ws.last_split_cluster ? " merged in clusters" : "") +
                                   (topk_ws.last_path == cuda::TopKPath::kTeam    ? "; top-k team"
                                    : topk_ws.last_path == cuda::TopKPath::kSpans ? "; top-k spans"
                                    : topk_ws.last_path == cuda::TopKPath::kBlock ? "; top-k block"

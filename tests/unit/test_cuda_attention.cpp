@@ -1101,8 +1101,10 @@ using cuda::test_paged::MlaCase;
 
 // ws (if given): the workspace to launch with (its pairs switch, a preset device limit), which keeps
 // what the launch did (last_cluster); else a fresh one.
+// merge_kernel_bits: the call also runs with split_clusters off (the merge kernel), and the two
+// outputs must be equal to the bit.
 void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, int splits, std::mt19937& rng,
-               int heads_per_block = 0, cuda::AttentionWorkspace* ws_in = nullptr) {
+               int heads_per_block = 0, cuda::AttentionWorkspace* ws_in = nullptr, bool merge_kernel_bits = false) {
   const int T = int(c.ctx.size()), D = c.kv_lora + c.rope;
   Paged pg(cuda::test_paged::mla_lens(c), c.block_size, rng);
   const cuda::test_paged::MlaInputs in = cuda::test_paged::mla_inputs(c, pg, rng);
@@ -1135,6 +1137,18 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   d_out.upload(std::vector<float>(n_out, NAN).data(), n_out * 4);
   cuda::sparse_mla(a, kernel, ws, nullptr, splits, heads_per_block);
   std::vector<float> got = cuda::to_host<float>(d_out, n_out);
+  if (merge_kernel_bits) {
+    cuda::AttentionWorkspace plain;
+    plain.split_clusters = false;
+    d_out.upload(std::vector<float>(n_out, NAN).data(), n_out * 4);
+    cuda::sparse_mla(a, kernel, plain, nullptr, splits, heads_per_block);
+    EXPECT_FALSE(plain.last_split_cluster);
+    const std::vector<float> by_kernel = cuda::to_host<float>(d_out, n_out);
+    int64_t differ = 0;
+    for (size_t i = 0; i < n_out; ++i) differ += std::memcmp(&got[i], &by_kernel[i], 4) != 0;
+    EXPECT_EQ(differ, 0) << "values of " << n_out << " differ from the merge kernel's (split clusters: "
+                         << ws.last_split_cluster << ")";
+  }
   for (int i = 0; i < c.out_shift; ++i) EXPECT_TRUE(std::isnan(got[size_t(i)])) << "written before the output: " << i;
   got.erase(got.begin(), got.begin() + c.out_shift);
 
@@ -1334,6 +1348,37 @@ TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
   check_mla({128, 512, 64, {2500, 300, 2048}, 2048, 3, 16}, KvDtype::FP8, wgmma, 5, rng);
   check_mla({64, 512, 64, {4096, 4000}, 2048, 2, 64}, KvDtype::FP8, wgmma, 7, rng);
   check_mla({64, 512, 64, {20000}, 0, 1, 64}, KvDtype::BF16, wgmma, 0, rng);  // dense, many splits
+}
+
+// The Hopper kernel's splits merged in their cluster (2-8 splits of a token, one cluster along z):
+// GLM-5's 64 heads, DeepSeek-V3.2's 128 (two clusters per token), a tensor-parallel share of 32 heads
+// (rows of the block padded), bf16 and unpaired fp8 rows, contexts above, at and below top-k (empty
+// splits), against the CPU and to the bit against the merge kernel; and the launch's own split
+// count at a mid batch (64 tokens: 2 splits on a 132-SM device; whether the device held all the
+// clusters at once, which decides the merge, is printed: `bench attention` shows it too).
+TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
+  SPARSEMLA_REQUIRE_SM90A();
+  std::mt19937 rng(53);
+  const auto wgmma = cuda::AttentionKernel::Wgmma;
+  const int splits_of[] = {2, 3, 5, 8};
+  for (int sp : splits_of) {
+    if (small_mode() && sp != 3) continue;
+    for (const MlaCase& c : {MlaCase{64, 512, 64, {3000, 2048, 100}, 2048, 2, 64}, MlaCase{128, 512, 64, {2500, 700}, 2048, 2, 16},
+                             MlaCase{32, 512, 64, {2100, 40}, 2048, 2, 16}})
+      for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+        cuda::AttentionWorkspace ws;
+        ws.pairs = false;  // (fp8 rows of 128 heads would pair, which merges by the kernel)
+        check_mla(c, d, wgmma, sp, rng, 0, &ws, true);
+        EXPECT_TRUE(ws.last_split_cluster) << c.heads << " heads, " << sp << " splits, " << cuda::kv_dtype_name(d);
+        EXPECT_EQ(ws.last_cluster, sp);
+      }
+  }
+  if (small_mode()) return;
+  MlaCase mid{64, 512, 64, {}, 2048, 64, 16};
+  for (int t = 0; t < 64; ++t) mid.ctx.push_back(t % 2 ? 300 : 250);
+  cuda::AttentionWorkspace ws;
+  check_mla(mid, KvDtype::BF16, wgmma, 0, rng, 0, &ws, true);
+  std::printf("  64 tokens: %d splits, merged in clusters: %d\n", ws.last.splits, int(ws.last_split_cluster));
 }
 
 // One GPU's share of the heads under tensor parallelism (GLM-5's 64 over 2, 4 or 8 GPUs: 32, 16, 8;

@@ -247,10 +247,17 @@ struct AttentionWorkspace {
   // fp8 rows runs its blocks in pairs (thread-block clusters of two) where each block has two 64-row
   // tiles or more: each block of a pair gathers half of every tile and shares it; false: every block
   // gathers all its rows (tests, A/B). SPARSEMLA_MLA_PAIRS=0 in the environment turns pairs off as well.
-  // last_cluster: blocks per cluster of the last call's Hopper launch (1 or 2; 0: the last call
-  // launched another kernel, or nothing).
+  // last_cluster: blocks per cluster of the last call's Hopper launch (1, 2 for pairs, or the split
+  // count: split_clusters; 0: the last call launched another kernel, or nothing).
   bool pairs = true;
   int last_cluster = 0;
+  // The Hopper kernel's splits of a token (2-8, unpaired) as one thread-block cluster that merges
+  // them over distributed shared memory, instead of partial rows in global memory and the merge
+  // kernel, where the device runs all of the launch's clusters at once (the same bits); false: the
+  // merge kernel (tests, A/B). SPARSEMLA_WGMMA_SPLIT_CLUSTERS=0 turns them off as well.
+  // last_split_cluster: the last call merged so (last_cluster is then its split count).
+  bool split_clusters = true;
+  bool last_split_cluster = false;
   // The mma kernel's bf16 tiles (bf16 or fp8 rows) with 16 or 32 heads per block and two stages: two sets
   // of warps per head group, each taking every other tile of the split, where a split has two tiles
   // or more and the device has the shared memory (sparse_mla_kernels.cuh, TP); false: one set

@@ -45,7 +45,10 @@ size_t emulated_smem(int per_sm, size_t bytes) {
 
 // The Hopper kernel and its launch (sparse_mla_sm90.cu): splits of rows_per_split rows each, blocks
 // in pairs where `pairs` and the rows and heads allow; returns the blocks per cluster launched.
-int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, Stream s);
+// merge: the splits of a token may merge in their cluster instead of the merge kernel (merged tells
+// whether they did; then `part` is not used). Returns the blocks per cluster launched.
+int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, bool merge,
+                     bool& merged, Stream s);
 // The fp8-row kernel (sparse_mla_fp8.cu): whether it takes these rows (fp8, latent 512 + rope 64),
 // and its launch (geo.hg 1, 2 or 4; geo.stages 2 or 3).
 bool mla_fp8_rows_take(const AttentionArgs& a);
@@ -213,6 +216,7 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
                 int heads_per_block) {
   const AttentionArgs a = as_launched(args);
   ws.last_cluster = 0;
+  ws.last_split_cluster = false;
   ws.last = {};
   if (a.T == 0) return;
   auto st = static_cast<cudaStream_t>(s);
@@ -250,22 +254,26 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
     part = ws.partial.as<float>();
   }
   static const bool pairs_off = env_off("SPARSEMLA_MLA_PAIRS");
+  static const bool split_clusters_off = env_off("SPARSEMLA_WGMMA_SPLIT_CLUSTERS");
+  bool merged = false;
   ws.last = {k == AttentionKernel::Wgmma ? "wgmma"
              : fp8_rows                    ? "mma fp8 rows"
              : geo.tile_pairs == 2         ? "mma tile pairs"
                                            : "mma",
              geo.hg * 16,
              k == AttentionKernel::Wgmma ? 2 : geo.stages, geo.splits};
-  if (k == AttentionKernel::Wgmma)
-    ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, ws.pairs && !pairs_off, st);
-  else if (fp8_rows) mla_fp8_rows(a, geo, part, st);
+  if (k == AttentionKernel::Wgmma) {
+    ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, ws.pairs && !pairs_off,
+                                       ws.split_clusters && !split_clusters_off, merged, st);
+    ws.last_split_cluster = merged;
+  } else if (fp8_rows) mla_fp8_rows(a, geo, part, st);
   else {
     const MmaLaunch l = mma_launch(a, geo);
     allow_smem(l.kernel, l.smem);
     l.kernel<<<l.grid, l.threads, l.smem, st>>>(a, geo, part);
     SPARSEMLA_CUDA_LAUNCH_CHECK();
   }
-  if (geo.splits > 1) {
+  if (geo.splits > 1 && !merged) {
     const dim3 grid(unsigned(ceil_div(a.kv_lora, kCombineDims)), unsigned(a.heads), unsigned(a.T));
     mla_combine_kernel<<<grid, kCombineDims, 0, st>>>(a, geo.splits, part);
     SPARSEMLA_CUDA_LAUNCH_CHECK();

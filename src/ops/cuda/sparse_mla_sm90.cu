@@ -37,6 +37,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "ops/cuda/attention.h"
@@ -59,6 +60,7 @@ constexpr int kRope = 64;
 constexpr int kDim = kLora + kRope;
 constexpr int kChunks = kDim / 8;  // 16-byte chunks of a bf16 row
 constexpr int kThreads = 384;
+constexpr int kMaxClusterSplits = 8;  // splits merged in their cluster (merge_splits): a portable cluster's size
 
 // Shared memory, in bytes.
 constexpr int kMatBytes = kChunks * 64 * 16;             // one [64][576] bf16 matrix: 72 KB
@@ -156,6 +158,7 @@ __device__ __forceinline__ void load_q(const AttentionArgs& a, int t, int h0, un
 struct Work {
   int t, h0, split, splits;
   bool bulk_out;  // store_output's form
+  bool merge;     // the splits are one cluster that merges them (merge_splits); needs bulk_out
   int r_begin, r_end, n_tiles;
 };
 
@@ -392,6 +395,79 @@ constexpr int kBarStage = 5;  // the staging copy is whole
 static_assert(kOffK + kHeads * kStageStride * 4 <= kOffP, "the staging copy fits in the tile buffers");
 static_assert(kStageStride * 4 % 16 == 0 && kOffK % 16 == 0, "staged rows start 16-byte aligned (bulk copies)");
 
+// Merged in the cluster (Work::merge: the token's splits, at most kMaxClusterSplits, are one
+// thread-block cluster along z): every block has staged its unnormalized sums with each head's
+// maximum and denominator (store_output's bulk form); after a cluster barrier, block `rank` of S
+// takes the rank-th S-th of the (head, 4 dims) items, reads the S staging copies over distributed
+// shared memory, and writes the normalized output itself. No partial rows go through global memory
+// and no merge kernel runs. The weights are formed as mla_combine_kernel forms them (the same
+// maximum, the denominator's sum in its shuffle tree's order for up to 8 splits, the splits added in
+// order), so the output has the merge kernel's bits. A second barrier keeps every staging copy until
+// the other blocks are done reading it. Called by the 256 consumer threads; the producer's 128
+// take part in both barriers (mla_wgmma_body).
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float ld_cluster_f(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void merge_splits(const AttentionArgs& a, const Work& w, unsigned char* smem) {
+  const int S = w.splits, tid = threadIdx.x;
+  const uint32_t rank = cluster_rank();
+  const uint32_t stage = smem_u32addr(smem + kOffK);
+  float* sW = reinterpret_cast<float*>(smem + kOffP);  // [64][kMaxClusterSplits]: P's buffer is free now
+  uint32_t peer[kMaxClusterSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxClusterSplits; ++s) peer[s] = s < S ? peer_u32addr(stage, uint32_t(s)) : 0u;
+  cluster_sync();  // every block's staging copy is whole
+  const int rows = min(kHeads, a.heads - w.h0);
+  if (tid < rows) {
+    const uint32_t at = uint32_t(tid * kStageStride + kLora) * 4u;
+    float m[kMaxClusterSplits], v[kMaxClusterSplits], M = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      m[s] = s < S ? ld_cluster_f(peer[s] + at) : -INFINITY;
+      v[s] = s < S ? ld_cluster_f(peer[s] + at + 4u) : 0.0f;
+      M = fmaxf(M, m[s]);
+    }
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      m[s] = m[s] == -INFINITY ? 0.0f : exp2f(m[s] - M);
+      v[s] = m[s] * v[s];
+    }
+    // (mla_combine_kernel's lanes 0..7 hold these, the others 0, summed by xor shuffles 16 .. 1.)
+    const float L = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) sW[tid * kMaxClusterSplits + s] = m[s] * inv;
+  }
+  named_sync(kBarStage, 256);
+  constexpr int kRow4 = kLora / 4;
+  const int items = rows * kRow4, begin = int(int64_t(items) * rank / S), end = int(int64_t(items) * (rank + 1) / S);
+  for (int i = begin + tid; i < end; i += 256) {
+    const int h = i / kRow4, c4 = i % kRow4;
+    const uint32_t at = uint32_t(h * kStageStride + 4 * c4) * 4u;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      if (s >= S) break;
+      const float4 o = ld_cluster_f4(peer[s] + at);
+      const float ws = sW[h * kMaxClusterSplits + s];
+      acc.x += ws * o.x;
+      acc.y += ws * o.y;
+      acc.z += ws * o.z;
+      acc.w += ws * o.w;
+    }
+    *reinterpret_cast<float4*>(a.out + (int64_t(w.t) * a.heads + w.h0 + h) * kLora + 4 * c4) = acc;
+  }
+  cluster_sync();  // no block leaves while another may still read its staging copy
+}
+
 __device__ __forceinline__ void store_output(const AttentionArgs& a, const Work& w, const Lane& ln, int wg,
                                              const float (&o)[128], unsigned char* smem, float* part) {
   const float* sL = reinterpret_cast<const float*>(smem + kOffL);
@@ -437,6 +513,10 @@ __device__ __forceinline__ void store_output(const AttentionArgs& a, const Work&
       stage[row * kStageStride + kLora] = sM[row];
       stage[row * kStageStride + kLora + 1] = lr;
     }
+  }
+  if (w.merge) {
+    merge_splits(a, w, smem);
+    return;
   }
   fence_async_smem();  // the staging copy, written by these threads, is read by the bulk copies
   named_sync(kBarStage, 256);
@@ -595,7 +675,8 @@ __device__ __forceinline__ void consume_pv(const AttentionArgs& a, const Work& w
 }
 
 template <bool FP8, bool PAIR, bool LINES>
-__device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part, bool bulk_out) {
+__device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_per_split, float* part, bool bulk_out,
+                                               bool merge) {
   extern __shared__ __align__(1024) unsigned char smem[];
   using F = Form<FP8, PAIR, LINES>;
   Work w;
@@ -603,7 +684,8 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
   w.h0 = blockIdx.x * kHeads;
   w.split = blockIdx.z;
   w.splits = gridDim.z;
-  w.bulk_out = bulk_out;
+  w.bulk_out = bulk_out || merge;
+  w.merge = merge && !PAIR && w.splits > 1;
   const int n_rows = token_rows(a, w.t);
   w.r_begin = w.split * rows_per_split;
   w.r_end = min(n_rows, w.r_begin + rows_per_split);
@@ -634,6 +716,10 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegsProducer));
     produce<FP8, PAIR, LINES>(a, w, smem, threadIdx.x - 256);
+    if (w.merge) {  // merge_splits' two barriers
+      cluster_sync();
+      cluster_sync();
+    }
   }
   if (PAIR) cluster_sync();  // neither block leaves while the other may still reach its shared memory
 }
@@ -642,21 +728,23 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
 
 template <bool FP8, bool PAIR, bool LINES>
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(const __grid_constant__ AttentionArgs a,
-                                                                int rows_per_split, float* part, bool bulk_out) {
+                                                                int rows_per_split, float* part, bool bulk_out,
+                                                                bool merge) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  mla_wgmma_body<FP8, PAIR, LINES>(a, rows_per_split, part, bulk_out);
+  mla_wgmma_body<FP8, PAIR, LINES>(a, rows_per_split, part, bulk_out, merge);
 #else
   __trap();  // no sm_90a code in this pass: the host side never launches it here
 #endif
 }
 
-using Kernel = void (*)(AttentionArgs, int, float*, bool);
+using Kernel = void (*)(AttentionArgs, int, float*, bool, bool);
 
-cudaLaunchConfig_t pair_config(dim3 grid, cudaStream_t s, cudaLaunchAttribute& attr) {
+// A launch of thread-block clusters of `cluster` blocks.
+cudaLaunchConfig_t cluster_config(dim3 grid, dim3 cluster, cudaStream_t s, cudaLaunchAttribute& attr) {
   attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 2;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
+  attr.val.clusterDim.x = cluster.x;
+  attr.val.clusterDim.y = cluster.y;
+  attr.val.clusterDim.z = cluster.z;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(kThreads);
@@ -667,25 +755,28 @@ cudaLaunchConfig_t pair_config(dim3 grid, cudaStream_t s, cudaLaunchAttribute& a
   return cfg;
 }
 
-// Whether the device can run pairs of these blocks at all (two SMs of one cluster, each holding
-// a whole block). Asked once per kernel and device.
-bool pairs_fit(Kernel kernel) {
-  static std::map<std::pair<Kernel, int>, bool> known;
+// How many clusters of `cluster` blocks the device runs at once (each block a whole SM): 0 where
+// it cannot run them at all. Asked once per kernel, cluster shape and device.
+int max_clusters(Kernel kernel, dim3 cluster) {
+  static std::map<std::tuple<Kernel, unsigned, unsigned, int>, int> known;
   static std::mutex mu;
   int dev = 0;
   SPARSEMLA_CUDA_CHECK(cudaGetDevice(&dev));
+  const auto key = std::make_tuple(kernel, cluster.x, cluster.z, dev);
   std::lock_guard<std::mutex> lock(mu);
-  if (auto it = known.find({kernel, dev}); it != known.end()) return it->second;
+  if (auto it = known.find(key); it != known.end()) return it->second;
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = pair_config(dim3(2), nullptr, attr);
+  const cudaLaunchConfig_t cfg = cluster_config(cluster, cluster, nullptr, attr);
   int clusters = 0;
   SPARSEMLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-  return known[{kernel, dev}] = clusters > 0;
+  return known[key] = clusters;
 }
 
 }  // namespace
 
-int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, Stream s) {
+int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, bool merge,
+                     bool& merged, Stream s) {
+  merged = false;
 #if !defined(SPARSEMLA_HAVE_SM90A)
   fail("sparse_mla: this build has no sm_90a machine code for the wgmma kernel (90 is not in CMAKE_CUDA_ARCHITECTURES)");
 #endif
@@ -716,10 +807,10 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   if (pairs && fp8 && grid.x % 2 == 0 && rows_per_split >= 2 * kTile) {
     const Kernel kernel = mla_wgmma_kernel<true, true, false>;
     allow_smem(kernel, kSmemBytes);
-    if (pairs_fit(kernel)) {
+    if (max_clusters(kernel, dim3(2, 1, 1)) > 0) {
       cudaLaunchAttribute attr;
-      const cudaLaunchConfig_t cfg = pair_config(grid, st, attr);
-      SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, rows_per_split, part, bulk_out));
+      const cudaLaunchConfig_t cfg = cluster_config(grid, dim3(2, 1, 1), st, attr);
+      SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, rows_per_split, part, bulk_out, false));
       return 2;
     }
   }
@@ -730,7 +821,19 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
                         : lines_off ? mla_wgmma_kernel<false, false, false>
                                     : mla_wgmma_kernel<false, false, true>;
   allow_smem(kernel, kSmemBytes);
-  kernel<<<grid, kThreads, kSmemBytes, st>>>(a, rows_per_split, part, bulk_out);
+  // The splits of a (token, 64 heads) as one cluster that merges them (merge_splits), where they are
+  // 2 .. kMaxClusterSplits, the output is 16-byte aligned, and the device runs all of the launch's
+  // clusters at once (clusters are placed within a GPC: 3 blocks of a whole SM each fit fewer per
+  // device than single blocks do, and a second wave would cost more than the merge kernel).
+  if (merge && splits > 1 && splits <= kMaxClusterSplits && (reinterpret_cast<uintptr_t>(a.out) & 15u) == 0 &&
+      int64_t(max_clusters(kernel, dim3(1, 1, unsigned(splits)))) >= int64_t(grid.x) * grid.y) {
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cluster_config(grid, dim3(1, 1, unsigned(splits)), st, attr);
+    SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, rows_per_split, part, true, true));
+    merged = true;
+    return splits;
+  }
+  kernel<<<grid, kThreads, kSmemBytes, st>>>(a, rows_per_split, part, bulk_out, false);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
   return 1;
 }
