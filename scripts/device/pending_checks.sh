@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: re-checks of sessions 34-38's and 44's GPU code, in one run of ~18 minutes of
-# device time. Every phase but s51 (session 51) has run (s50's tests, racecheck and bounds in run 99
-# of session 51, not its memcheck; s49 in run 95 of session 50): session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
+# device time. Every phase but s52 (session 52) has run (s51 and s50's memcheck in run 103 of session
+# 52; s50's tests, racecheck and bounds in run 99 of session 51; s49 in run 95 of session 50): session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
 # 38 the prefill phase on an H100, session 45 the wgmma phase on an H100 on 118c578, session 46 the fp8
 # phase on an H100 on aa478b5 (PERFORMANCE.md, "Session 37", "Session 38", "Session 45", "Session 46":
 # all passed, the figures recorded; session 46 also ran session 45's quarters phase, not kept:
@@ -64,11 +64,22 @@
 #             for the pairs; run 82 timed the peer arrival without MEMBAR.ALL.GPU) also the Hopper tests
 #             and racecheck on the pairs with it, and an A/B of DeepSeek-V3.2 fp8 at batch 32 / 128
 #             against $BIN/sparsemla.
-#  s51        (session 51; not yet run) the attention's FMA kernel with its inner loop unrolled by 4
+#  s52        (session 52; not yet run: no device could be had after run 103) the Hopper kernel's splits
+#             merged in their thread-block cluster (merge_splits, sparse_mla_sm90.cu; opt-in,
+#             AttentionWorkspace::split_clusters / SPARSEMLA_WGMMA_SPLIT_CLUSTERS=1): its test (against the
+#             CPU and, to the bit, the merge kernel; 2-8 splits, 32 / 64 / 128 heads, both row types) and
+#             the other Hopper tests, racecheck and memcheck on it (small shapes), the attention table at
+#             batch 8-128 (4K) with it on and off (two rounds interleaved: GLM-5 at batch 64 took as long
+#             as at 128 in run 103, its two splits merged by the kernel), the merge kernel's cost at batch
+#             64 (`--splits 1` and `2`), the fixtures' model tests, and the GLM-5-width step at batch 32
+#             and 64 with it on and off. If it is correct and faster, make it the default
+#             (attention.h) and say so in the README's kernel table.
+#  s51        (session 51; run 103 in session 52, H200: passed) the attention's FMA kernel with its inner loop unrolled by 4
 #             (it spilled 5.6-12 KB a thread on sm_80-89 fully unrolled; on sm_90 12-20 bytes): its GPU
 #             test (SparseMlaMatchesTheCpuReference runs it on bf16, fp8 and f32 rows) and the fixtures'
 #             f32-cache model tests, which take it, then memcheck on the attention test (small shapes).
-#  s50        (session 50; run 99 in session 51 ran its tests, racecheck and bounds on the final code,
+#  s50        (session 50; run 99 in session 51 ran its tests, racecheck and bounds on the final code (run 103
+#             in session 52 its memcheck: 0 errors),
 #             H100: passed, the bound confirmed; run 96 ran it on the three-form build of eae8482, H100: kept the bulk
 #             copies from 64 heads) the Hopper kernel's output stored by bulk copies: on the final
 #             code, the attention tests (all of CudaAttention), the Hopper ones with the bulk copies
@@ -101,7 +112,7 @@
 # compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-s51 s50 s48 f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
+PHASES=${PHASES:-s52 s51 s50 s48 f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -112,6 +123,41 @@ gtests() {
   timeout "$2" "$BIN/$3" --gtest_filter="$4" >"$OUT/$1_tests.log" 2>&1
   echo "$1 tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/$1_tests.log" | tail -8
 }
+
+if has s52; then
+  gtests s52_merge 150 sparsemla_tests 'CudaAttention.SparseMlaWgmmaMerges*'
+  grep -E "64 tokens" "$OUT/s52_merge_tests.log"
+  gtests s52 240 sparsemla_tests 'CudaAttention.SparseMlaWgmma*:SparseMlaPlan.*:CudaAttention.SparseMlaMatches*:*GpuModelFixture.LogitsMatch*'
+  for tool in racecheck memcheck; do
+    SPARSEMLA_GPU_TEST_SMALL=1 timeout 120 "$SAN" --tool $tool "$BIN/sparsemla_tests" \
+      --gtest_filter='CudaAttention.SparseMlaWgmmaMerges*' >"$OUT/s52_$tool.log" 2>&1
+    echo "s52 $tool: exit $?"; grep -hE "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/s52_$tool.log"
+  done
+  for round in 1 2; do
+    for c in 1 0; do
+      echo "== split clusters $c, round $round (attention us | kernel)" | tee -a "$OUT/s52_attention.log"
+      SPARSEMLA_WGMMA_SPLIT_CLUSTERS=$c timeout 100 "$BIN/sparsemla" bench attention --shapes glm5 dsv32 --kv bf16 fp8 \
+        --batch 8 16 32 48 64 96 128 --context 4096 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" |
+        awk -F'|' '{print $1 "|" $5 "|" $7}' | tee -a "$OUT/s52_attention.log"
+    done
+  done
+  for sp in 1 2; do
+    echo "== merge kernel, --splits $sp" | tee -a "$OUT/s52_attention.log"
+    SPARSEMLA_WGMMA_SPLIT_CLUSTERS=0 timeout 100 "$BIN/sparsemla" bench attention --kernel wgmma --shapes glm5 --kv bf16 \
+      --batch 64 128 --context 4096 --splits $sp --reps 3 2>&1 | grep -E "^glm5|rror" |
+      awk -F'|' '{print $1 "|" $5 "|" $7}' | tee -a "$OUT/s52_attention.log"
+  done
+  for L in 2 3; do
+    timeout 60 "$BIN/sparsemla" make-model --preset glm5-width --layers $L --type q4_k_m --zeros -o /tmp/s52_$L.gguf \
+      >/dev/null 2>&1 || echo "make-model $L layers failed"
+  done
+  for round in 1 2; do for B in 32 64; do for c in 1 0; do for L in 2 3; do
+    echo "split clusters $c, batch $B, $L layers, round $round: $(SPARSEMLA_WGMMA_SPLIT_CLUSTERS=$c timeout 60 \
+      "$BIN/sparsemla" bench -m /tmp/s52_$L.gguf --device cuda --prompt 1024 --gen 32 --batch $B 2>&1 |
+      grep -E '^decode|rror' | grep -oE '[0-9.]+ ms per step|rror.*')" | tee -a "$OUT/s52_model.log"
+  done; done; done; done
+  rm -f /tmp/s52_2.gguf /tmp/s52_3.gguf
+fi
 
 if has s51; then
   gtests s51 150 sparsemla_tests 'CudaAttention.SparseMlaMatchesTheCpuReference:*GpuModelFixture.F32Cache*'

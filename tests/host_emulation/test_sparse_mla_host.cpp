@@ -326,6 +326,59 @@ void run_fma(Problem& p) {
   });
 }
 
+// The Hopper kernel's cluster merge (sparse_mla_sm90.cu, merge_splits: weights from merge_weights8,
+// then the splits' sums added in split order) against the merge kernel it replaces, to the bit, on
+// partial rows as the attention kernels leave them: 2-8 splits, maxima across a wide range (log2
+// domain), an empty split (maximum -inf, denominator 0) in one token and only empty splits in another
+// (output 0).
+TEST(SparseMlaOnTheHost, ClusterMergeHasTheMergeKernelsBits) {
+  std::mt19937 rng(52);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> max_of(-30.0f, 40.0f), den_of(0.01f, 300.0f);
+  const int T = 4, H = 5, kv = 512;
+  const int64_t row = partial_row_floats(kv);
+  for (int S : {2, 3, 5, 7, 8}) {
+    std::vector<float> part(size_t(T) * S * H * row), out(size_t(T) * H * kv, NAN);
+    for (int t = 0; t < T; ++t)
+      for (int sp = 0; sp < S; ++sp)
+        for (int h = 0; h < H; ++h) {
+          float* r = part.data() + ((int64_t(t) * S + sp) * H + h) * row;
+          const bool empty = (t == 1 && sp == 0) || t == 2;
+          for (int c = 0; c < kv; ++c) r[c] = empty ? 0.0f : nd(rng) * 40.0f;
+          r[kv] = empty ? -INFINITY : max_of(rng);
+          r[kv + 1] = empty ? 0.0f : den_of(rng);
+          r[kv + 2] = r[kv + 3] = NAN;  // (padding: read by neither)
+        }
+    AttentionArgs a;
+    a.T = T;
+    a.heads = H;
+    a.kv_lora = kv;
+    a.out = out.data();
+    const dim3 grid(unsigned(ceil_div(kv, kCombineDims)), unsigned(H), unsigned(T));
+    emu::launch(mla_combine_kernel, grid, dim3(kCombineDims), 0, emu::Order::kForward, a, S,
+                static_cast<const float*>(part.data()));
+    int64_t differ = 0;
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h) {
+        float m[kMergeMaxSplits], l[kMergeMaxSplits], w[kMergeMaxSplits];
+        for (int sp = 0; sp < kMergeMaxSplits; ++sp) {
+          const float* r = part.data() + ((int64_t(t) * S + sp) * H + h) * row;
+          m[sp] = sp < S ? r[kv] : -INFINITY;
+          l[sp] = sp < S ? r[kv + 1] : 0.0f;
+        }
+        merge_weights8(m, l, w);
+        for (int c = 0; c < kv; ++c) {
+          float acc = 0.0f;
+          for (int sp = 0; sp < S; ++sp) acc += w[sp] * part[size_t(((int64_t(t) * S + sp) * H + h) * row + c)];
+          const float got = out[(size_t(t) * H + h) * kv + c];
+          differ += std::memcmp(&acc, &got, 4) != 0;
+          if (t == 2) ASSERT_EQ(got, 0.0f) << "only empty splits: " << S;
+        }
+      }
+    EXPECT_EQ(differ, 0) << S << " splits: values of " << T * H * kv << " differ from the merge kernel's";
+  }
+}
+
 const char* dtype_name(KvDtype d) { return d == KvDtype::FP8 ? "fp8" : d == KvDtype::F32 ? "f32" : "bf16"; }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {

@@ -1367,6 +1367,7 @@ TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
                              MlaCase{32, 512, 64, {2100, 40}, 2048, 2, 16}})
       for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
         cuda::AttentionWorkspace ws;
+        ws.split_clusters = true;
         ws.pairs = false;  // (fp8 rows of 128 heads would pair, which merges by the kernel)
         check_mla(c, d, wgmma, sp, rng, 0, &ws, true);
         EXPECT_TRUE(ws.last_split_cluster) << c.heads << " heads, " << sp << " splits, " << cuda::kv_dtype_name(d);
@@ -1377,6 +1378,7 @@ TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
   MlaCase mid{64, 512, 64, {}, 2048, 64, 16};
   for (int t = 0; t < 64; ++t) mid.ctx.push_back(t % 2 ? 300 : 250);
   cuda::AttentionWorkspace ws;
+  ws.split_clusters = true;
   check_mla(mid, KvDtype::BF16, wgmma, 0, rng, 0, &ws, true);
   std::printf("  64 tokens: %d splits, merged in clusters: %d\n", ws.last.splits, int(ws.last_split_cluster));
 }

@@ -254,7 +254,7 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
     part = ws.partial.as<float>();
   }
   static const bool pairs_off = env_off("SPARSEMLA_MLA_PAIRS");
-  static const bool split_clusters_off = env_off("SPARSEMLA_WGMMA_SPLIT_CLUSTERS");
+  static const int split_clusters_env = env_switch("SPARSEMLA_WGMMA_SPLIT_CLUSTERS");
   bool merged = false;
   ws.last = {k == AttentionKernel::Wgmma ? "wgmma"
              : fp8_rows                    ? "mma fp8 rows"
@@ -264,7 +264,7 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
              k == AttentionKernel::Wgmma ? 2 : geo.stages, geo.splits};
   if (k == AttentionKernel::Wgmma) {
     ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, ws.pairs && !pairs_off,
-                                       ws.split_clusters && !split_clusters_off, merged, st);
+                                       split_clusters_env >= 0 ? split_clusters_env == 1 : ws.split_clusters, merged, st);
     ws.last_split_cluster = merged;
   } else if (fp8_rows) mla_fp8_rows(a, geo, part, st);
   else {

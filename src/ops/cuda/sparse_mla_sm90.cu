@@ -60,7 +60,7 @@ constexpr int kRope = 64;
 constexpr int kDim = kLora + kRope;
 constexpr int kChunks = kDim / 8;  // 16-byte chunks of a bf16 row
 constexpr int kThreads = 384;
-constexpr int kMaxClusterSplits = 8;  // splits merged in their cluster (merge_splits): a portable cluster's size
+constexpr int kMaxClusterSplits = kMergeMaxSplits;  // splits merged in their cluster (merge_splits): a portable cluster's size
 
 // Shared memory, in bytes.
 constexpr int kMatBytes = kChunks * 64 * 16;             // one [64][576] bf16 matrix: 72 KB
@@ -400,9 +400,8 @@ static_assert(kStageStride * 4 % 16 == 0 && kOffK % 16 == 0, "staged rows start 
 // maximum and denominator (store_output's bulk form); after a cluster barrier, block `rank` of S
 // takes the rank-th S-th of the (head, 4 dims) items, reads the S staging copies over distributed
 // shared memory, and writes the normalized output itself. No partial rows go through global memory
-// and no merge kernel runs. The weights are formed as mla_combine_kernel forms them (the same
-// maximum, the denominator's sum in its shuffle tree's order for up to 8 splits, the splits added in
-// order), so the output has the merge kernel's bits. A second barrier keeps every staging copy until
+// and no merge kernel runs. The weights come from merge_weights8 (sparse_mla_tile.cuh) and the
+// splits are added in order, as mla_combine_kernel does: the merge kernel's bits. A second barrier keeps every staging copy until
 // the other blocks are done reading it. Called by the 256 consumer threads; the producer's 128
 // take part in both barriers (mla_wgmma_body).
 __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
@@ -428,23 +427,15 @@ __device__ __forceinline__ void merge_splits(const AttentionArgs& a, const Work&
   const int rows = min(kHeads, a.heads - w.h0);
   if (tid < rows) {
     const uint32_t at = uint32_t(tid * kStageStride + kLora) * 4u;
-    float m[kMaxClusterSplits], v[kMaxClusterSplits], M = -INFINITY;
+    float m[kMaxClusterSplits], l[kMaxClusterSplits], wt[kMaxClusterSplits];
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {
       m[s] = s < S ? ld_cluster_f(peer[s] + at) : -INFINITY;
-      v[s] = s < S ? ld_cluster_f(peer[s] + at + 4u) : 0.0f;
-      M = fmaxf(M, m[s]);
+      l[s] = s < S ? ld_cluster_f(peer[s] + at + 4u) : 0.0f;
     }
+    merge_weights8(m, l, wt);
 #pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) {
-      m[s] = m[s] == -INFINITY ? 0.0f : exp2f(m[s] - M);
-      v[s] = m[s] * v[s];
-    }
-    // (mla_combine_kernel's lanes 0..7 hold these, the others 0, summed by xor shuffles 16 .. 1.)
-    const float L = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
-    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-#pragma unroll
-    for (int s = 0; s < kMaxClusterSplits; ++s) sW[tid * kMaxClusterSplits + s] = m[s] * inv;
+    for (int s = 0; s < kMaxClusterSplits; ++s) sW[tid * kMaxClusterSplits + s] = wt[s];
   }
   named_sync(kBarStage, 256);
   constexpr int kRow4 = kLora / 4;

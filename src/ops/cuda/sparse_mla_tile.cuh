@@ -20,6 +20,31 @@ constexpr float kLog2e = 1.4426950408889634f;
 // stores a row with one bulk copy).
 __host__ __device__ constexpr int64_t partial_row_floats(int kv_lora) { return int64_t(kv_lora) + 4; }
 
+// The split merge's weights for up to kMergeMaxSplits splits, w[s] = exp2(m[s] - M) / L, from each
+// split's running maximum m[s] (log2 domain; -inf for an empty split and for s past the splits) and
+// denominator l[s] (0 there), formed as mla_combine_kernel forms them: its lanes 0..7 hold the
+// terms exp2(m[s] - M) l[s] (the other lanes 0) and add them by xor shuffles 16, 8, .., 1, which for
+// 8 terms is the tree below. The Hopper kernel's cluster merge (merge_splits) takes its weights from
+// here and adds w[s] times split s's sums in split order, as the merge kernel does: the same bits
+// (SparseMlaOnTheHost.ClusterMergeHasTheMergeKernelsBits).
+constexpr int kMergeMaxSplits = 8;
+__host__ __device__ inline void merge_weights8(const float (&m)[kMergeMaxSplits], const float (&l)[kMergeMaxSplits],
+                                               float (&w)[kMergeMaxSplits]) {
+  float M = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < kMergeMaxSplits; ++s) M = fmaxf(M, m[s]);
+  float v[kMergeMaxSplits];
+#pragma unroll
+  for (int s = 0; s < kMergeMaxSplits; ++s) {
+    w[s] = m[s] == -INFINITY ? 0.0f : exp2f(m[s] - M);
+    v[s] = w[s] * l[s];
+  }
+  const float L = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+  const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+#pragma unroll
+  for (int s = 0; s < kMergeMaxSplits; ++s) w[s] *= inv;
+}
+
 struct MlaGeometry {
   int d;                   // kv_lora + rope
   int d_pad;               // d rounded up to 32 (two halves of whole k-steps)
