@@ -27,7 +27,25 @@ __host__ __device__ constexpr int64_t partial_row_floats(int kv_lora) { return i
 // 8 terms is the tree below. The Hopper kernel's cluster merge (merge_splits) takes its weights from
 // here and adds w[s] times split s's sums in split order, as the merge kernel does: the same bits
 // (SparseMlaOnTheHost.ClusterMergeHasTheMergeKernelsBits).
+// The terms and their sums are each rounded on their own, never fused into an FMA by the compiler: in
+// the merge kernel they meet only after its shuffles.
 constexpr int kMergeMaxSplits = 8;
+__host__ __device__ inline float merge_mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  volatile float r = a * b;  // (the host emulation)
+  return r;
+#endif
+}
+__host__ __device__ inline float merge_add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  volatile float r = a + b;
+  return r;
+#endif
+}
 __host__ __device__ inline void merge_weights8(const float (&m)[kMergeMaxSplits], const float (&l)[kMergeMaxSplits],
                                                float (&w)[kMergeMaxSplits]) {
   float M = -INFINITY;
@@ -37,9 +55,10 @@ __host__ __device__ inline void merge_weights8(const float (&m)[kMergeMaxSplits]
 #pragma unroll
   for (int s = 0; s < kMergeMaxSplits; ++s) {
     w[s] = m[s] == -INFINITY ? 0.0f : exp2f(m[s] - M);
-    v[s] = w[s] * l[s];
+    v[s] = merge_mul(w[s], l[s]);
   }
-  const float L = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+  const float L = merge_add(merge_add(merge_add(v[0], v[4]), merge_add(v[2], v[6])),
+                            merge_add(merge_add(v[1], v[5]), merge_add(v[3], v[7])));
   const float inv = L > 0.0f ? 1.0f / L : 0.0f;
 #pragma unroll
   for (int s = 0; s < kMergeMaxSplits; ++s) w[s] *= inv;
