@@ -747,7 +747,8 @@ cudaLaunchConfig_t cluster_config(dim3 grid, dim3 cluster, cudaStream_t s, cudaL
 }
 
 // How many clusters of `cluster` blocks the device runs at once (each block a whole SM): 0 where
-// it cannot run them at all. Asked once per kernel, cluster shape and device.
+// it cannot run them at all (or the driver refuses the question). Asked once per kernel, cluster
+// shape and device.
 int max_clusters(Kernel kernel, dim3 cluster) {
   static std::map<std::tuple<Kernel, unsigned, unsigned, int>, int> known;
   static std::mutex mu;
@@ -759,7 +760,10 @@ int max_clusters(Kernel kernel, dim3 cluster) {
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = cluster_config(cluster, cluster, nullptr, attr);
   int clusters = 0;
-  SPARSEMLA_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();  // a shape the device cannot run: no such clusters (the launch takes another form)
+    clusters = 0;
+  }
   return known[key] = clusters;
 }
 
