@@ -30,6 +30,10 @@
 // Descriptor strides: LBO between core matrices along K (swizzled MN-major: between pieces along N),
 // SBO along M or N (swizzled: between 8-row atoms).
 //
+// Split clusters (opt-in, AttentionWorkspace::split_clusters): where a token's rows are split 2-8 ways
+// and the blocks are unpaired, its splits form a cluster along z and merge their outputs over
+// distributed shared memory (merge_splits) instead of the merge kernel.
+//
 // Built only for sm_90a (src/CMakeLists.txt); other architectures compile a stub that traps, and
 // the host side refuses to launch where this build has no sm_90a code or the device is not 9.0.
 #include <cuda_bf16.h>
@@ -60,7 +64,8 @@ constexpr int kRope = 64;
 constexpr int kDim = kLora + kRope;
 constexpr int kChunks = kDim / 8;  // 16-byte chunks of a bf16 row
 constexpr int kThreads = 384;
-constexpr int kMaxClusterSplits = kMergeMaxSplits;  // splits merged in their cluster (merge_splits): a portable cluster's size
+// Splits merged in their cluster (merge_splits): at most a portable cluster's size.
+constexpr int kMaxClusterSplits = kMergeMaxSplits;
 
 // Shared memory, in bytes.
 constexpr int kMatBytes = kChunks * 64 * 16;             // one [64][576] bf16 matrix: 72 KB
@@ -401,12 +406,15 @@ static_assert(kStageStride * 4 % 16 == 0 && kOffK % 16 == 0, "staged rows start 
 // takes the rank-th S-th of the (head, 4 dims) items, reads the S staging copies over distributed
 // shared memory, and writes the normalized output itself. No partial rows go through global memory
 // and no merge kernel runs. The weights come from merge_weights8 (sparse_mla_tile.cuh) and the
-// splits are added in order, as mla_combine_kernel does: the merge kernel's bits. A second barrier keeps every staging copy until
-// the other blocks are done reading it. Called by the 256 consumer threads; the producer's 128
-// take part in both barriers (mla_wgmma_body).
+// splits are added in order, as mla_combine_kernel does: the merge kernel's bits. A second barrier
+// keeps every staging copy until the other blocks are done reading it. Called by the 256 consumer
+// threads; the producer's 128 take part in both barriers (mla_wgmma_body).
 __device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr) {
   float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
   return v;
 }
 __device__ __forceinline__ float ld_cluster_f(uint32_t addr) {
