@@ -1101,8 +1101,8 @@ using cuda::test_paged::MlaCase;
 
 // ws (if given): the workspace to launch with (its pairs switch, a preset device limit), which keeps
 // what the launch did (last_cluster); else a fresh one.
-// merge_kernel_bits: the call also runs with split_clusters off (the merge kernel), and the two
-// outputs must be equal to the bit.
+// merge_kernel_bits: the call also runs with split_clusters off (the merge kernel) and the split
+// count the first call took, and the two outputs must be equal to the bit.
 void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, int splits, std::mt19937& rng,
                int heads_per_block = 0, cuda::AttentionWorkspace* ws_in = nullptr, bool merge_kernel_bits = false) {
   const int T = int(c.ctx.size()), D = c.kv_lora + c.rope;
@@ -1141,7 +1141,7 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
     cuda::AttentionWorkspace plain;
     plain.split_clusters = false;
     d_out.upload(std::vector<float>(n_out, NAN).data(), n_out * 4);
-    cuda::sparse_mla(a, kernel, plain, nullptr, splits, heads_per_block);
+    cuda::sparse_mla(a, kernel, plain, nullptr, ws.last.splits, heads_per_block);  // (the same splits)
     EXPECT_FALSE(plain.last_split_cluster);
     const std::vector<float> by_kernel = cuda::to_host<float>(d_out, n_out);
     int64_t differ = 0;
@@ -1354,8 +1354,8 @@ TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
 // GLM-5's 64 heads, DeepSeek-V3.2's 128 (two clusters per token), a tensor-parallel share of 32 heads
 // (rows of the block padded), bf16 and unpaired fp8 rows, contexts above, at and below top-k (empty
 // splits), against the CPU and to the bit against the merge kernel; and the launch's own split
-// count at a mid batch (64 tokens: 2 splits on a 132-SM device; whether the device held all the
-// clusters at once, which decides the merge, is printed: `bench attention` shows it too).
+// count at mid batches (64 and 32 tokens: 2 and 3 splits on a 132-SM H100 or H200; the splits and
+// whether they merged, which the device's cluster placement decides, are printed).
 TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
   SPARSEMLA_REQUIRE_SM90A();
   std::mt19937 rng(53);
@@ -1375,12 +1375,14 @@ TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
       }
   }
   if (small_mode()) return;
-  MlaCase mid{64, 512, 64, {}, 2048, 64, 16};
-  for (int t = 0; t < 64; ++t) mid.ctx.push_back(t % 2 ? 300 : 250);
-  cuda::AttentionWorkspace ws;
-  ws.split_clusters = true;
-  check_mla(mid, KvDtype::BF16, wgmma, 0, rng, 0, &ws, true);
-  std::printf("  64 tokens: %d splits, merged in clusters: %d\n", ws.last.splits, int(ws.last_split_cluster));
+  for (int T : {64, 32}) {  // (32: 4 planned splits, fewer where 4-block clusters do not all fit)
+    MlaCase mid{64, 512, 64, {}, 2048, T, 16};
+    for (int t = 0; t < T; ++t) mid.ctx.push_back(t % 2 ? 300 : 250);
+    cuda::AttentionWorkspace ws;
+    ws.split_clusters = true;
+    check_mla(mid, KvDtype::BF16, wgmma, 0, rng, 0, &ws, true);
+    std::printf("  %d tokens: %d splits, merged in clusters: %d\n", T, ws.last.splits, int(ws.last_split_cluster));
+  }
 }
 
 // One GPU's share of the heads under tensor parallelism (GLM-5's 64 over 2, 4 or 8 GPUs: 32, 16, 8;

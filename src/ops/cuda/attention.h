@@ -253,12 +253,12 @@ struct AttentionWorkspace {
   int last_cluster = 0;
   // The Hopper kernel's splits of a token (2-8, unpaired) as one thread-block cluster that merges
   // them over distributed shared memory, instead of partial rows in global memory and the merge
-  // kernel, where the device runs all of the launch's clusters at once (the same bits). Off by
-  // default until a GPU run has checked and timed it (written in session 52 without one:
-  // scripts/device/pending_checks.sh, phase s52); tests turn it on here, and
-  // SPARSEMLA_WGMMA_SPLIT_CLUSTERS=1 / 0 turns it on / off for every call (A/B).
-  // last_split_cluster: the last call merged so (last_cluster is then its split count).
-  bool split_clusters = false;
+  // kernel, where the device runs all of the launch's clusters at once (the same bits), with fewer
+  // splits where fewer fit (sparse_mla). GLM-5 batch 48 / 64 93 / 114 -> 62 / 73 us, batch 16-40
+  // 22-30% faster, DeepSeek-V3.2 batch 16 / 32 61 / 101 -> 47 / 60 (H100, session 52, runs 106-107).
+  // false: the merge kernel (tests, A/B); SPARSEMLA_WGMMA_SPLIT_CLUSTERS=1 / 0 turns it on / off for
+  // every call. last_split_cluster: the last call merged so (last_cluster is then its split count).
+  bool split_clusters = true;
   bool last_split_cluster = false;
   // The mma kernel's bf16 tiles (bf16 or fp8 rows) with 16 or 32 heads per block and two stages: two sets
   // of warps per head group, each taking every other tile of the split, where a split has two tiles

@@ -49,6 +49,10 @@ size_t emulated_smem(int per_sm, size_t bytes) {
 // whether they did; then `part` is not used). Returns the blocks per cluster launched.
 int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, bool merge,
                      bool& merged, Stream s);
+// The split count the Hopper kernel takes for a planned `splits` of 2-8 where its splits merge in
+// their clusters: the most, up to `splits`, whose clusters the device runs all at once (else
+// `splits`, merged by the kernel).
+int wgmma_cluster_splits(const AttentionArgs& a, int splits, bool pairs);
 // The fp8-row kernel (sparse_mla_fp8.cu): whether it takes these rows (fp8, latent 512 + rope 64),
 // and its launch (geo.hg 1, 2 or 4; geo.stages 2 or 3).
 bool mla_fp8_rows_take(const AttentionArgs& a);
@@ -62,6 +66,7 @@ struct MmaPlan {
   AttentionKernel k = AttentionKernel::Mma;
   bool fp8_rows = false;
   Geometry geo{};
+  int tiles = 0;    // kRows-row tiles of a token's rows (geo's splits divide them)
   size_t smem = 0;  // the block's shared memory
 };
 
@@ -185,6 +190,7 @@ MmaPlan plan_mma(const AttentionArgs& a, AttentionKernel k, const AttentionWorks
   p.k = k;
   p.fp8_rows = fp8_rows;
   p.geo = geo;
+  p.tiles = tiles;
   p.smem = geo.tile_pairs == 2 ? mla_smem::bytes(geo.hg, 2, fp8, stride, a.latent.row_bytes, 2)
                                : bytes_of(geo.hg, geo.stages);
   return p;
@@ -246,6 +252,19 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
   k = plan.k;
   const bool fp8_rows = plan.fp8_rows;
   Geometry geo = plan.geo;
+  static const bool pairs_off = env_off("SPARSEMLA_MLA_PAIRS");
+  static const int split_clusters_env = env_switch("SPARSEMLA_WGMMA_SPLIT_CLUSTERS");
+  const bool split_clusters = split_clusters_env >= 0 ? split_clusters_env == 1 : ws.split_clusters;
+  // Fewer splits where the planned ones' clusters do not all fit at once but fewer do (clusters of
+  // whole-SM blocks are placed within a GPC): merged in clusters they beat more splits merged by the
+  // kernel (H100, session 52, run 107, attention us at 4K, planned splits by the kernel -> fewer in
+  // clusters: GLM-5 bf16 batch 16 8 splits 45.5 -> 6 34.8, 24 5 splits 59.3 -> 4 41.0, 32 4 splits
+  // 70.7 -> 3 49.2, 40 3 splits 82.0 -> 2 59.7; DeepSeek-V3.2 batch 16 4 splits 61.4 -> 3 47.4). Not
+  // where the plan splits past 8 (fewer tokens: not measured) or the caller forced the count (tests).
+  if (k == AttentionKernel::Wgmma && split_clusters && splits <= 0 && geo.splits >= 2 && geo.splits <= 8) {
+    const int fit = wgmma_cluster_splits(a, geo.splits, ws.pairs && !pairs_off);
+    if (fit != geo.splits) geo = mma_geometry(a, geo.hg, geo.stages, plan.tiles, fit);
+  }
   if (ws.smem_per_sm > 0) geo.launch_smem = emulated_smem(ws.smem_per_sm, plan.smem);
   float* part = nullptr;
   if (geo.splits > 1) {
@@ -253,8 +272,6 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
     if (ws.partial.bytes() < need) ws.partial = DeviceBuffer(need);
     part = ws.partial.as<float>();
   }
-  static const bool pairs_off = env_off("SPARSEMLA_MLA_PAIRS");
-  static const int split_clusters_env = env_switch("SPARSEMLA_WGMMA_SPLIT_CLUSTERS");
   bool merged = false;
   ws.last = {k == AttentionKernel::Wgmma ? "wgmma"
              : fp8_rows                    ? "mma fp8 rows"
@@ -264,7 +281,7 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
              k == AttentionKernel::Wgmma ? 2 : geo.stages, geo.splits};
   if (k == AttentionKernel::Wgmma) {
     ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, ws.pairs && !pairs_off,
-                                       split_clusters_env >= 0 ? split_clusters_env == 1 : ws.split_clusters, merged, st);
+                                       split_clusters, merged, st);
     ws.last_split_cluster = merged;
   } else if (fp8_rows) mla_fp8_rows(a, geo, part, st);
   else {

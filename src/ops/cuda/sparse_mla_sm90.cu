@@ -775,7 +775,26 @@ int max_clusters(Kernel kernel, dim3 cluster) {
   return known[key] = clusters;
 }
 
+// The unpaired kernel for these rows: bf16 rows in whole lines into swizzled tiles (Form);
+// SPARSEMLA_WGMMA_LINES=0 for the interleaved tiles of before (A/B).
+Kernel unpaired_kernel(bool fp8) {
+  static const bool lines_off = env_off("SPARSEMLA_WGMMA_LINES");
+  return fp8 ? mla_wgmma_kernel<true, false, false>
+             : lines_off ? mla_wgmma_kernel<false, false, false> : mla_wgmma_kernel<false, false, true>;
+}
+
 }  // namespace
+
+int wgmma_cluster_splits(const AttentionArgs& a, int splits, bool pairs) {
+  const bool fp8 = a.dtype == KvDtype::FP8;
+  const int64_t blocks_x = ceil_div(a.heads, kHeads);
+  if (splits < 2 || splits > kMaxClusterSplits || (pairs && fp8 && blocks_x % 2 == 0)) return splits;
+  const Kernel kernel = unpaired_kernel(fp8);
+  allow_smem(kernel, kSmemBytes);
+  for (int s = splits; s >= 2; --s)
+    if (int64_t(max_clusters(kernel, dim3(1, 1, unsigned(s)))) >= blocks_x * a.T) return s;
+  return splits;
+}
 
 int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, bool merge,
                      bool& merged, Stream s) {
@@ -817,12 +836,7 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
       return 2;
     }
   }
-  // bf16 rows in whole lines into swizzled tiles (Form); SPARSEMLA_WGMMA_LINES=0 for the interleaved
-  // tiles of before (A/B).
-  static const bool lines_off = env_off("SPARSEMLA_WGMMA_LINES");
-  const Kernel kernel = fp8         ? mla_wgmma_kernel<true, false, false>
-                        : lines_off ? mla_wgmma_kernel<false, false, false>
-                                    : mla_wgmma_kernel<false, false, true>;
+  const Kernel kernel = unpaired_kernel(fp8);
   allow_smem(kernel, kSmemBytes);
   // The splits of a (token, 64 heads) as one cluster that merges them (merge_splits), where they are
   // 2 .. kMaxClusterSplits, the output is 16-byte aligned, and the device runs all of the launch's
