@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: re-checks of sessions 34-38's and 44's GPU code, in one run of ~18 minutes of
-# device time. Every phase but s52 (session 52) has run (s51 and s50's memcheck in run 103 of session
+# device time. Every phase has run; s52 owes one updated assertion (s51 and s50's memcheck in run 103 of session
 # 52; s50's tests, racecheck and bounds in run 99 of session 51; s49 in run 95 of session 50): session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
 # 38 the prefill phase on an H100, session 45 the wgmma phase on an H100 on 118c578, session 46 the fp8
 # phase on an H100 on aa478b5 (PERFORMANCE.md, "Session 37", "Session 38", "Session 45", "Session 46":
@@ -64,16 +64,17 @@
 #             for the pairs; run 82 timed the peer arrival without MEMBAR.ALL.GPU) also the Hopper tests
 #             and racecheck on the pairs with it, and an A/B of DeepSeek-V3.2 fp8 at batch 32 / 128
 #             against $BIN/sparsemla.
-#  s52        (session 52; not yet run: no device could be had after run 103) the Hopper kernel's splits
-#             merged in their thread-block cluster (merge_splits, sparse_mla_sm90.cu; opt-in,
-#             AttentionWorkspace::split_clusters / SPARSEMLA_WGMMA_SPLIT_CLUSTERS=1): its test (against the
+#  s52        (session 52; runs 106-108 on an H100 ran it, kept on by default; owed: the pairs test's
+#             updated cluster-size assertion, CudaAttention.SparseMlaWgmmaPairsMatchTheCpuReference, in
+#             the s52 test line below) the Hopper kernel's splits
+#             merged in their thread-block cluster (merge_splits, sparse_mla_sm90.cu; on by default,
+#             AttentionWorkspace::split_clusters / SPARSEMLA_WGMMA_SPLIT_CLUSTERS=0 / 1): its test (against the
 #             CPU and, to the bit, the merge kernel; 2-8 splits, 32 / 64 / 128 heads, both row types) and
 #             the other Hopper tests, racecheck and memcheck on it (small shapes), the attention table at
 #             batch 8-128 (4K) with it on and off (two rounds interleaved: GLM-5 at batch 64 took as long
 #             as at 128 in run 103, its two splits merged by the kernel), the merge kernel's cost at batch
 #             64 (`--splits 1` and `2`), the fixtures' model tests, and the GLM-5-width step at batch 32
-#             and 64 with it on and off. If it is correct and faster, make it the default
-#             (attention.h) and say so in the README's kernel table.
+#             and 64 with it on and off. On an H200: the table there (runs 106-108 were on an H100).
 #  s51        (session 51; run 103 in session 52, H200: passed) the attention's FMA kernel with its inner loop unrolled by 4
 #             (it spilled 5.6-12 KB a thread on sm_80-89 fully unrolled; on sm_90 12-20 bytes): its GPU
 #             test (SparseMlaMatchesTheCpuReference runs it on bf16, fp8 and f32 rows) and the fixtures'
@@ -127,7 +128,7 @@ gtests() {
 if has s52; then
   gtests s52_merge 150 sparsemla_tests 'CudaAttention.SparseMlaWgmmaMerges*'
   grep -E "64 tokens" "$OUT/s52_merge_tests.log"
-  gtests s52 240 sparsemla_tests 'CudaAttention.SparseMlaWgmma*:SparseMlaPlan.*:CudaAttention.SparseMlaMatches*:*GpuModelFixture.LogitsMatch*'
+  gtests s52 240 sparsemla_tests 'CudaAttention.SparseMlaWgmma*:SparseMlaPlan.*:CudaAttention.SparseMlaMatches*:*GpuModelFixture.LogitsMatch*'  # (with the pairs test)
   for tool in racecheck memcheck; do
     SPARSEMLA_GPU_TEST_SMALL=1 timeout 120 "$SAN" --tool $tool "$BIN/sparsemla_tests" \
       --gtest_filter='CudaAttention.SparseMlaWgmmaMerges*' >"$OUT/s52_$tool.log" 2>&1
