@@ -273,7 +273,8 @@ struct AttentionWorkspace {
   } last;
 };
 // The mma kernel's launch shape; 0 chooses from the device's SM count and the work.
-//   splits: blocks sharing one token's rows (split-KV, merged by a second kernel); 1: no split.
+//   splits: blocks sharing one token's rows (split-KV, merged by a second kernel, or by the Hopper
+//   kernel's clusters: split_clusters, which may take fewer); 1: no split.
 //   heads_per_block: 16, 32 or 64.
 void sparse_mla(const AttentionArgs& a, AttentionKernel k, AttentionWorkspace& ws, Stream s, int splits = 0,
                 int heads_per_block = 0);
