@@ -30,9 +30,10 @@
 // Descriptor strides: LBO between core matrices along K (swizzled MN-major: between pieces along N),
 // SBO along M or N (swizzled: between 8-row atoms).
 //
-// Split clusters (opt-in, AttentionWorkspace::split_clusters): where a token's rows are split 2-8 ways
-// and the blocks are unpaired, its splits form a cluster along z and merge their outputs over
-// distributed shared memory (merge_splits) instead of the merge kernel.
+// Split clusters (on by default, AttentionWorkspace::split_clusters): where a token's rows are split
+// 2-8 ways and the blocks are unpaired, its splits form a cluster along z and merge their outputs over
+// distributed shared memory (merge_splits) instead of the merge kernel; sparse_mla() takes fewer
+// splits where the planned ones' clusters do not all fit at once (wgmma_cluster_splits).
 //
 // Built only for sm_90a (src/CMakeLists.txt); other architectures compile a stub that traps, and
 // the host side refuses to launch where this build has no sm_90a code or the device is not 9.0.
@@ -785,6 +786,8 @@ Kernel unpaired_kernel(bool fp8) {
 
 }  // namespace
 
+// (Where the blocks would pair, the split count stays: pairs merge by the kernel. sparse_mla_wgmma
+// pairs them only with two tiles or more per split, which this leaves aside: kept as planned.)
 int wgmma_cluster_splits(const AttentionArgs& a, int splits, bool pairs) {
   const bool fp8 = a.dtype == KvDtype::FP8;
   const int64_t blocks_x = ceil_div(a.heads, kHeads);
