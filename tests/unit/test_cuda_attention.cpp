@@ -1140,6 +1140,7 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   if (merge_kernel_bits) {
     cuda::AttentionWorkspace plain;
     plain.split_clusters = false;
+    plain.pairs = ws.pairs;
     d_out.upload(std::vector<float>(n_out, NAN).data(), n_out * 4);
     cuda::sparse_mla(a, kernel, plain, nullptr, ws.last.splits, heads_per_block);  // (the same splits)
     EXPECT_FALSE(plain.last_split_cluster);
@@ -1353,9 +1354,11 @@ TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
 // The Hopper kernel's splits merged in their cluster (2-8 splits of a token, one cluster along z):
 // GLM-5's 64 heads, DeepSeek-V3.2's 128 (two clusters per token), a tensor-parallel share of 32 heads
 // (rows of the block padded), bf16 and unpaired fp8 rows, contexts above, at and below top-k (empty
-// splits), against the CPU and to the bit against the merge kernel; and the launch's own split
-// count at mid batches (64 and 32 tokens: 2 and 3 splits on a 132-SM H100 or H200; the splits and
-// whether they merged, which the device's cluster placement decides, are printed).
+// splits), against the CPU and to the bit against the merge kernel; paired fp8 rows (DeepSeek-V3.2's
+// 128 heads and two pairs of 256) in (2, 1, S) clusters of 2-4 splits, to the bit against the pairs
+// merged by the kernel; and the launch's own split count at mid batches (GLM-5 bf16 at 64 and 32
+// tokens: 2 and 3 splits on a 132-SM H100 or H200; DeepSeek-V3.2 fp8 pairs at 8 and 16; the splits
+// and whether they merged, which the device's cluster placement decides, are printed).
 TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
   SPARSEMLA_REQUIRE_SM90A();
   std::mt19937 rng(53);
@@ -1374,6 +1377,18 @@ TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
         EXPECT_EQ(ws.last_cluster, sp);
       }
   }
+  for (int sp : {2, 3, 4}) {
+    if (small_mode() && sp != 3) continue;
+    for (const MlaCase& c : {MlaCase{128, 512, 64, {2500, 700, 2048}, 2048, 2, 16},
+                             MlaCase{256, 512, 64, {3000, 2100}, 2048, 2, 64}, MlaCase{128, 512, 64, {5000, 40}, 0, 2, 64}}) {
+      cuda::AttentionWorkspace ws;
+      ws.split_clusters = true;
+      ws.pairs = true;
+      check_mla(c, KvDtype::FP8, wgmma, sp, rng, 0, &ws, true);
+      EXPECT_TRUE(ws.last_split_cluster) << c.heads << " heads, " << sp << " splits, pairs";
+      EXPECT_EQ(ws.last_cluster, 2 * sp) << c.heads << " heads, " << sp << " splits, pairs";
+    }
+  }
   if (small_mode()) return;
   for (int T : {64, 32}) {  // (32: 4 planned splits, fewer where 4-block clusters do not all fit)
     MlaCase mid{64, 512, 64, {}, 2048, T, 16};
@@ -1382,6 +1397,15 @@ TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
     ws.split_clusters = true;
     check_mla(mid, KvDtype::BF16, wgmma, 0, rng, 0, &ws, true);
     std::printf("  %d tokens: %d splits, merged in clusters: %d\n", T, ws.last.splits, int(ws.last_split_cluster));
+  }
+  for (int T : {8, 16}) {  // DeepSeek-V3.2 fp8: pairs, 8 and 4 planned splits, at most 4 in clusters
+    MlaCase mid{128, 512, 64, {}, 2048, T, 16};
+    for (int t = 0; t < T; ++t) mid.ctx.push_back(t % 2 ? 3000 : 2500);
+    cuda::AttentionWorkspace ws;
+    ws.split_clusters = true;
+    check_mla(mid, KvDtype::FP8, wgmma, 0, rng, 0, &ws, true);
+    std::printf("  %d tokens, 128 heads, fp8: %d splits, cluster of %d, merged in clusters: %d\n", T, ws.last.splits,
+                ws.last_cluster, int(ws.last_split_cluster));
   }
 }
 
@@ -1475,10 +1499,13 @@ TEST(CudaAttention, SparseMlaWgmmaPairsMatchTheCpuReference) {
       ws.pairs = pairs;
       check_mla(pc.c, pc.dtype, wgmma, pc.splits, rng, 0, &ws);
       const bool paired = pairs && pc.dtype != KvDtype::BF16;
-      // (Unpaired, 2-8 splits merge in their clusters where those fit: SparseMlaWgmmaMergesSplitsInClusters.)
+      // (2-8 unpaired splits and 2-4 paired ones merge in their clusters where those fit, as these
+      // few tokens' do: SparseMlaWgmmaMergesSplitsInClusters. Pairs of 5 splits merge by the kernel.)
       const int unpaired = ws.last_split_cluster ? ws.last.splits : 1;
-      EXPECT_EQ(ws.last_cluster, paired ? pc.cluster : unpaired) << "heads " << pc.c.heads << " splits " << pc.splits;
-      if (paired && pc.cluster == 2) EXPECT_FALSE(ws.last_split_cluster) << "pairs merge by the kernel";
+      const bool pair_merged = paired && pc.cluster == 2 && pc.splits >= 2 && pc.splits <= 4;
+      EXPECT_EQ(ws.last_cluster, pair_merged ? 2 * pc.splits : paired ? pc.cluster : unpaired)
+          << "heads " << pc.c.heads << " splits " << pc.splits;
+      if (paired && pc.cluster == 2) EXPECT_EQ(ws.last_split_cluster, pair_merged) << "splits " << pc.splits;
     }
 }
 

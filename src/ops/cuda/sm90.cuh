@@ -132,6 +132,12 @@ __device__ __forceinline__ uint32_t cluster_rank() {
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
 }
+// The cluster's size along x, in blocks.
+__device__ __forceinline__ uint32_t cluster_dim_x() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_nctaid.x;" : "=r"(r));
+  return r;
+}
 // Block `peer`'s shared::cluster address of this block's shared address `addr`.
 __device__ __forceinline__ uint32_t peer_u32addr(uint32_t addr, uint32_t peer) {
   uint32_t r;

@@ -246,7 +246,9 @@ __device__ __forceinline__ void produce(const AttentionArgs& a, const Work& w, u
   uint64_t* empty = full + 2;
   uint64_t* remote = full + 4;
   uint32_t* valid = reinterpret_cast<uint32_t*>(smem + kOffValid);
-  const uint32_t rank = PAIR ? cluster_rank() : 0u, peer = rank ^ 1u;
+  // rank: this block's place in its pair (the cluster's x); peer: the other block's cluster rank
+  // (a pair's blocks are x 0 and 1 of the same z, also where their splits form the cluster's z).
+  const uint32_t crank = PAIR ? cluster_rank() : 0u, rank = crank & 1u, peer = crank ^ 1u;
   // part: which of the row's 16-byte pieces (part + 4 i; lines: part + 8 p); row_a: round 0's row.
   const int part = kLines ? ptid % 8 : (ptid % 32) / 8;
   const int row_a = (kLines ? ptid / 8 : (ptid / 32) * 8 + ptid % 8) + 32 * int(rank);
@@ -426,12 +428,15 @@ __device__ __forceinline__ float ld_cluster_f(uint32_t addr) {
 
 __device__ __forceinline__ void merge_splits(const AttentionArgs& a, const Work& w, unsigned char* smem) {
   const int S = w.splits, tid = threadIdx.x;
-  const uint32_t rank = cluster_rank();
+  // The cluster is (nx, 1, S): nx = 2 for pairs, whose two blocks (x) each merge their own heads'
+  // splits; split s of this block's heads is cluster rank x + nx s. (rank = split: the cluster
+  // spans the grid's z.)
+  const uint32_t nx = cluster_dim_x(), x = cluster_rank() % nx, rank = uint32_t(w.split);
   const uint32_t stage = smem_u32addr(smem + kOffK);
   float* sW = reinterpret_cast<float*>(smem + kOffP);  // [64][kMaxClusterSplits]: P's buffer is free now
   uint32_t peer[kMaxClusterSplits];
 #pragma unroll
-  for (int s = 0; s < kMaxClusterSplits; ++s) peer[s] = s < S ? peer_u32addr(stage, uint32_t(s)) : 0u;
+  for (int s = 0; s < kMaxClusterSplits; ++s) peer[s] = s < S ? peer_u32addr(stage, x + nx * uint32_t(s)) : 0u;
   cluster_sync();  // every block's staging copy is whole
   const int rows = min(kHeads, a.heads - w.h0);
   if (tid < rows) {
@@ -685,7 +690,7 @@ __device__ __forceinline__ void mla_wgmma_body(const AttentionArgs& a, int rows_
   w.split = blockIdx.z;
   w.splits = gridDim.z;
   w.bulk_out = bulk_out || merge;
-  w.merge = merge && !PAIR && w.splits > 1;
+  w.merge = merge && w.splits > 1;
   const int n_rows = token_rows(a, w.t);
   w.r_begin = w.split * rows_per_split;
   w.r_end = min(n_rows, w.r_begin + rows_per_split);
@@ -784,14 +789,33 @@ Kernel unpaired_kernel(bool fp8) {
              : lines_off ? mla_wgmma_kernel<false, false, false> : mla_wgmma_kernel<false, false, true>;
 }
 
+// Paired fp8 blocks' splits merged in (2, 1, S) clusters, S <= kMaxPairClusterSplits (a portable
+// cluster's 8 blocks); SPARSEMLA_WGMMA_PAIR_CLUSTERS=0 leaves them to the merge kernel (A/B).
+constexpr int kMaxPairClusterSplits = kMaxClusterSplits / 2;
+bool pair_clusters_on() {
+  static const bool off = env_off("SPARSEMLA_WGMMA_PAIR_CLUSTERS");
+  return !off;
+}
+Kernel pair_kernel() { return mla_wgmma_kernel<true, true, false>; }
+
 }  // namespace
 
-// (Where the blocks would pair, the split count stays: pairs merge by the kernel. sparse_mla_wgmma
-// pairs them only with two tiles or more per split, which this leaves aside: kept as planned.)
+// The most splits, up to `splits`, whose clusters the device runs all at once: (1, 1, S) clusters
+// for unpaired blocks, (2, 1, S) for pairs (sparse_mla_wgmma pairs them only with two tiles or more
+// per split: fewer splits than planned keep that). Where none fit, the planned count stays (merged
+// by the kernel).
 int wgmma_cluster_splits(const AttentionArgs& a, int splits, bool pairs) {
   const bool fp8 = a.dtype == KvDtype::FP8;
   const int64_t blocks_x = ceil_div(a.heads, kHeads);
-  if (splits < 2 || splits > kMaxClusterSplits || (pairs && fp8 && blocks_x % 2 == 0)) return splits;
+  if (splits < 2 || splits > kMaxClusterSplits) return splits;
+  if (pairs && fp8 && blocks_x % 2 == 0) {
+    if (!pair_clusters_on()) return splits;
+    const Kernel kernel = pair_kernel();
+    allow_smem(kernel, kSmemBytes);
+    for (int s = std::min(splits, kMaxPairClusterSplits); s >= 2; --s)
+      if (int64_t(max_clusters(kernel, dim3(2, 1, unsigned(s)))) >= blocks_x / 2 * a.T) return s;
+    return splits;
+  }
   const Kernel kernel = unpaired_kernel(fp8);
   allow_smem(kernel, kSmemBytes);
   for (int s = splits; s >= 2; --s)
@@ -829,9 +853,20 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   // DeepSeek-V3.2 fp8 batch 1, 23.0 us paired against 21.4). bf16 rows gather faster unpaired in
   // whole lines than paired through registers (H100, session 44, DeepSeek-V3.2 batch 128: 212 us
   // against 272) or paired in lines (session 45: 306), so they never pair.
+  // A pair's splits, 2 .. kMaxPairClusterSplits, merge in (2, 1, S) clusters where all of them fit
+  // at once (as the unpaired blocks' below).
+  const bool out_aligned = (reinterpret_cast<uintptr_t>(a.out) & 15u) == 0;
   if (pairs && fp8 && grid.x % 2 == 0 && rows_per_split >= 2 * kTile) {
-    const Kernel kernel = mla_wgmma_kernel<true, true, false>;
+    const Kernel kernel = pair_kernel();
     allow_smem(kernel, kSmemBytes);
+    if (merge && pair_clusters_on() && splits > 1 && splits <= kMaxPairClusterSplits && out_aligned &&
+        int64_t(max_clusters(kernel, dim3(2, 1, unsigned(splits)))) >= int64_t(grid.x / 2) * grid.y) {
+      cudaLaunchAttribute attr;
+      const cudaLaunchConfig_t cfg = cluster_config(grid, dim3(2, 1, unsigned(splits)), st, attr);
+      SPARSEMLA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, a, rows_per_split, part, true, true));
+      merged = true;
+      return 2 * splits;
+    }
     if (max_clusters(kernel, dim3(2, 1, 1)) > 0) {
       cudaLaunchAttribute attr;
       const cudaLaunchConfig_t cfg = cluster_config(grid, dim3(2, 1, 1), st, attr);
@@ -845,7 +880,7 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   // 2 .. kMaxClusterSplits, the output is 16-byte aligned, and the device runs all of the launch's
   // clusters at once (clusters are placed within a GPC: 3 blocks of a whole SM each fit fewer per
   // device than single blocks do, and a second wave would cost more than the merge kernel).
-  if (merge && splits > 1 && splits <= kMaxClusterSplits && (reinterpret_cast<uintptr_t>(a.out) & 15u) == 0 &&
+  if (merge && splits > 1 && splits <= kMaxClusterSplits && out_aligned &&
       int64_t(max_clusters(kernel, dim3(1, 1, unsigned(splits)))) >= int64_t(grid.x) * grid.y) {
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg = cluster_config(grid, dim3(1, 1, unsigned(splits)), st, attr);
