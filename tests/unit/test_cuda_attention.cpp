@@ -1140,7 +1140,9 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   if (merge_kernel_bits) {
     cuda::AttentionWorkspace plain;
     plain.split_clusters = false;
-    plain.pairs = ws.pairs;
+    // The same pairing as the first call (whose fit may have unpaired the blocks): a merged launch
+    // has clusters of 2 x splits blocks paired, of splits unpaired; an unmerged one 2 or 1.
+    plain.pairs = ws.last_split_cluster ? ws.last_cluster == 2 * ws.last.splits : ws.last_cluster == 2;
     d_out.upload(std::vector<float>(n_out, NAN).data(), n_out * 4);
     cuda::sparse_mla(a, kernel, plain, nullptr, ws.last.splits, heads_per_block);  // (the same splits)
     EXPECT_FALSE(plain.last_split_cluster);
@@ -1357,8 +1359,8 @@ TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
 // splits), against the CPU and to the bit against the merge kernel; paired fp8 rows (DeepSeek-V3.2's
 // 128 heads and two pairs of 256) in (2, 1, S) clusters of 2-4 splits, to the bit against the pairs
 // merged by the kernel; and the launch's own split count at mid batches (GLM-5 bf16 at 64 and 32
-// tokens: 2 and 3 splits on a 132-SM H100 or H200; DeepSeek-V3.2 fp8 pairs at 8 and 16; the splits
-// and whether they merged, which the device's cluster placement decides, are printed).
+// tokens: 2 and 3 splits on a 132-SM H100 or H200; DeepSeek-V3.2 fp8 at 8, 16 and 32; the splits,
+// cluster size and whether they merged, which the device's cluster placement decides, are printed).
 TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
   SPARSEMLA_REQUIRE_SM90A();
   std::mt19937 rng(53);
@@ -1398,7 +1400,9 @@ TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
     check_mla(mid, KvDtype::BF16, wgmma, 0, rng, 0, &ws, true);
     std::printf("  %d tokens: %d splits, merged in clusters: %d\n", T, ws.last.splits, int(ws.last_split_cluster));
   }
-  for (int T : {8, 16}) {  // DeepSeek-V3.2 fp8: pairs, 8 and 4 planned splits, at most 4 in clusters
+  // DeepSeek-V3.2 fp8: pairs, 8, 4 and 2 planned splits, at most 4 in (2, 1, S) clusters; at 32
+  // tokens the pairs' clusters of 4 do not all fit on 132 SMs, unpaired ones of 2 do.
+  for (int T : {8, 16, 32}) {
     MlaCase mid{128, 512, 64, {}, 2048, T, 16};
     for (int t = 0; t < T; ++t) mid.ctx.push_back(t % 2 ? 3000 : 2500);
     cuda::AttentionWorkspace ws;

@@ -22,6 +22,7 @@
 #include "ops/cuda/launch_cache.cuh"
 #include "ops/cuda/sparse_mla_kernels.cuh"
 #include "ops/cuda/sparse_mla_plan.h"
+#include "ops/cuda/sparse_mla_sm90.h"
 #include "util/env.h"
 
 namespace sparsemla::cuda {
@@ -43,16 +44,6 @@ size_t emulated_smem(int per_sm, size_t bytes) {
 
 }  // namespace
 
-// The Hopper kernel and its launch (sparse_mla_sm90.cu): splits of rows_per_split rows each, blocks
-// in pairs where `pairs` and the rows and heads allow; returns the blocks per cluster launched.
-// merge: the splits of a token may merge in their cluster instead of the merge kernel (merged tells
-// whether they did; then `part` is not used). Returns the blocks per cluster launched.
-int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, bool merge,
-                     bool& merged, Stream s);
-// The split count the Hopper kernel takes for a planned `splits` of 2-8 where its splits merge in
-// their clusters: the most, up to `splits`, whose clusters the device runs all at once (else
-// `splits`, merged by the kernel).
-int wgmma_cluster_splits(const AttentionArgs& a, int splits, bool pairs);
 // The fp8-row kernel (sparse_mla_fp8.cu): whether it takes these rows (fp8, latent 512 + rope 64),
 // and its launch (geo.hg 1, 2 or 4; geo.stages 2 or 3).
 bool mla_fp8_rows_take(const AttentionArgs& a);
@@ -261,9 +252,11 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
   // clusters: GLM-5 bf16 batch 16 8 splits 45.5 -> 6 34.8, 24 5 splits 59.3 -> 4 41.0, 32 4 splits
   // 70.7 -> 3 49.2, 40 3 splits 82.0 -> 2 59.7; DeepSeek-V3.2 batch 16 4 splits 61.4 -> 3 47.4). Not
   // where the plan splits past 8 (fewer tokens: not measured) or the caller forced the count (tests).
+  bool pairs = ws.pairs && !pairs_off;
   if (k == AttentionKernel::Wgmma && split_clusters && splits <= 0 && geo.splits >= 2 && geo.splits <= 8) {
-    const int fit = wgmma_cluster_splits(a, geo.splits, ws.pairs && !pairs_off);
-    if (fit != geo.splits) geo = mma_geometry(a, geo.hg, geo.stages, plan.tiles, fit);
+    const WgmmaClusterSplits fit = wgmma_cluster_splits(a, geo.splits, pairs);
+    pairs = fit.pairs;
+    if (fit.splits != geo.splits) geo = mma_geometry(a, geo.hg, geo.stages, plan.tiles, fit.splits);
   }
   if (ws.smem_per_sm > 0) geo.launch_smem = emulated_smem(ws.smem_per_sm, plan.smem);
   float* part = nullptr;
@@ -280,7 +273,7 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
              geo.hg * 16,
              k == AttentionKernel::Wgmma ? 2 : geo.stages, geo.splits};
   if (k == AttentionKernel::Wgmma) {
-    ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, ws.pairs && !pairs_off,
+    ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, pairs,
                                        split_clusters, merged, st);
     ws.last_split_cluster = merged;
   } else if (fp8_rows) mla_fp8_rows(a, geo, part, st);

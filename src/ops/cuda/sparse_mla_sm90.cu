@@ -52,6 +52,7 @@
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/sm90.cuh"
 #include "ops/cuda/sparse_mla_plan.h"
+#include "ops/cuda/sparse_mla_sm90.h"
 #include "ops/cuda/sparse_mla_tile.cuh"
 #include "util/env.h"
 
@@ -790,7 +791,8 @@ Kernel unpaired_kernel(bool fp8) {
 }
 
 // Paired fp8 blocks' splits merged in (2, 1, S) clusters, S <= kMaxPairClusterSplits (a portable
-// cluster's 8 blocks); SPARSEMLA_WGMMA_PAIR_CLUSTERS=0 leaves them to the merge kernel (A/B).
+// cluster's 8 blocks); SPARSEMLA_WGMMA_PAIR_CLUSTERS=0 leaves pairs to the merge kernel, as before
+// (A/B).
 constexpr int kMaxPairClusterSplits = kMaxClusterSplits / 2;
 bool pair_clusters_on() {
   static const bool off = env_off("SPARSEMLA_WGMMA_PAIR_CLUSTERS");
@@ -800,27 +802,25 @@ Kernel pair_kernel() { return mla_wgmma_kernel<true, true, false>; }
 
 }  // namespace
 
-// The most splits, up to `splits`, whose clusters the device runs all at once: (1, 1, S) clusters
-// for unpaired blocks, (2, 1, S) for pairs (sparse_mla_wgmma pairs them only with two tiles or more
-// per split: fewer splits than planned keep that). Where none fit, the planned count stays (merged
-// by the kernel).
-int wgmma_cluster_splits(const AttentionArgs& a, int splits, bool pairs) {
+// (Pairs first: sparse_mla_wgmma pairs blocks only with two tiles or more per split, which fewer
+// splits than planned keep.)
+WgmmaClusterSplits wgmma_cluster_splits(const AttentionArgs& a, int splits, bool pairs) {
   const bool fp8 = a.dtype == KvDtype::FP8;
   const int64_t blocks_x = ceil_div(a.heads, kHeads);
-  if (splits < 2 || splits > kMaxClusterSplits) return splits;
-  if (pairs && fp8 && blocks_x % 2 == 0) {
-    if (!pair_clusters_on()) return splits;
+  if (splits < 2 || splits > kMaxClusterSplits) return {splits, pairs};
+  const bool paired = pairs && fp8 && blocks_x % 2 == 0;
+  if (paired) {
+    if (!pair_clusters_on()) return {splits, pairs};
     const Kernel kernel = pair_kernel();
     allow_smem(kernel, kSmemBytes);
     for (int s = std::min(splits, kMaxPairClusterSplits); s >= 2; --s)
-      if (int64_t(max_clusters(kernel, dim3(2, 1, unsigned(s)))) >= blocks_x / 2 * a.T) return s;
-    return splits;
+      if (int64_t(max_clusters(kernel, dim3(2, 1, unsigned(s)))) >= blocks_x / 2 * a.T) return {s, true};
   }
   const Kernel kernel = unpaired_kernel(fp8);
   allow_smem(kernel, kSmemBytes);
   for (int s = splits; s >= 2; --s)
-    if (int64_t(max_clusters(kernel, dim3(1, 1, unsigned(s)))) >= blocks_x * a.T) return s;
-  return splits;
+    if (int64_t(max_clusters(kernel, dim3(1, 1, unsigned(s)))) >= blocks_x * a.T) return {s, false};
+  return {splits, pairs};
 }
 
 int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, bool merge,
