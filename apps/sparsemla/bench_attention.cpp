@@ -309,7 +309,7 @@ int run_bench_attention(const BenchAttentionArgs& a) {
           // the Hopper one, and fp8 rows by batch and shared memory): kernel, heads per block x tiles in
           // flight, split-KV blocks per token.
           const std::string ran = fmt::format("{}{}, {}x{}, {} split{}{}", ws.last.kernel,
-                                              ws.last_cluster == 2 && !ws.last_split_cluster ? " pairs" : "",
+                                              ws.last_paired ? " pairs" : "",
                                               ws.last.heads_per_block, ws.last.stages, ws.last.splits,
                                               ws.last.splits == 1 ? "" : "s",
                                               ws.last_split_cluster ? " merged in clusters" : "") +

@@ -1140,9 +1140,7 @@ void check_mla(const MlaCase& c, KvDtype dtype, cuda::AttentionKernel kernel, in
   if (merge_kernel_bits) {
     cuda::AttentionWorkspace plain;
     plain.split_clusters = false;
-    // The same pairing as the first call (whose fit may have unpaired the blocks): a merged launch
-    // has clusters of 2 x splits blocks paired, of splits unpaired; an unmerged one 2 or 1.
-    plain.pairs = ws.last_split_cluster ? ws.last_cluster == 2 * ws.last.splits : ws.last_cluster == 2;
+    plain.pairs = ws.last_paired;  // (the first call's fit may have unpaired the blocks)
     d_out.upload(std::vector<float>(n_out, NAN).data(), n_out * 4);
     cuda::sparse_mla(a, kernel, plain, nullptr, ws.last.splits, heads_per_block);  // (the same splits)
     EXPECT_FALSE(plain.last_split_cluster);
@@ -1388,6 +1386,7 @@ TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
       ws.pairs = true;
       check_mla(c, KvDtype::FP8, wgmma, sp, rng, 0, &ws, true);
       EXPECT_TRUE(ws.last_split_cluster) << c.heads << " heads, " << sp << " splits, pairs";
+      EXPECT_TRUE(ws.last_paired) << c.heads << " heads, " << sp << " splits";
       EXPECT_EQ(ws.last_cluster, 2 * sp) << c.heads << " heads, " << sp << " splits, pairs";
     }
   }
@@ -1408,8 +1407,8 @@ TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
     cuda::AttentionWorkspace ws;
     ws.split_clusters = true;
     check_mla(mid, KvDtype::FP8, wgmma, 0, rng, 0, &ws, true);
-    std::printf("  %d tokens, 128 heads, fp8: %d splits, cluster of %d, merged in clusters: %d\n", T, ws.last.splits,
-                ws.last_cluster, int(ws.last_split_cluster));
+    std::printf("  %d tokens, 128 heads, fp8: %d splits, cluster of %d, paired: %d, merged in clusters: %d\n", T,
+                ws.last.splits, ws.last_cluster, int(ws.last_paired), int(ws.last_split_cluster));
   }
 }
 
@@ -1510,6 +1509,7 @@ TEST(CudaAttention, SparseMlaWgmmaPairsMatchTheCpuReference) {
       EXPECT_EQ(ws.last_cluster, pair_merged ? 2 * pc.splits : paired ? pc.cluster : unpaired)
           << "heads " << pc.c.heads << " splits " << pc.splits;
       if (paired && pc.cluster == 2) EXPECT_EQ(ws.last_split_cluster, pair_merged) << "splits " << pc.splits;
+      EXPECT_EQ(ws.last_paired, paired && pc.cluster == 2) << "heads " << pc.c.heads << " splits " << pc.splits;
     }
 }
 

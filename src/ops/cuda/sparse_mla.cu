@@ -213,6 +213,7 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
                 int heads_per_block) {
   const AttentionArgs a = as_launched(args);
   ws.last_cluster = 0;
+  ws.last_paired = false;
   ws.last_split_cluster = false;
   ws.last = {};
   if (a.T == 0) return;
@@ -252,6 +253,11 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
   // clusters: GLM-5 bf16 batch 16 8 splits 45.5 -> 6 34.8, 24 5 splits 59.3 -> 4 41.0, 32 4 splits
   // 70.7 -> 3 49.2, 40 3 splits 82.0 -> 2 59.7; DeepSeek-V3.2 batch 16 4 splits 61.4 -> 3 47.4). Not
   // where the plan splits past 8 (fewer tokens: not measured) or the caller forced the count (tests).
+  // fp8 pairs (DeepSeek-V3.2) merge in (2, 1, S) clusters of at most 4 splits, and unpair where only
+  // unpaired clusters fit (H100, session 53, run 112, attention us at 4K, pairs by the kernel ->
+  // now: batch 8 8 splits 37.2 -> 4 in pair clusters 36.2, 16 4 splits 58.4 -> 3 44.5, 24 2 splits
+  // 86.4 -> 2 58.1, 32 2 splits 99.5 -> 2 unpaired 70.0; unpaired everywhere instead: 35.1, 51.9,
+  // 68.7, 69.7).
   bool pairs = ws.pairs && !pairs_off;
   if (k == AttentionKernel::Wgmma && split_clusters && splits <= 0 && geo.splits >= 2 && geo.splits <= 8) {
     const WgmmaClusterSplits fit = wgmma_cluster_splits(a, geo.splits, pairs);
@@ -276,6 +282,7 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
     ws.last_cluster = sparse_mla_wgmma(a, geo.splits, geo.tiles_per_split * kRows, part, pairs,
                                        split_clusters, merged, st);
     ws.last_split_cluster = merged;
+    ws.last_paired = merged ? ws.last_cluster == 2 * geo.splits : ws.last_cluster == 2;
   } else if (fp8_rows) mla_fp8_rows(a, geo, part, st);
   else {
     const MmaLaunch l = mma_launch(a, geo);

@@ -31,9 +31,10 @@
 // SBO along M or N (swizzled: between 8-row atoms).
 //
 // Split clusters (on by default, AttentionWorkspace::split_clusters): where a token's rows are split
-// 2-8 ways and the blocks are unpaired, its splits form a cluster along z and merge their outputs over
-// distributed shared memory (merge_splits) instead of the merge kernel; sparse_mla() takes fewer
-// splits where the planned ones' clusters do not all fit at once (wgmma_cluster_splits).
+// 2-8 ways (unpaired blocks) or 2-4 ways (pairs), its splits form a cluster along z, (1, 1, S) or
+// (2, 1, S), and each block merges its heads' splits over distributed shared memory (merge_splits)
+// instead of the merge kernel; sparse_mla() takes fewer splits where the planned ones' clusters do
+// not all fit at once, and unpairs fp8 blocks where only unpaired clusters fit (wgmma_cluster_splits).
 //
 // Built only for sm_90a (src/CMakeLists.txt); other architectures compile a stub that traps, and
 // the host side refuses to launch where this build has no sm_90a code or the device is not 9.0.
