@@ -1356,8 +1356,8 @@ TEST(CudaAttention, SparseMlaWgmmaMatchesTheCpuReference) {
 // (rows of the block padded), bf16 and unpaired fp8 rows, contexts above, at and below top-k (empty
 // splits), against the CPU and to the bit against the merge kernel; paired fp8 rows (DeepSeek-V3.2's
 // 128 heads and two pairs of 256) in (2, 1, S) clusters of 2-4 splits, to the bit against the pairs
-// merged by the kernel; and the launch's own split count at mid batches (GLM-5 bf16 at 64 and 32
-// tokens: 2 and 3 splits on a 132-SM H100 or H200; DeepSeek-V3.2 fp8 at 8, 16 and 32; the splits,
+// merged by the kernel; and the launch's own split count at mid batches (GLM-5 bf16 at 64, 32 and 12
+// tokens: 2, 3 and 8 splits on a 132-SM H100 or H200; DeepSeek-V3.2 fp8 at 8, 16 and 32; the splits,
 // cluster size and whether they merged, which the device's cluster placement decides, are printed).
 TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
   SPARSEMLA_REQUIRE_SM90A();
@@ -1391,7 +1391,8 @@ TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
     }
   }
   if (small_mode()) return;
-  for (int T : {64, 32}) {  // (32: 4 planned splits, fewer where 4-block clusters do not all fit)
+  // (32: 4 planned splits, fewer where 4-block clusters do not all fit; 12: 11 planned, 8 at most)
+  for (int T : {64, 32, 12}) {
     MlaCase mid{64, 512, 64, {}, 2048, T, 16};
     for (int t = 0; t < T; ++t) mid.ctx.push_back(t % 2 ? 300 : 250);
     cuda::AttentionWorkspace ws;

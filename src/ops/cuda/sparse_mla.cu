@@ -251,15 +251,19 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
   // whole-SM blocks are placed within a GPC): merged in clusters they beat more splits merged by the
   // kernel (H100, session 52, run 107, attention us at 4K, planned splits by the kernel -> fewer in
   // clusters: GLM-5 bf16 batch 16 8 splits 45.5 -> 6 34.8, 24 5 splits 59.3 -> 4 41.0, 32 4 splits
-  // 70.7 -> 3 49.2, 40 3 splits 82.0 -> 2 59.7; DeepSeek-V3.2 batch 16 4 splits 61.4 -> 3 47.4). Not
-  // where the plan splits past 8 (fewer tokens: not measured) or the caller forced the count (tests).
+  // 70.7 -> 3 49.2, 40 3 splits 82.0 -> 2 59.7; DeepSeek-V3.2 batch 16 4 splits 61.4 -> 3 47.4). Also
+  // where the plan splits 9-16 ways (unpaired: 8 at most in a portable cluster; H100, session 53,
+  // run 113, planned by the kernel -> 8 in clusters: GLM-5 bf16 batch 8 16 splits 30.2 -> 27.0, 12
+  // 11 splits 39.1 -> 28.3; fp8 8 27.8 -> 28.5, 12 37.6 -> 29.1; DeepSeek-V3.2 bf16 4 16 splits 27.7
+  // -> 27.2), not past 16 (GLM-5 batch 2 and 4, 32 splits: 17.6 / 22.7 against 26.6 / 26.8 in 8), nor
+  // where the caller forced the count (tests).
   // fp8 pairs (DeepSeek-V3.2) merge in (2, 1, S) clusters of at most 4 splits, and unpair where only
   // unpaired clusters fit (H100, session 53, run 112, attention us at 4K, pairs by the kernel ->
   // now: batch 8 8 splits 37.2 -> 4 in pair clusters 36.2, 16 4 splits 58.4 -> 3 44.5, 24 2 splits
   // 86.4 -> 2 58.1, 32 2 splits 99.5 -> 2 unpaired 70.0; unpaired everywhere instead: 35.1, 51.9,
   // 68.7, 69.7).
   bool pairs = ws.pairs && !pairs_off;
-  if (k == AttentionKernel::Wgmma && split_clusters && splits <= 0 && geo.splits >= 2 && geo.splits <= 8) {
+  if (k == AttentionKernel::Wgmma && split_clusters && splits <= 0 && geo.splits >= 2 && geo.splits <= 16) {
     const WgmmaClusterSplits fit = wgmma_cluster_splits(a, geo.splits, pairs);
     pairs = fit.pairs;
     if (fit.splits != geo.splits) geo = mma_geometry(a, geo.hg, geo.stages, plan.tiles, fit.splits);
