@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: re-checks of sessions 34-38's and 44's GPU code, in one run of ~18 minutes of
-# device time. Every phase has run; s52 owes one updated assertion (s51 and s50's memcheck in run 103 of session
+# device time. Every phase has run but s53 (owed: session 53's last change; s52 in run 110 of session 53, H100; s51 and s50's memcheck in run 103 of session
 # 52; s50's tests, racecheck and bounds in run 99 of session 51; s49 in run 95 of session 50): session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
 # 38 the prefill phase on an H100, session 45 the wgmma phase on an H100 on 118c578, session 46 the fp8
 # phase on an H100 on aa478b5 (PERFORMANCE.md, "Session 37", "Session 38", "Session 45", "Session 46":
@@ -64,9 +64,16 @@
 #             for the pairs; run 82 timed the peer arrival without MEMBAR.ALL.GPU) also the Hopper tests
 #             and racecheck on the pairs with it, and an A/B of DeepSeek-V3.2 fp8 at batch 32 / 128
 #             against $BIN/sparsemla.
-#  s52        (session 52; runs 106-108 on an H100 ran it, kept on by default; owed: the pairs test's
-#             updated cluster-size assertion, CudaAttention.SparseMlaWgmmaPairsMatchTheCpuReference, in
-#             the s52 test line below) the Hopper kernel's splits
+#  s53        (session 53; owed, never ran: 17e5af0 was written after the device time ran out) unpaired
+#             splits planned 9-16 ways merged as 8 (or fewer that fit) in clusters, GLM-5 at batch 8-15
+#             (wgmma_cluster_splits; run 113 timed the same path by `--splits 8`): the merge test (its
+#             launch-chosen 12 tokens: 8 splits merged expected, printed) and the other Hopper tests
+#             (the pairs' clusters, run 112-113: passed), the attention table at batch 5-16 with split
+#             clusters on and off (two rounds; DeepSeek-V3.2 bf16 at 5-7 tokens is new ground: its plan of
+#             9-13 splits becomes the most of 8 or fewer that fit), and the s52 table on an H200 (every
+#             split-cluster figure so far is from an H100).
+#  s52        (session 52; runs 106-108 on an H100 ran it, kept on by default; run 110 in session 53,
+#             H100: the pairs test's updated assertion passed) the Hopper kernel's splits
 #             merged in their thread-block cluster (merge_splits, sparse_mla_sm90.cu; on by default,
 #             AttentionWorkspace::split_clusters / SPARSEMLA_WGMMA_SPLIT_CLUSTERS=0 / 1): its test (against the
 #             CPU and, to the bit, the merge kernel; 2-8 splits, 32 / 64 / 128 heads, both row types) and
@@ -113,7 +120,7 @@
 # compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-s52 s51 s50 s48 f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
+PHASES=${PHASES:-s53 s52 s51 s50 s48 f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -124,6 +131,19 @@ gtests() {
   timeout "$2" "$BIN/$3" --gtest_filter="$4" >"$OUT/$1_tests.log" 2>&1
   echo "$1 tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/$1_tests.log" | tail -8
 }
+
+if has s53; then
+  gtests s53 240 sparsemla_tests 'CudaAttention.SparseMlaWgmma*:SparseMlaPlan.*'
+  grep -E "tokens" "$OUT/s53_tests.log"
+  for round in 1 2; do
+    for c in 1 0; do
+      echo "== split clusters $c, round $round (attention us | kernel)" | tee -a "$OUT/s53_attention.log"
+      SPARSEMLA_WGMMA_SPLIT_CLUSTERS=$c timeout 100 "$BIN/sparsemla" bench attention --shapes glm5 dsv32 --kv bf16 fp8 \
+        --batch 5 6 7 8 10 12 14 16 --context 4096 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" |
+        awk -F'|' '{print $1 "|" $5 "|" $7}' | tee -a "$OUT/s53_attention.log"
+    done
+  done
+fi
 
 if has s52; then
   gtests s52_merge 150 sparsemla_tests 'CudaAttention.SparseMlaWgmmaMerges*'
