@@ -42,6 +42,40 @@ constexpr int kWgmmaBulkOutputMinHeads = 64;
 // both kernels timed on one device in session 51, run 99).
 constexpr int64_t kWgmmaBulkMinRows = 128;
 
+// The Hopper kernel's split clusters (sparse_mla_sm90.cu): a token's splits of one 64-head block as
+// one thread-block cluster that merges them, (1, 1, S) for unpaired blocks, (2, 1, S) for pairs
+// (fp8 rows of an even number of 64-head blocks), at most a portable cluster's 8 blocks.
+constexpr int kWgmmaMaxClusterSplits = 8;
+struct WgmmaClusterSplits {
+  int splits;
+  bool pairs;
+};
+// The split count and pairing the launch takes for a planned `splits` (sparse_mla, where the caller
+// did not force a count) on a device that runs clusters_at_once(x, s) clusters of (x, 1, s) blocks at
+// once, for T tokens of blocks_x 64-head blocks; `pairs`: the launch may pair (fp8 rows of an even
+// blocks_x pair), pair_clusters: pairs may merge in clusters (SPARSEMLA_WGMMA_PAIR_CLUSTERS).
+//   - Paired shapes planned 2-8 ways: the most splits, up to 4 and the plan's, whose (2, 1, S)
+//     clusters all fit; where none do, unpaired clusters as below. Planned past 8: kept, by the kernel.
+//   - Unpaired, planned 2-16 ways: the most splits, up to 8 and the plan's, whose (1, 1, S) clusters
+//     all fit. Planned past 16 (GLM-5 below 8 tokens on 132 SMs): kept.
+//   - Where no such clusters fit: the plan's count and pairing, merged by the kernel.
+// (The figures: sparse_mla.cu, above the call; PERFORMANCE.md sessions 52-53.)
+template <class ClustersAtOnce>
+WgmmaClusterSplits wgmma_split_cluster_rule(int splits, bool pairs, bool fp8, int64_t blocks_x, int64_t T,
+                                            bool pair_clusters, ClustersAtOnce clusters_at_once) {
+  constexpr int kMax = kWgmmaMaxClusterSplits;
+  const bool paired = pairs && fp8 && blocks_x % 2 == 0;
+  if (splits < 2 || splits > (paired ? kMax : 2 * kMax)) return {splits, pairs};
+  if (paired) {
+    if (!pair_clusters) return {splits, pairs};
+    for (int s = splits < kMax / 2 ? splits : kMax / 2; s >= 2; --s)
+      if (int64_t(clusters_at_once(2, s)) >= blocks_x / 2 * T) return {s, true};
+  }
+  for (int s = splits < kMax ? splits : kMax; s >= 2; --s)
+    if (int64_t(clusters_at_once(1, s)) >= blocks_x * T) return {s, false};
+  return {splits, pairs};
+}
+
 // What sparse_mla(a, k, ws, s, splits, heads_per_block) launches on a device whose limits ws holds
 // (sm_count, smem_optin, and device_smem_per_sm or the emulated smem_per_sm; sparse_mla() fills
 // them in from the current device). Throws Error where sparse_mla() would (shapes no kernel takes,

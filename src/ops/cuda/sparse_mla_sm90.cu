@@ -70,6 +70,7 @@ constexpr int kChunks = kDim / 8;  // 16-byte chunks of a bf16 row
 constexpr int kThreads = 384;
 // Splits merged in their cluster (merge_splits): at most a portable cluster's size.
 constexpr int kMaxClusterSplits = kMergeMaxSplits;
+static_assert(kMaxClusterSplits == kWgmmaMaxClusterSplits, "the launch rule's cluster bound is the merge's");
 
 // Shared memory, in bytes.
 constexpr int kMatBytes = kChunks * 64 * 16;             // one [64][576] bf16 matrix: 72 KB
@@ -805,25 +806,16 @@ Kernel pair_kernel() { return mla_wgmma_kernel<true, true, false>; }
 }  // namespace
 
 // (Pairs first: sparse_mla_wgmma pairs blocks only with two tiles or more per split, which fewer
-// splits than planned keep. Pairs planned past 8 splits keep them: DeepSeek-V3.2 fp8 batch 4, 16
-// splits by the kernel 26.7 us, 4 in pair clusters 35.8; H100, session 53, run 113.)
+// splits than planned keep.)
 WgmmaClusterSplits wgmma_cluster_splits(const AttentionArgs& a, int splits, bool pairs) {
   const bool fp8 = a.dtype == KvDtype::FP8;
-  const int64_t blocks_x = ceil_div(a.heads, kHeads);
-  const bool paired = pairs && fp8 && blocks_x % 2 == 0;
-  if (splits < 2 || splits > (paired ? kMaxClusterSplits : 2 * kMaxClusterSplits)) return {splits, pairs};
-  if (paired) {
-    if (!pair_clusters_on()) return {splits, pairs};
-    const Kernel kernel = pair_kernel();
-    allow_smem(kernel, kSmemBytes);
-    for (int s = std::min(splits, kMaxPairClusterSplits); s >= 2; --s)
-      if (int64_t(max_clusters(kernel, dim3(2, 1, unsigned(s)))) >= blocks_x / 2 * a.T) return {s, true};
-  }
-  const Kernel kernel = unpaired_kernel(fp8);
-  allow_smem(kernel, kSmemBytes);
-  for (int s = std::min(splits, kMaxClusterSplits); s >= 2; --s)
-    if (int64_t(max_clusters(kernel, dim3(1, 1, unsigned(s)))) >= blocks_x * a.T) return {s, false};
-  return {splits, pairs};
+  const Kernel paired = pair_kernel(), unpaired = unpaired_kernel(fp8);
+  allow_smem(paired, kSmemBytes);
+  allow_smem(unpaired, kSmemBytes);
+  return wgmma_split_cluster_rule(splits, pairs, fp8, ceil_div(a.heads, kHeads), a.T, pair_clusters_on(),
+                                  [&](int x, int s) {
+                                    return max_clusters(x == 2 ? paired : unpaired, dim3(unsigned(x), 1, unsigned(s)));
+                                  });
 }
 
 int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, bool merge,

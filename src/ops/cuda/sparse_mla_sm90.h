@@ -3,6 +3,7 @@
 #pragma once
 
 #include "ops/cuda/attention.h"
+#include "ops/cuda/sparse_mla_plan.h"
 
 namespace sparsemla::cuda {
 
@@ -12,15 +13,9 @@ namespace sparsemla::cuda {
 // whether they did; then `part` is not used). Returns the blocks per cluster launched.
 int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, float* part, bool pairs, bool merge,
                      bool& merged, Stream s);
-// The split count the Hopper kernel takes for a planned `splits` of 2-16 where its splits merge in
-// their clusters, and whether its blocks pair (`pairs` in, for fp8 rows of an even number of 64-head
-// blocks): the most splits, up to `splits` and 8, whose clusters the device runs all at once (paired,
-// for a plan of 2-8: (2, 1, S) clusters of at most 4 splits; where none of those fit, unpaired
-// (1, 1, S) ones); else `splits` and `pairs`, merged by the kernel.
-struct WgmmaClusterSplits {
-  int splits;
-  bool pairs;
-};
+// The split count the Hopper kernel takes for a planned `splits` where its splits merge in their
+// clusters, and whether its blocks pair: wgmma_split_cluster_rule (sparse_mla_plan.h) on this
+// device's cluster occupancy.
 WgmmaClusterSplits wgmma_cluster_splits(const AttentionArgs& a, int splits, bool pairs);
 
 }  // namespace sparsemla::cuda
