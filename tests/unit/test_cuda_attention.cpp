@@ -1371,7 +1371,7 @@ TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
       for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
         cuda::AttentionWorkspace ws;
         ws.split_clusters = true;
-        ws.pairs = false;  // (fp8 rows of 128 heads would pair, which merges by the kernel)
+        ws.pairs = false;  // (fp8 rows of 128 heads would pair: the pair clusters' cases below)
         check_mla(c, d, wgmma, sp, rng, 0, &ws, true);
         EXPECT_TRUE(ws.last_split_cluster) << c.heads << " heads, " << sp << " splits, " << cuda::kv_dtype_name(d);
         EXPECT_EQ(ws.last_cluster, sp);

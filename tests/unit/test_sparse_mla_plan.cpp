@@ -194,7 +194,6 @@ TEST(SparseMlaPlan, BatchOneAtLongContextTakesTilePairsWhereTheyFit) {
   }
 }
 
-// Shapes no kernel takes, and a workspace without the device's limits, are refused with the reason.
 // The Hopper kernel's split clusters (wgmma_split_cluster_rule): on a model of an H100's cluster
 // occupancy, the launches the H100 took in session 53's runs 110-113 (printed by the GPU tests and
 // `bench attention`); then, on other occupancies, what the rule promises: never more splits than
@@ -205,8 +204,9 @@ TEST(SparseMlaPlan, SplitClustersTakeTheMostSplitsThatFit) {
   // least 64 (DeepSeek-V3.2 fp8 at 32 tokens unpaired), 3 at least 32 (GLM-5 at 32 tokens), 4 from 24
   // to 31 (pairs at 24 tokens merged, at 32 not; GLM-5 at 32 tokens not), 5 and 6 below 24 (GLM-5 at
   // 24 tokens took 4), 6 at least 16 (GLM-5 at 16 tokens), 7 below 16, 8 from 12 to 15 (GLM-5 at 12
-  // tokens merged 8, pairs at 8 tokens; DeepSeek-V3.2 bf16 at 8 tokens, 16 clusters, not).
-  const int h100[9] = {0, 132, 66, 33, 28, 22, 20, 15, 14};
+  // tokens merged 8, pairs at 8 tokens; DeepSeek-V3.2 bf16 at 8 tokens, 16 clusters, not); past 8
+  // none (portable clusters).
+  const int h100[17] = {0, 132, 66, 33, 28, 22, 20, 15, 14};
   auto on_h100 = [&](int x, int s) { return h100[x * s]; };
   struct Case {
     const char* what;
@@ -227,58 +227,75 @@ TEST(SparseMlaPlan, SplitClustersTakeTheMostSplitsThatFit) {
       {"DeepSeek-V3.2 fp8 32 (unpaired)", 2, true, 2, 32, 2, false},
       {"DeepSeek-V3.2 fp8 4 (paired, past 8)", 16, true, 2, 4, 16, true},
   };
+  const int top_k_tiles = 2048 / mla_smem::kRows;
   for (const Case& c : seen) {
-    const WgmmaClusterSplits r = wgmma_split_cluster_rule(c.planned, true, c.fp8, c.blocks_x, c.T, true, on_h100);
+    const WgmmaClusterSplits r =
+        wgmma_split_cluster_rule(c.planned, true, c.fp8, c.blocks_x, c.T, top_k_tiles, true, on_h100);
     EXPECT_EQ(r.splits, c.splits) << c.what;
     if (c.fp8) EXPECT_EQ(r.pairs, c.pairs) << c.what;
   }
   // Pair clusters off: pairs keep the plan (the merge kernel), unpaired shapes are unaffected.
-  EXPECT_EQ(wgmma_split_cluster_rule(8, true, true, 2, 8, false, on_h100).splits, 8);
-  EXPECT_TRUE(wgmma_split_cluster_rule(8, true, true, 2, 8, false, on_h100).pairs);
-  EXPECT_EQ(wgmma_split_cluster_rule(16, true, false, 1, 8, false, on_h100).splits, 8);
+  EXPECT_EQ(wgmma_split_cluster_rule(8, true, true, 2, 8, top_k_tiles, false, on_h100).splits, 8);
+  EXPECT_TRUE(wgmma_split_cluster_rule(8, true, true, 2, 8, top_k_tiles, false, on_h100).pairs);
+  EXPECT_EQ(wgmma_split_cluster_rule(16, true, false, 1, 8, top_k_tiles, false, on_h100).splits, 8);
+  // A short context (700 rows: 22 tiles) planned 11 ways has 64 rows per split: the launch would not
+  // pair it, so it is an unpaired plan of 9-16 and merges as unpaired clusters (12 of 8 blocks fit).
+  const WgmmaClusterSplits short_ctx = wgmma_split_cluster_rule(11, true, true, 2, 6, 22, true, on_h100);
+  EXPECT_EQ(short_ctx.splits, 8);
+  EXPECT_FALSE(short_ctx.pairs);
 
-  // Other occupancies: n blocks a cluster fit cap / n clusters, or none past a largest size.
-  for (int cap : {8, 40, 100, 132, 148, 188})
-    for (int largest : {2, 4, 8})
-      for (int planned = 1; planned <= 40; ++planned)
-        for (int64_t T = 1; T <= 80; T += 3)
-          for (int64_t bx : {1, 2, 3})
-            for (bool fp8 : {false, true})
-              for (bool pairs : {false, true}) {
-                auto fit = [&](int x, int s) { return x * s <= largest ? cap / (x * s) : 0; };
-                const WgmmaClusterSplits r = wgmma_split_cluster_rule(planned, pairs, fp8, bx, T, true, fit);
-                const bool paired_shape = pairs && fp8 && bx % 2 == 0;
-                const std::string what = "cap " + std::to_string(cap) + " largest " + std::to_string(largest) +
-                                         " planned " + std::to_string(planned) + " T " + std::to_string(T) +
-                                         " blocks " + std::to_string(bx) + (fp8 ? " fp8" : " bf16") +
-                                         (pairs ? " pairs" : "");
-                ASSERT_LE(r.splits, planned) << what;
-                ASSERT_GE(r.splits, 1) << what;
-                if (r.pairs) EXPECT_TRUE(pairs) << what << ": paired where the caller did not allow it";
-                const bool kept = r.splits == planned && r.pairs == pairs;
-                const int past = paired_shape ? 8 : 16;
-                if (planned < 2 || planned > past) {
-                  EXPECT_TRUE(kept) << what << ": a plan the rule leaves alone";
-                  continue;
-                }
-                const int x = paired_shape && r.pairs ? 2 : 1;
-                const int64_t need = bx / x * T;
-                const bool fits = r.splits >= 2 && r.splits <= 8 / x && fit(x, r.splits) >= need;
-                if (!kept || fits) {
-                  // Merged in clusters: they all fit, and one more split (within the plan and a
-                  // cluster's 8 blocks) would not.
-                  EXPECT_TRUE(fits) << what << ": " << r.splits << " splits whose clusters do not all fit";
-                  if (r.splits < planned && r.splits < 8 / x) EXPECT_LT(fit(x, r.splits + 1), need) << what;
-                  // Unpaired where pairs were possible: no pair cluster fits.
-                  if (paired_shape && !r.pairs)
-                    for (int s = 2; s <= std::min(planned, 4); ++s) EXPECT_LT(fit(2, s), bx / 2 * T) << what;
-                } else {
-                  // Left to the merge kernel: no cluster of 2 .. min(plan, 8) splits fits.
-                  for (int s = 2; s <= std::min(planned, 8); ++s) EXPECT_LT(fit(1, s), bx * T) << what << " s " << s;
-                }
-              }
+  // Other occupancies: n blocks a cluster fit cap / n clusters, or none past a largest size (16: the
+  // device would take clusters past the portable 8, which the rule must still not ask for).
+  for (int cap : {8, 40, 100, 132, 188})
+    for (int largest : {2, 4, 8, 16})
+      for (int tiles : {2, 8, 22, 64})
+        for (int planned = 1; planned <= 40; ++planned)
+          for (int64_t T = 1; T <= 80; T += 3)
+            for (int64_t bx : {1, 2, 3})
+              for (bool fp8 : {false, true})
+                for (bool pairs : {false, true})
+                  for (bool pair_clusters : {true, false}) {
+                    auto fit = [&](int x, int s) { return x * s <= largest ? cap / (x * s) : 0; };
+                    const WgmmaClusterSplits r =
+                        wgmma_split_cluster_rule(planned, pairs, fp8, bx, T, tiles, pair_clusters, fit);
+                    const bool paired_plan = wgmma_pairs_at(pairs, fp8, bx, tiles, planned);
+                    const std::string what =
+                        "cap " + std::to_string(cap) + " largest " + std::to_string(largest) + " tiles " +
+                        std::to_string(tiles) + " planned " + std::to_string(planned) + " T " + std::to_string(T) +
+                        " blocks " + std::to_string(bx) + (fp8 ? " fp8" : " bf16") + (pairs ? " pairs" : "") +
+                        (pair_clusters ? "" : " (pair clusters off)");
+                    ASSERT_LE(r.splits, planned) << what;
+                    ASSERT_GE(r.splits, 1) << what;
+                    if (r.pairs) EXPECT_TRUE(pairs) << what << ": paired where the caller did not allow it";
+                    const bool kept = r.splits == planned && r.pairs == pairs;
+                    if (planned < 2 || planned > (paired_plan ? 8 : 16) || (paired_plan && !pair_clusters)) {
+                      EXPECT_TRUE(kept) << what << ": a plan the rule leaves alone";
+                      continue;
+                    }
+                    const bool as_pairs = paired_plan && r.pairs;
+                    const int x = as_pairs ? 2 : 1;
+                    const int64_t need = bx / x * T;
+                    const bool fits = r.splits >= 2 && r.splits <= 8 / x && fit(x, r.splits) >= need;
+                    if (!kept || fits) {
+                      // Merged in clusters: they all fit, within a portable cluster's 8 blocks, and one
+                      // more split (within the plan and those 8 blocks) would not; pairs keep their rows.
+                      EXPECT_TRUE(fits) << what << ": " << r.splits << " splits whose clusters do not all fit";
+                      if (r.splits < planned && r.splits < 8 / x) EXPECT_LT(fit(x, r.splits + 1), need) << what;
+                      if (as_pairs) EXPECT_TRUE(wgmma_pairs_at(pairs, fp8, bx, tiles, r.splits)) << what;
+                      // Unpaired where pairs were possible: no pair cluster fits.
+                      if (paired_plan && !r.pairs)
+                        for (int s = 2; s <= std::min(planned, 4); ++s) EXPECT_LT(fit(2, s), bx / 2 * T) << what;
+                    } else {
+                      // Left to the merge kernel: no cluster of 2 .. min(plan, 8) splits fits, paired
+                      // (up to 4) or not.
+                      for (int s = 2; s <= std::min(planned, 8); ++s) EXPECT_LT(fit(1, s), bx * T) << what << " s " << s;
+                      if (paired_plan)
+                        for (int s = 2; s <= std::min(planned, 4); ++s) EXPECT_LT(fit(2, s), bx / 2 * T) << what;
+                    }
+                  }
 }
 
+// Shapes no kernel takes, and a workspace without the device's limits, are refused with the reason.
 TEST(SparseMlaPlan, RefusesWhatNoKernelTakes) {
   AttentionWorkspace ws;
   AttentionArgs a = args(64, 1, KvDtype::BF16, 4096, true);

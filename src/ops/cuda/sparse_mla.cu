@@ -264,7 +264,7 @@ void sparse_mla(const AttentionArgs& args, AttentionKernel k, AttentionWorkspace
   // 68.7, 69.7).
   bool pairs = ws.pairs && !pairs_off;
   if (k == AttentionKernel::Wgmma && split_clusters && splits <= 0 && geo.splits >= 2 && geo.splits <= 16) {
-    const WgmmaClusterSplits fit = wgmma_cluster_splits(a, geo.splits, pairs);
+    const WgmmaClusterSplits fit = wgmma_cluster_splits(a, geo.splits, plan.tiles, pairs);
     pairs = fit.pairs;
     if (fit.splits != geo.splits) geo = mma_geometry(a, geo.hg, geo.stages, plan.tiles, fit.splits);
   }

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_smem.h"
 
 namespace sparsemla::cuda {
 
@@ -52,19 +53,28 @@ struct WgmmaClusterSplits {
 };
 // The split count and pairing the launch takes for a planned `splits` (sparse_mla, where the caller
 // did not force a count) on a device that runs clusters_at_once(x, s) clusters of (x, 1, s) blocks at
-// once, for T tokens of blocks_x 64-head blocks; `pairs`: the launch may pair (fp8 rows of an even
-// blocks_x pair), pair_clusters: pairs may merge in clusters (SPARSEMLA_WGMMA_PAIR_CLUSTERS).
-//   - Paired shapes planned 2-8 ways: the most splits, up to 4 and the plan's, whose (2, 1, S)
-//     clusters all fit; where none do, unpaired clusters as below. Planned past 8: kept, by the kernel.
+// once, for T tokens of blocks_x 64-head blocks and `tiles` kRows-row tiles (attention_smem.h) per
+// token; `pairs`: the launch may pair, pair_clusters: pairs may merge in clusters
+// (SPARSEMLA_WGMMA_PAIR_CLUSTERS). Blocks pair (sparse_mla_wgmma) for fp8 rows of an even blocks_x
+// where a split has two 64-row tiles or more (kWgmmaPairMinRows).
+//   - Pairs at the plan's count, planned 2-8 ways: the most splits, up to 4 and the plan's, whose
+//     (2, 1, S) clusters all fit (fewer splits keep the rows to pair); where none do, unpaired
+//     clusters as below. Planned past 8: kept, merged by the kernel.
 //   - Unpaired, planned 2-16 ways: the most splits, up to 8 and the plan's, whose (1, 1, S) clusters
-//     all fit. Planned past 16 (GLM-5 below 8 tokens on 132 SMs): kept.
-//   - Where no such clusters fit: the plan's count and pairing, merged by the kernel.
+//     all fit (returned unpaired: the launch then does not pair them, whatever their rows). Planned
+//     past 16 (GLM-5 below 8 tokens on 132 SMs): kept.
+//   - Where no such clusters fit: the plan's count and `pairs`, merged by the kernel.
 // (The figures: sparse_mla.cu, above the call; PERFORMANCE.md sessions 52-53.)
+constexpr int kWgmmaPairMinRows = 128;
+inline bool wgmma_pairs_at(bool pairs, bool fp8, int64_t blocks_x, int tiles, int splits) {
+  const int s = splits < tiles ? splits : tiles;
+  return pairs && fp8 && blocks_x % 2 == 0 && s >= 1 && (tiles + s - 1) / s * mla_smem::kRows >= kWgmmaPairMinRows;
+}
 template <class ClustersAtOnce>
-WgmmaClusterSplits wgmma_split_cluster_rule(int splits, bool pairs, bool fp8, int64_t blocks_x, int64_t T,
+WgmmaClusterSplits wgmma_split_cluster_rule(int splits, bool pairs, bool fp8, int64_t blocks_x, int64_t T, int tiles,
                                             bool pair_clusters, ClustersAtOnce clusters_at_once) {
   constexpr int kMax = kWgmmaMaxClusterSplits;
-  const bool paired = pairs && fp8 && blocks_x % 2 == 0;
+  const bool paired = wgmma_pairs_at(pairs, fp8, blocks_x, tiles, splits);
   if (splits < 2 || splits > (paired ? kMax : 2 * kMax)) return {splits, pairs};
   if (paired) {
     if (!pair_clusters) return {splits, pairs};

@@ -70,6 +70,7 @@ constexpr int kChunks = kDim / 8;  // 16-byte chunks of a bf16 row
 constexpr int kThreads = 384;
 // Splits merged in their cluster (merge_splits): at most a portable cluster's size.
 constexpr int kMaxClusterSplits = kMergeMaxSplits;
+static_assert(kWgmmaPairMinRows == 2 * kTile, "pairs need two tiles per split");
 static_assert(kMaxClusterSplits == kWgmmaMaxClusterSplits, "the launch rule's cluster bound is the merge's");
 
 // Shared memory, in bytes.
@@ -805,14 +806,12 @@ Kernel pair_kernel() { return mla_wgmma_kernel<true, true, false>; }
 
 }  // namespace
 
-// (Pairs first: sparse_mla_wgmma pairs blocks only with two tiles or more per split, which fewer
-// splits than planned keep.)
-WgmmaClusterSplits wgmma_cluster_splits(const AttentionArgs& a, int splits, bool pairs) {
+WgmmaClusterSplits wgmma_cluster_splits(const AttentionArgs& a, int splits, int tiles, bool pairs) {
   const bool fp8 = a.dtype == KvDtype::FP8;
   const Kernel paired = pair_kernel(), unpaired = unpaired_kernel(fp8);
   allow_smem(paired, kSmemBytes);
   allow_smem(unpaired, kSmemBytes);
-  return wgmma_split_cluster_rule(splits, pairs, fp8, ceil_div(a.heads, kHeads), a.T, pair_clusters_on(),
+  return wgmma_split_cluster_rule(splits, pairs, fp8, ceil_div(a.heads, kHeads), a.T, tiles, pair_clusters_on(),
                                   [&](int x, int s) {
                                     return max_clusters(x == 2 ? paired : unpaired, dim3(unsigned(x), 1, unsigned(s)));
                                   });
@@ -851,7 +850,7 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   // A pair's splits, 2 .. kMaxPairClusterSplits, merge in (2, 1, S) clusters where all of them fit
   // at once (as the unpaired blocks' below).
   const bool out_aligned = (reinterpret_cast<uintptr_t>(a.out) & 15u) == 0;
-  if (pairs && fp8 && grid.x % 2 == 0 && rows_per_split >= 2 * kTile) {
+  if (pairs && fp8 && grid.x % 2 == 0 && rows_per_split >= kWgmmaPairMinRows) {
     const Kernel kernel = pair_kernel();
     allow_smem(kernel, kSmemBytes);
     if (merge && pair_clusters_on() && splits > 1 && splits <= kMaxPairClusterSplits && out_aligned &&

@@ -16,6 +16,7 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
 // The split count the Hopper kernel takes for a planned `splits` where its splits merge in their
 // clusters, and whether its blocks pair: wgmma_split_cluster_rule (sparse_mla_plan.h) on this
 // device's cluster occupancy.
-WgmmaClusterSplits wgmma_cluster_splits(const AttentionArgs& a, int splits, bool pairs);
+// tiles: the token's kRows-row tiles (the plan's).
+WgmmaClusterSplits wgmma_cluster_splits(const AttentionArgs& a, int splits, int tiles, bool pairs);
 
 }  // namespace sparsemla::cuda
