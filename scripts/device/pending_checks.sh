@@ -64,7 +64,7 @@
 #             for the pairs; run 82 timed the peer arrival without MEMBAR.ALL.GPU) also the Hopper tests
 #             and racecheck on the pairs with it, and an A/B of DeepSeek-V3.2 fp8 at batch 32 / 128
 #             against $BIN/sparsemla.
-#  s53        (session 53; owed, never ran: 17e5af0 was written after the device time ran out) unpaired
+#  s53        (session 53; owed, never ran: 17e5af0 and fbeed38 were written after the device time ran out) unpaired
 #             splits planned 9-16 ways merged as 8 (or fewer that fit) in clusters, GLM-5 at batch 8-15
 #             (wgmma_cluster_splits; run 113 timed the same path by `--splits 8`): the merge test (its
 #             launch-chosen 12 tokens: 8 splits merged expected, printed) and the other Hopper tests
