@@ -1391,26 +1391,23 @@ TEST(CudaAttention, SparseMlaWgmmaMergesSplitsInClusters) {
     }
   }
   if (small_mode()) return;
-  // (32: 4 planned splits, fewer where 4-block clusters do not all fit; 12: 11 planned, 8 at most)
-  for (int T : {64, 32, 12}) {
-    MlaCase mid{64, 512, 64, {}, 2048, T, 16};
-    for (int t = 0; t < T; ++t) mid.ctx.push_back(t % 2 ? 300 : 250);
+  // The launch's own count for T tokens (contexts alternating between two lengths), printed.
+  auto at_launch = [&](int heads, KvDtype d, int T, int ctx_a, int ctx_b) {
+    MlaCase mid{heads, 512, 64, {}, 2048, T, 16};
+    for (int t = 0; t < T; ++t) mid.ctx.push_back(t % 2 ? ctx_a : ctx_b);
     cuda::AttentionWorkspace ws;
     ws.split_clusters = true;
-    check_mla(mid, KvDtype::BF16, wgmma, 0, rng, 0, &ws, true);
-    std::printf("  %d tokens: %d splits, merged in clusters: %d\n", T, ws.last.splits, int(ws.last_split_cluster));
-  }
+    check_mla(mid, d, wgmma, 0, rng, 0, &ws, true);
+    std::printf("  %d tokens, %d heads, %s: %d splits, cluster of %d, paired: %d, merged in clusters: %d\n", T, heads,
+                cuda::kv_dtype_name(d), ws.last.splits, ws.last_cluster, int(ws.last_paired),
+                int(ws.last_split_cluster));
+  };
+  // GLM-5 bf16 (32: 4 planned splits, fewer where 4-block clusters do not all fit; 12: 11 planned,
+  // 8 at most).
+  for (int T : {64, 32, 12}) at_launch(64, KvDtype::BF16, T, 300, 250);
   // DeepSeek-V3.2 fp8: pairs, 8, 4 and 2 planned splits, at most 4 in (2, 1, S) clusters; at 32
   // tokens the pairs' clusters of 4 do not all fit on 132 SMs, unpaired ones of 2 do.
-  for (int T : {8, 16, 32}) {
-    MlaCase mid{128, 512, 64, {}, 2048, T, 16};
-    for (int t = 0; t < T; ++t) mid.ctx.push_back(t % 2 ? 3000 : 2500);
-    cuda::AttentionWorkspace ws;
-    ws.split_clusters = true;
-    check_mla(mid, KvDtype::FP8, wgmma, 0, rng, 0, &ws, true);
-    std::printf("  %d tokens, 128 heads, fp8: %d splits, cluster of %d, paired: %d, merged in clusters: %d\n", T,
-                ws.last.splits, ws.last_cluster, int(ws.last_paired), int(ws.last_split_cluster));
-  }
+  for (int T : {8, 16, 32}) at_launch(128, KvDtype::FP8, T, 3000, 2500);
 }
 
 // One GPU's share of the heads under tensor parallelism (GLM-5's 64 over 2, 4 or 8 GPUs: 32, 16, 8;
