@@ -257,10 +257,11 @@ struct AttentionWorkspace {
   // ((1, 1, S) or (2, 1, S)) that merges them over distributed shared memory, instead of partial rows
   // in global memory and the merge kernel, where the device runs all of the launch's clusters at once
   // (the same bits), with fewer splits where fewer fit or the plan splits unpaired blocks 9-16 ways,
-  // unpairing fp8 blocks where only unpaired clusters fit (sparse_mla, wgmma_split_cluster_rule). GLM-5 batch 48 / 64 93 / 114 -> 62 / 73 us, batch 16-40 22-30% faster,
-  // DeepSeek-V3.2 bf16 batch 16 / 32 61 / 101 -> 47 / 60 (H100, session 52, runs 106-107); fp8 batch
-  // 16 / 24 / 32 58 / 86 / 100 -> 44 / 58 / 70 (H100, session 53, run 112); GLM-5 batch 12 39 -> 28
-  // (run 113, forced 8 splits).
+  // unpairing fp8 blocks where only unpaired clusters fit (sparse_mla, wgmma_split_cluster_rule).
+  // GLM-5 batch 48 / 64 93 / 114 -> 62 / 73 us, batch 16-40 22-30% faster, DeepSeek-V3.2 bf16 batch
+  // 16 / 32 61 / 101 -> 47 / 60 (H100, session 52, runs 106-107); fp8 batch 16 / 24 / 32 58 / 86 /
+  // 100 -> 44 / 58 / 70 (H100, session 53, run 112); GLM-5 batch 12 39 -> 28 (run 113, 8 splits
+  // forced: the launch's own choice of them not yet timed).
   // false: the merge kernel (tests, A/B); SPARSEMLA_WGMMA_SPLIT_CLUSTERS=1 / 0 turns it on / off for
   // every call. last_split_cluster: the last call merged so (last_cluster is then its split count).
   bool split_clusters = true;

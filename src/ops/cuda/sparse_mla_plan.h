@@ -47,6 +47,7 @@ constexpr int64_t kWgmmaBulkMinRows = 128;
 // one thread-block cluster that merges them, (1, 1, S) for unpaired blocks, (2, 1, S) for pairs
 // (fp8 rows of an even number of 64-head blocks), at most a portable cluster's 8 blocks.
 constexpr int kWgmmaMaxClusterSplits = 8;
+constexpr int kWgmmaMaxPairClusterSplits = kWgmmaMaxClusterSplits / 2;
 struct WgmmaClusterSplits {
   int splits;
   bool pairs;
@@ -66,9 +67,14 @@ struct WgmmaClusterSplits {
 //   - Where no such clusters fit: the plan's count and `pairs`, merged by the kernel.
 // (The figures: sparse_mla.cu, above the call; PERFORMANCE.md sessions 52-53.)
 constexpr int kWgmmaPairMinRows = 128;
+// Whether the Hopper launch pairs blocks of rows_per_split rows (sparse_mla_wgmma); and at `splits`
+// of a token's `tiles` (mma_geometry's rows per split).
+inline bool wgmma_pairs(bool pairs, bool fp8, int64_t blocks_x, int64_t rows_per_split) {
+  return pairs && fp8 && blocks_x % 2 == 0 && rows_per_split >= kWgmmaPairMinRows;
+}
 inline bool wgmma_pairs_at(bool pairs, bool fp8, int64_t blocks_x, int tiles, int splits) {
   const int s = splits < tiles ? splits : tiles;
-  return pairs && fp8 && blocks_x % 2 == 0 && s >= 1 && (tiles + s - 1) / s * mla_smem::kRows >= kWgmmaPairMinRows;
+  return s >= 1 && wgmma_pairs(pairs, fp8, blocks_x, int64_t((tiles + s - 1) / s) * mla_smem::kRows);
 }
 template <class ClustersAtOnce>
 WgmmaClusterSplits wgmma_split_cluster_rule(int splits, bool pairs, bool fp8, int64_t blocks_x, int64_t T, int tiles,
@@ -78,7 +84,7 @@ WgmmaClusterSplits wgmma_split_cluster_rule(int splits, bool pairs, bool fp8, in
   if (splits < 2 || splits > (paired ? kMax : 2 * kMax)) return {splits, pairs};
   if (paired) {
     if (!pair_clusters) return {splits, pairs};
-    for (int s = splits < kMax / 2 ? splits : kMax / 2; s >= 2; --s)
+    for (int s = splits < kWgmmaMaxPairClusterSplits ? splits : kWgmmaMaxPairClusterSplits; s >= 2; --s)
       if (int64_t(clusters_at_once(2, s)) >= blocks_x / 2 * T) return {s, true};
   }
   for (int s = splits < kMax ? splits : kMax; s >= 2; --s)

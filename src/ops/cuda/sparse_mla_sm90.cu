@@ -794,10 +794,9 @@ Kernel unpaired_kernel(bool fp8) {
              : lines_off ? mla_wgmma_kernel<false, false, false> : mla_wgmma_kernel<false, false, true>;
 }
 
-// Paired fp8 blocks' splits merged in (2, 1, S) clusters, S <= kMaxPairClusterSplits (a portable
-// cluster's 8 blocks); SPARSEMLA_WGMMA_PAIR_CLUSTERS=0 leaves pairs to the merge kernel, as before
-// (A/B).
-constexpr int kMaxPairClusterSplits = kMaxClusterSplits / 2;
+// Paired fp8 blocks' splits merged in (2, 1, S) clusters, S <= kWgmmaMaxPairClusterSplits (a
+// portable cluster's 8 blocks); SPARSEMLA_WGMMA_PAIR_CLUSTERS=0 leaves pairs to the merge kernel, as
+// before (A/B).
 bool pair_clusters_on() {
   static const bool off = env_off("SPARSEMLA_WGMMA_PAIR_CLUSTERS");
   return !off;
@@ -847,13 +846,13 @@ int sparse_mla_wgmma(const AttentionArgs& a, int splits, int rows_per_split, flo
   // DeepSeek-V3.2 fp8 batch 1, 23.0 us paired against 21.4). bf16 rows gather faster unpaired in
   // whole lines than paired through registers (H100, session 44, DeepSeek-V3.2 batch 128: 212 us
   // against 272) or paired in lines (session 45: 306), so they never pair.
-  // A pair's splits, 2 .. kMaxPairClusterSplits, merge in (2, 1, S) clusters where all of them fit
-  // at once (as the unpaired blocks' below).
+  // A pair's splits, 2 .. kWgmmaMaxPairClusterSplits, merge in (2, 1, S) clusters where all of them
+  // fit at once (as the unpaired blocks' below).
   const bool out_aligned = (reinterpret_cast<uintptr_t>(a.out) & 15u) == 0;
-  if (pairs && fp8 && grid.x % 2 == 0 && rows_per_split >= kWgmmaPairMinRows) {
+  if (wgmma_pairs(pairs, fp8, grid.x, rows_per_split)) {
     const Kernel kernel = pair_kernel();
     allow_smem(kernel, kSmemBytes);
-    if (merge && pair_clusters_on() && splits > 1 && splits <= kMaxPairClusterSplits && out_aligned &&
+    if (merge && pair_clusters_on() && splits > 1 && splits <= kWgmmaMaxPairClusterSplits && out_aligned &&
         int64_t(max_clusters(kernel, dim3(2, 1, unsigned(splits)))) >= int64_t(grid.x / 2) * grid.y) {
       cudaLaunchAttribute attr;
       const cudaLaunchConfig_t cfg = cluster_config(grid, dim3(2, 1, unsigned(splits)), st, attr);
