@@ -841,26 +841,30 @@ TEST(GpuModel, PrefillExpertGroupsPastTheCublasThresholdMatchTheCpu) {
                       "300 tokens over 4 experts, same choices");
 }
 
-// The indexer's branch of each attention layer on the side stream (GpuModelOptions::side_stream)
-// changes when kernels run, not what they compute: logits equal the one-stream model's bit for bit,
-// for a prefill of two sequences, decode steps of one sequence and of two, through CUDA graphs and
-// without them, every cache format and mode. A read of the branch's outputs before the join, or a
-// write of a buffer the other path still reads, would show here as a difference.
+// The indexer's branch of each attention layer on the side stream (GpuModelOptions::side_stream),
+// with the indexer's q_b product on it or in one launch with q_b's (index_qb_side), changes when
+// kernels run, not what they compute: logits equal the one-stream model's bit for bit, for a prefill
+// of two sequences, decode steps of one sequence and of two, through CUDA graphs and without them,
+// every cache format and mode. A read of the branch's outputs before the join, or a write of a
+// buffer the other path still reads, would show here as a difference.
 TEST(GpuModel, SideStreamGivesTheOneStreamLogitsBitForBit) {
   SPARSEMLA_REQUIRE_GPU();
   auto cpu = Model::load(test::bundled_model_path(), {AttentionMode::Sparse, 2});
   ASSERT_GT(cpu->hparams().idx_top_k, 0u);
   const int64_t V = cpu->hparams().n_vocab;
   for (const auto& [d, precise] : kFormats) {
-    for (bool graphs : {true, false}) {
+    for (auto [graphs, qb_side] : {std::pair{true, true}, {true, false}, {false, true}}) {
       GpuModelOptions o = options(d, precise);
       o.cuda_graphs = graphs;
       o.side_stream = true;
+      o.index_qb_side = qb_side;
       auto branched = GpuModel::load(*cpu, o);
       o.side_stream = false;
       auto single = GpuModel::load(*cpu, o);
       GpuCache bc = branched->make_cache(64, 16), sc = single->make_cache(64, 16);
-      const std::string tag = fmt::format("{} {} graphs {}", dtype_name(d), precision_name(precise), graphs);
+      const std::string tag =
+          fmt::format("{} {} graphs {} indexer's q_b on the side {}", dtype_name(d), precision_name(precise), graphs,
+                      qb_side);
       std::vector<int32_t> ba, bb, sa, sb;
       ASSERT_TRUE(bc.reserve(ba, 200) && bc.reserve(bb, 200) && sc.reserve(sa, 200) && sc.reserve(sb, 200));
       auto same = [&](const std::vector<float>& x, const std::vector<float>& y, const std::string& what) {

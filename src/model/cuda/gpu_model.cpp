@@ -639,6 +639,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   // SPARSEMLA_CUDA_GRAPHS=0 turns the decode graphs off without a rebuild (comparisons, debugging).
   if (env_off("SPARSEMLA_CUDA_GRAPHS")) g->opts_.cuda_graphs = false;
   if (env_off("SPARSEMLA_SIDE_STREAM")) g->opts_.side_stream = false;
+  if (const int q = env_switch("SPARSEMLA_INDEX_QB_SIDE"); q >= 0) g->opts_.index_qb_side = q == 1;
   if (env_off("SPARSEMLA_Q8_ACTIVATIONS")) g->opts_.q8_two_level = false;
   if (env_off("SPARSEMLA_ABSORB_IN_PLACE")) g->opts_.absorb_in_place = false;
   if (env_off("SPARSEMLA_SHORT_CONTEXT_DENSE")) g->opts_.short_context_dense = false;
@@ -1097,8 +1098,9 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
   }
   // The indexer's branch and the latent rows run beside the query path on the side stream (except
   // under the step profile, whose marks time one stream): the head weights' product, the index keys
-  // and the latent rows once the first products are done; the queries, scores and top-k once q_b's
-  // are. The attention kernel waits for both.
+  // and the latent rows once the first products are done; the indexer's q_b product, queries, scores
+  // and top-k once q_a's norm is (GpuModelOptions::index_qb_side; else once q_b's product, shared
+  // with the indexer's, is). The attention kernel waits for both.
   const bool branch = index && side_stream_on();
   const auto to_side = [&] {
     if (!branch) return;
@@ -1110,6 +1112,7 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
     State& st;
     ~MainAgain() { st.on_side = false; }
   } main_again{st};
+  bool branch_indexed = false;  // the indexer ran with its q_b product on the side stream
   to_side();
   if (score) product(L.idx_proj, w.x, T, w.iw, qx);
   mark("attention: q_a, kv_a, q_b and the indexer's products");
@@ -1128,15 +1131,25 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
     cuda::Q8Activations* nq = producer_q8(w.qr, T, ql, 1, qr_readers, &lv);
     cuda::rms_norm(w.qr, ql, L.q_a_norm, T, ql, hp.rms_eps, w.qr, ql, s, nq, lv);
     const cuda::Q8Activations* qqr = quantized(w.qr, T, ql, 1, qr_readers);
-    const QuantMatrix* mats[2] = {&L.q_b, &L.idx_q_b};
-    float* outs[2] = {w.q, w.iq};
-    product_many(mats, outs, score ? 2 : 1, w.qr, T, qqr);
+    if (score && branch && opts_.index_qb_side) {
+      // The indexer's q_b and everything after it on the side stream, q_b's product on the main one.
+      to_side();
+      product(L.idx_q_b, w.qr, T, w.iq, qqr);
+      indexer(il, cache);
+      to_main();
+      product(L.q_b, w.qr, T, w.q, qqr);
+      branch_indexed = true;
+    } else {
+      const QuantMatrix* mats[2] = {&L.q_b, &L.idx_q_b};
+      float* outs[2] = {w.q, w.iq};
+      product_many(mats, outs, score ? 2 : 1, w.qr, T, qqr);
+    }
   } else {
     product(L.q, w.x, T, w.q, qx);  // no q_a, so no indexer (hparams refuses one)
   }
   mark("attention: q_a, kv_a, q_b and the indexer's products");
 
-  if (score) {
+  if (score && !branch_indexed) {
     to_side();
     indexer(il, cache);
     to_main();

@@ -128,6 +128,12 @@ struct GpuModelOptions {
   // bit for bit. SPARSEMLA_SIDE_STREAM=0 turns it off without a rebuild; the step profile
   // (SPARSEMLA_STEP_PROFILE=1) runs without it.
   bool side_stream = true;
+  // With side_stream, the indexer's q_b product also runs on the side stream, right after q_a's norm,
+  // beside q_b's on the main stream, instead of in one launch with q_b's: the indexer's queries,
+  // scores and top-k (the longer path at contexts past top_k) start once the smaller product is done.
+  // Off: q_b and the indexer's q_b in one launch (cuda::matmul_many_q8), the branch after it. The
+  // same results bit for bit either way. SPARSEMLA_INDEX_QB_SIDE=0 / 1 sets it without a rebuild.
+  bool index_qb_side = true;
   // attn_k_b / attn_v_b stored as bf16 or f16 are read in place by the absorption products (fast
   // mode; no W_UK / W_UV copies on the device). Off: bf16 copies, as for the other types (tests,
   // A/B; the same bits for bf16 files). SPARSEMLA_ABSORB_IN_PLACE=0 turns it off without a rebuild.
