@@ -580,11 +580,13 @@ void launch_long_rows(const float* scores, int64_t stride, const int32_t* n, int
 // Measured on an H200 (docs/PERFORMANCE.md, session 16), one row, top-k alone: 4K 8.6 us against
 // 11.2 for the team path; 16K (16 per thread) 14.2 against 10.7: the serial per-thread counting of
 // 16 keys per pass outweighs the team's global barriers there.
+// SPARSEMLA_TOPK_BLOCK_PER=8 / 16 lets kAuto take rows of up to 8 / 16 scores per thread too (A/B).
 bool takes_block(const float* scores, int64_t stride, const TopKWorkspace* ws) {
   static const bool off = env_off("SPARSEMLA_TOPK_BLOCK");
+  static const long long max_per = env_int("SPARSEMLA_TOPK_BLOCK_PER", 4);
   const TopKPath p = ws ? ws->path : TopKPath::kAuto;
   const int per = block_path_per_thread(scores, stride);
-  return (p == TopKPath::kBlock && per > 0) || (p == TopKPath::kAuto && !off && per == 4);
+  return (p == TopKPath::kBlock && per > 0) || (p == TopKPath::kAuto && !off && per > 0 && per <= max_per);
 }
 
 // Forgets top_k_counts' pending call and zeroes every row's state: what the scores' kernel may have
