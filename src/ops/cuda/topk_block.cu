@@ -28,34 +28,34 @@ __global__ void __launch_bounds__(THREADS) topk_block_kernel(const float* scores
   for (int b = tid; b < kMaxBins; b += THREADS) sm.hist[b] = 0;
   pdl::wait();  // the scores come from the kernel just before (pdl.cuh)
   pdl::launch_dependents();
-  const int n = nn[t];
-  int32_t* o = out + int64_t(t) * k;
-  if (n <= k) return write_short_row<THREADS>(n, k, o, 0, 1);
   const float* start = scores + int64_t(t) * stride;
   const int a = int((reinterpret_cast<uintptr_t>(start) / sizeof(float)) & 3);
   const float* row = start - a;  // 16-byte aligned; shifted index i is position i - a
   const int i0 = PER * tid;                // shifted index of this thread's first score
 
+  // Loaded before the row's length is known, in one round trip with it (as the team path does):
+  // this thread's scores anywhere in the row's stride; those past n are dropped below.
   uint32_t key[PER];
-  uint32_t live = 0;  // bit j: score j of this thread is one of the row's
 #pragma unroll
   for (int q = 0; q < PER / 4; ++q) {
     const int i = i0 + 4 * q;
-    if (i >= a && i + 4 <= n + a) {
+    if (i >= a && int64_t(i) + 4 <= stride + a) {
       const float4 v = *reinterpret_cast<const float4*>(row + i);
       const float f[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) key[4 * q + j] = order_key(f[j]);
-      live |= 0xFu << (4 * q);
     } else {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const bool in = i + j >= a && i + j < n + a;
-        key[4 * q + j] = in ? order_key(row[i + j]) : 0u;
-        live |= uint32_t(in) << (4 * q + j);
-      }
+      for (int j = 0; j < 4; ++j)
+        key[4 * q + j] = i + j >= a && int64_t(i + j) < stride + a ? order_key(row[i + j]) : 0u;
     }
   }
+  const int n = nn[t];
+  int32_t* o = out + int64_t(t) * k;
+  if (n <= k) return write_short_row<THREADS>(n, k, o, 0, 1);
+  uint32_t live = 0;  // bit j: score j of this thread is one of the row's
+#pragma unroll
+  for (int j = 0; j < PER; ++j) live |= uint32_t(i0 + j >= a && i0 + j < n + a) << j;
   __syncthreads();  // (the histogram's zeros)
 
   uint32_t prefix = 0, rank = uint32_t(k);  // thr's digits found so far; its rank among their keys
