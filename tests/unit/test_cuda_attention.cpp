@@ -1717,6 +1717,53 @@ TEST(CudaAttention, AbsorptionProductsMatchTheCpu) {
   }
 }
 
+// The query's rope done by W_UK's launch (cuda::HeadRope, GpuModelOptions::rope_in_wuk): one token
+// of bf16 or f16 rows on the head GEMV takes it, and q's latent-space rows come out bit for bit as
+// from the rope kernel (DeviceRope::apply_to, itself against the CPU in the fused cache-write
+// tests) and the product alone: the product's part and the rotated part, both rope styles, at
+// positions up to 150K. Products the GEMV does not run (2 tokens on the tensor-core kernel, fp32
+// rows) do not take it.
+TEST(CudaAttention, AbsorptionProductDoesTheQueryRopeInItsLaunch) {
+  SPARSEMLA_REQUIRE_GPU();
+  std::mt19937 rng(16);
+  const ops::Rope rope = plain_rope(64, 1e4f);
+  const cuda::DeviceRope drope(rope);
+  cuda::Blas blas;
+  for (auto [heads, nope, kvl] : std::vector<std::tuple<int, int, int>>{{64, 192, 512}, {16, 128, 512}, {3, 16, 40}})
+    for (bool f16 : {false, true})
+      for (ops::RopeStyle style : {ops::RopeStyle::HalfSplit, ops::RopeStyle::Interleaved}) {
+        const int T = 1, qk = nope + 64, lat = kvl + 64;
+        std::vector<float> w = random_vec(size_t(heads) * kvl * nope, rng, 0.05f);
+        std::vector<uint16_t> wbits(w.size());
+        for (size_t i = 0; i < w.size(); ++i) wbits[i] = f16 ? f32_to_fp16(w[i]) : f32_to_bf16(w[i]);
+        std::vector<float> q = random_vec(size_t(T) * heads * qk, rng);
+        const std::vector<int64_t> pos{int64_t(rng() % 150000)};
+        DeviceBuffer d_w = cuda::to_device(wbits), d_q = cuda::to_device(q), d_pos = cuda::to_device(pos);
+        cuda::HeadBatchedGemm g{d_w.get(), heads, kvl, nope};
+        if (f16) g.form = cuda::HeadWeights::F16;
+        ASSERT_TRUE(blas.takes_rope(g, 1));
+        if (!f16) EXPECT_FALSE(blas.takes_rope(g, 2)) << "2 tokens of bf16 rows: the tensor-core kernel";
+        EXPECT_FALSE(blas.takes_rope({d_w.get(), heads, kvl, nope, true}, 1)) << "fp32 rows: cuBLAS";
+        const size_t n_out = size_t(T) * heads * lat;
+        DeviceBuffer d_sep(n_out * 4), d_one(n_out * 4);
+        d_sep.zero();
+        d_one.zero();
+        drope.apply_to(d_q.as<float>() + nope, qk, d_sep.as<float>() + kvl, lat, 64, T, heads,
+                       d_pos.as<int64_t>(), style, nullptr);
+        blas.per_head(g, d_q.as<float>(), qk, T, d_sep.as<float>(), lat, nullptr);
+        const cuda::HeadRope hr{d_q.as<float>() + nope, qk, d_one.as<float>() + kvl, lat, d_pos.as<int64_t>(),
+                                drope.table(style)};
+        blas.per_head(g, d_q.as<float>(), qk, T, d_one.as<float>(), lat, nullptr, &hr);
+        const std::vector<float> sep = cuda::to_host<float>(d_sep, n_out), one = cuda::to_host<float>(d_one, n_out);
+        size_t rotated_nonzero = 0;
+        for (int h = 0; h < heads; ++h)
+          for (int c = kvl; c < lat; ++c) rotated_nonzero += one[size_t(h) * lat + c] != 0.0f;
+        EXPECT_GT(rotated_nonzero, size_t(heads) * 60) << "the rotated part was not written";
+        EXPECT_EQ(std::memcmp(sep.data(), one.data(), n_out * 4), 0)
+            << heads << " heads, f16 " << f16 << ", style " << int(style) << ": not the bits of rope kernel + product";
+      }
+}
+
 // The absorption weights read as the file stores them in f16 (attn_k_b / attn_v_b, no bf16 copy):
 // the decode-sized GEMV against the exact stored values times x rounded to bf16 (in double), and
 // the larger batches' cuBLAS path against those values rounded to bf16 (its widened copy).

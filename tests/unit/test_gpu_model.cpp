@@ -517,6 +517,49 @@ std::vector<float> bundled_decode_logits(const Model& cpu, const GpuModelOptions
   return all;
 }
 
+// The query's rope done by W_UK's launch (GpuModelOptions::rope_in_wuk) in the one-token steps:
+// the same logits bit for bit as its own rope launch, with bf16 copies and with f16 rows read in
+// place, and the fold taken (counted) in those steps and not where it is off.
+TEST(GpuModel, RopeInWukGivesTheLogitsOfItsOwnLaunch) {
+  SPARSEMLA_REQUIRE_GPU();
+  for (gguf::GgmlType t : {gguf::GgmlType::Q8_0, gguf::GgmlType::F16}) {
+    SCOPED_TRACE(gguf::type_name(t));
+    test::TempDir dir("gpu-rope-wuk");
+    SyntheticSpec spec = SyntheticSpec::glm5_small();
+    spec.matrix_type = t;
+    const std::string path = dir.file("m.gguf");
+    write_synthetic_model(spec, path);
+    auto cpu = Model::load(path, {AttentionMode::Sparse, 2});
+    GpuModelOptions on = options(KvDtype::BF16), off = on;
+    off.rope_in_wuk = false;
+    std::vector<int32_t> tokens;
+    auto count = [&](const GpuModelOptions& o, std::vector<float>* logits) {
+      auto g = GpuModel::load(*cpu, o);
+      GpuCache c = g->make_cache(32, 16);
+      std::vector<int32_t> table;
+      EXPECT_TRUE(c.reserve(table, 200));
+      const int64_t V = cpu->hparams().n_vocab;
+      std::vector<int32_t> prompt;
+      for (int i = 0; i < 40; ++i) prompt.push_back(int32_t((i * 733 + 29) % V));
+      std::vector<float> l;
+      g->forward({SeqInput{prompt, 0, &table, false}}, c, l);
+      const bool own = tokens.empty();
+      for (int i = 0; i < 16; ++i) {
+        if (own) tokens.push_back(test::argmax(l.data(), V));
+        l.clear();
+        g->forward({SeqInput{{tokens[size_t(i)]}, 40 + i, &table, false}}, c, l);
+        logits->insert(logits->end(), l.begin(), l.end());
+      }
+      return g->rope_in_wuk_launches();
+    };
+    std::vector<float> a, b;
+    EXPECT_GT(count(on, &a), 0) << "no W_UK launch did the rope";
+    EXPECT_EQ(count(off, &b), 0);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "not the bits of the rope's own launch";
+  }
+}
+
 TEST(GpuModel, Int8ActivationsStayCloseOnTheTrainedModel) {
   SPARSEMLA_REQUIRE_GPU();
   auto cpu = Model::load(test::bundled_model_path(), {AttentionMode::Sparse, 2});

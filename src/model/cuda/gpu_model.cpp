@@ -444,6 +444,7 @@ struct GpuModel::State {
   // Decode graphs by (batch size, context bucket, cache, cache format); an empty graph: not capturable.
   std::map<GraphKey, gpu::Graph> graphs;
   int64_t graph_captures = 0, graph_replays = 0;
+  int64_t rope_in_wuk = 0;  // GpuModel::rope_in_wuk_launches
   std::string graph_error;  // why the last capture that failed failed
   // The addresses of every buffer the graphs use that grows on demand. Buffers only grow, so the
   // graphs stay valid while these are unchanged; when an eager step moved one, they are dropped.
@@ -607,6 +608,7 @@ void GpuModel::set_collectives(GpuCollectives c) { coll_ = std::move(c); }
 cuda::Stream GpuModel::stream() const { return st_->s(); }
 int64_t GpuModel::graph_captures() const { return st_->graph_captures; }
 int64_t GpuModel::graph_replays() const { return st_->graph_replays; }
+int64_t GpuModel::rope_in_wuk_launches() const { return st_->rope_in_wuk; }
 const std::string& GpuModel::graph_error() const { return st_->graph_error; }
 
 void GpuModel::reduce(float* data, int64_t n) {
@@ -640,6 +642,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   if (env_off("SPARSEMLA_CUDA_GRAPHS")) g->opts_.cuda_graphs = false;
   if (env_off("SPARSEMLA_SIDE_STREAM")) g->opts_.side_stream = false;
   if (const int q = env_switch("SPARSEMLA_INDEX_QB_SIDE"); q >= 0) g->opts_.index_qb_side = q == 1;
+  if (const int q = env_switch("SPARSEMLA_ROPE_IN_WUK"); q >= 0) g->opts_.rope_in_wuk = q == 1;
   if (env_off("SPARSEMLA_Q8_ACTIVATIONS")) g->opts_.q8_two_level = false;
   if (env_off("SPARSEMLA_ABSORB_IN_PLACE")) g->opts_.absorb_in_place = false;
   if (env_off("SPARSEMLA_SHORT_CONTEXT_DENSE")) g->opts_.short_context_dense = false;
@@ -1159,8 +1162,11 @@ void GpuModel::attention_layer(const Layer& L, int32_t il, GpuCache& cache) {
     fail("GPU forward: layer {} shares the indexer selection, but no earlier layer has an indexer", il);
 
   // q per head [q_nope | rope(q_pe)], absorbed into the latent space: qfull = [W_UK_h q_nope | q_pe].
-  st.rope->apply_to(w.q + nope, qk, w.qfull + kvl, lat, rope, T, nh, w.pos, spec_->main_rope, s);
-  st.blas.per_head(L.uk, w.q, qk, T, w.qfull, lat, s);
+  const cuda::HeadRope hr{w.q + nope, qk, w.qfull + kvl, lat, w.pos, st.rope->table(spec_->main_rope)};
+  const bool rope_in_wuk = opts_.rope_in_wuk && st.rope->dims() == rope && st.blas.takes_rope(L.uk, T);
+  if (!rope_in_wuk) st.rope->apply_to(w.q + nope, qk, w.qfull + kvl, lat, rope, T, nh, w.pos, spec_->main_rope, s);
+  st.blas.per_head(L.uk, w.q, qk, T, w.qfull, lat, s, rope_in_wuk ? &hr : nullptr);
+  st.rope_in_wuk += rope_in_wuk;
   mark("attention: rope, W_UK absorption");
   if (branch) st.side.join(s);
   if (sparse && st.record) {

@@ -134,6 +134,10 @@ struct GpuModelOptions {
   // Off: q_b and the indexer's q_b in one launch (cuda::matmul_many_q8), the branch after it. The
   // same results bit for bit either way. SPARSEMLA_INDEX_QB_SIDE=0 / 1 sets it without a rebuild.
   bool index_qb_side = true;
+  // The query's rope (into q's latent-space row) done by W_UK's launch where that product takes it
+  // (cuda::Blas::takes_rope: one token on the head GEMV), one launch fewer; the same bits. Off: its
+  // own launch before W_UK. SPARSEMLA_ROPE_IN_WUK=0 / 1 sets it without a rebuild.
+  bool rope_in_wuk = true;
   // attn_k_b / attn_v_b stored as bf16 or f16 are read in place by the absorption products (fast
   // mode; no W_UK / W_UV copies on the device). Off: bf16 copies, as for the other types (tests,
   // A/B; the same bits for bf16 files). SPARSEMLA_ABSORB_IN_PLACE=0 turns it off without a rebuild.
@@ -225,6 +229,8 @@ class GpuModel {
   int64_t graph_captures() const;
   int64_t graph_replays() const;
   const std::string& graph_error() const;  // why the last failed capture failed ("" when none did)
+  // W_UK launches enqueued (eager or captured) that did the query's rope too (rope_in_wuk).
+  int64_t rope_in_wuk_launches() const;
 
   // Cache geometry, device bytes per token, and the tokens of cache that free memory holds now
   // (after the workspace estimate), in the format of the options.

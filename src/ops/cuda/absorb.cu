@@ -16,6 +16,7 @@
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/small_ops_reduce.cuh"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/rope.cuh"
 #include "util/env.h"
 
 namespace sparsemla::cuda {
@@ -86,7 +87,7 @@ template <class WR, int NT, int RPW>
 __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const uint8_t* __restrict__ w, int heads, int rows,
                                                                    int cols, const float* __restrict__ x,
                                                                    int64_t x_stride, int T, float* __restrict__ out,
-                                                                   int64_t out_stride) {
+                                                                   int64_t out_stride, HeadRope rope) {
   extern __shared__ float xs[];  // [T][cols]
   const int h = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, chunks = cols / 8;
@@ -105,6 +106,21 @@ __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const uint8_t*
     xs[i] = __bfloat162float(__float2bfloat16(x[(int64_t(t) * heads + h) * x_stride + c]));
   }
   __syncthreads();
+  // The head's rotation (HeadRope), by the last block of its rows: rope_kernel's arithmetic.
+  if (rope.out && blockIdx.x == gridDim.x - 1) {
+    const int64_t half = rope.table.half;
+    for (int64_t i = threadIdx.x; i < T * half; i += blockDim.x) {
+      const int64_t t = i / half, j = i % half;
+      const RopeAngle ang = rope_angle(rope.table, float(rope.pos[t]), j);
+      const int64_t ia = rope_a(rope.table, j), ib = rope_b(rope.table, j);
+      const float* row = rope.x + (t * heads + h) * rope.x_stride;
+      float x0 = row[ia], x1 = row[ib];
+      rope_rotate(ang, &x0, &x1);
+      float* orow = rope.out + (t * heads + h) * rope.out_stride;
+      orow[ia] = x0;
+      orow[ib] = x1;
+    }
+  }
   if (r0 >= rows) return;
   for (int t0 = 0; t0 < T; t0 += NT) {
     float acc[RPW][NT];
@@ -172,29 +188,31 @@ bool head_gemv_fits(const HeadBatchedGemm& g, int64_t T) {
 
 template <class WR, int RPW>
 void launch_head_gemv(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_t T, float* out,
-                      int64_t out_stride, cudaStream_t s) {
+                      int64_t out_stride, const HeadRope& rope, cudaStream_t s) {
   const dim3 grid(unsigned((g.rows + kHgWarps * RPW - 1) / (kHgWarps * RPW)), unsigned(g.heads));
   const size_t smem = size_t(T * g.cols) * sizeof(float);
   const auto* w = static_cast<const uint8_t*>(g.w);
   const auto kernel = T == 1   ? head_gemv_kernel<WR, 1, RPW>
                       : T == 2 ? head_gemv_kernel<WR, 2, RPW>
                                : head_gemv_kernel<WR, 4, RPW>;
-  pdl::launch(kernel, grid, kHgWarps * 32, smem, s, w, g.heads, g.rows, g.cols, x, x_stride, int(T), out, out_stride);
+  pdl::launch(kernel, grid, kHgWarps * 32, smem, s, w, g.heads, g.rows, g.cols, x, x_stride, int(T), out, out_stride,
+              rope);
   SPARSEMLA_CUDA_LAUNCH_CHECK();
 }
 
 template <class WR>
 void launch_head_gemv(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_t T, float* out,
-                      int64_t out_stride, cudaStream_t s) {
-  if (g.cols <= 256) launch_head_gemv<WR, kHgShortRowsPerWarp>(g, x, x_stride, T, out, out_stride, s);
-  else launch_head_gemv<WR, kHgRowsPerWarp>(g, x, x_stride, T, out, out_stride, s);
+                      int64_t out_stride, const HeadRope& rope, cudaStream_t s) {
+  if (g.cols <= 256) launch_head_gemv<WR, kHgShortRowsPerWarp>(g, x, x_stride, T, out, out_stride, rope, s);
+  else launch_head_gemv<WR, kHgRowsPerWarp>(g, x, x_stride, T, out, out_stride, rope, s);
 }
 
+// rope: a rotation to do in the same launch (rope.out null: none).
 void head_gemv(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_t T, float* out, int64_t out_stride,
-               cudaStream_t s) {
+               const HeadRope& rope, cudaStream_t s) {
   switch (g.form) {
-    case HeadWeights::BF16: return launch_head_gemv<Bf16Row>(g, x, x_stride, T, out, out_stride, s);
-    case HeadWeights::F16: return launch_head_gemv<F16Row>(g, x, x_stride, T, out, out_stride, s);
+    case HeadWeights::BF16: return launch_head_gemv<Bf16Row>(g, x, x_stride, T, out, out_stride, rope, s);
+    case HeadWeights::F16: return launch_head_gemv<F16Row>(g, x, x_stride, T, out, out_stride, rope, s);
     case HeadWeights::Quant: break;  // (absorb_q8.cu)
   }
   fail("cuda::head_gemv: internal error: quantized weights");
@@ -272,9 +290,15 @@ Blas::~Blas() {
   if (handle_) cublasDestroy(static_cast<cublasHandle_t>(handle_));
 }
 
+bool Blas::takes_rope(const HeadBatchedGemm& g, int64_t T) const {
+  return !g.f32 && g.form != HeadWeights::Quant && T > 0 && head_path(g, T, path) == Path::Kernel;
+}
+
 void Blas::per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_t T, float* out,
-                    int64_t out_stride, Stream s) {
+                    int64_t out_stride, Stream s, const HeadRope* rope) {
   if (T == 0) return;
+  if (rope && !takes_rope(g, T))
+    fail("Blas::per_head: internal error: a rotation asked of a product of {} tokens that does not take it", T);
   auto h = static_cast<cublasHandle_t>(handle_);
   auto st = static_cast<cudaStream_t>(s);
   const float one = 1.0f, zero = 0.0f;
@@ -291,7 +315,7 @@ void Blas::per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, 
   switch (head_path(g, T, path)) {
     case Path::Kernel:
       if (g.form == HeadWeights::Quant) head_gemv_q8(g, x, x_stride, T, out, out_stride, st);
-      else head_gemv(g, x, x_stride, T, out, out_stride, st);
+      else head_gemv(g, x, x_stride, T, out, out_stride, rope ? *rope : HeadRope{}, st);
       return;
     case Path::TensorCore: return head_mma(g, x, x_stride, T, out, out_stride, st);
     case Path::Auto:

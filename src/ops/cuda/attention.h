@@ -314,14 +314,28 @@ struct HeadBatchedGemm {
 // of the int8 decode units (Q8_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_XS, IQ2_XXS), whole blocks per
 // row, and every head's rows 16-byte aligned.
 bool head_q8_supported(gguf::GgmlType t, int rows, int cols, const void* w);
+// A rotation that Blas::per_head may do in its own launch (the query's rope beside W_UK, which
+// reads another part of the same rows): DeviceRope::apply_to's with width = 2 table.half, the
+// same bits. x: [T, H, x_stride], out: [T, H, out_stride], pos: [T].
+struct HeadRope {
+  const float* x = nullptr;
+  int64_t x_stride = 0;
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  const int64_t* pos = nullptr;
+  RopeTable table;
+};
 class Blas {
  public:
   Blas();
   ~Blas();
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
+  // With `rope`, also that rotation, which takes_rope(g, T) must allow (the head GEMV of bf16 / f16
+  // rows: one token of W_UK); its heads are g's.
   void per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_t T, float* out,
-                int64_t out_stride, Stream s);
+                int64_t out_stride, Stream s, const HeadRope* rope = nullptr);
+  bool takes_rope(const HeadBatchedGemm& g, int64_t T) const;
   // Its scratch buffer (grown on demand): a captured CUDA graph holds this address.
   const void* scratch() const { return xbf_.get(); }
   const void* weight_scratch() const { return wbf_.get(); }
