@@ -531,6 +531,7 @@ TEST(GpuModel, RopeInWukGivesTheLogitsOfItsOwnLaunch) {
     write_synthetic_model(spec, path);
     auto cpu = Model::load(path, {AttentionMode::Sparse, 2});
     GpuModelOptions on = options(KvDtype::BF16), off = on;
+    on.rope_in_wuk = true;
     off.rope_in_wuk = false;
     std::vector<int32_t> tokens;
     auto count = [&](const GpuModelOptions& o, std::vector<float>* logits) {

@@ -133,11 +133,14 @@ struct GpuModelOptions {
   // scores and top-k (the longer path at contexts past top_k) start once the smaller product is done.
   // Off: q_b and the indexer's q_b in one launch (cuda::matmul_many_q8), the branch after it. The
   // same results bit for bit either way. SPARSEMLA_INDEX_QB_SIDE=0 / 1 sets it without a rebuild.
-  bool index_qb_side = true;
+  // Opt-in until timed on a GPU (written in session 54 without one; docs/PERFORMANCE.md "Session
+  // 54", scripts/device/pending_checks.sh phase s54).
+  bool index_qb_side = false;
   // The query's rope (into q's latent-space row) done by W_UK's launch where that product takes it
   // (cuda::Blas::takes_rope: one token on the head GEMV), one launch fewer; the same bits. Off: its
-  // own launch before W_UK. SPARSEMLA_ROPE_IN_WUK=0 / 1 sets it without a rebuild.
-  bool rope_in_wuk = true;
+  // own launch before W_UK. SPARSEMLA_ROPE_IN_WUK=0 / 1 sets it without a rebuild. Opt-in until
+  // timed on a GPU (as index_qb_side; its kernel is checked by the host emulation in CI).
+  bool rope_in_wuk = false;
   // attn_k_b / attn_v_b stored as bf16 or f16 are read in place by the absorption products (fast
   // mode; no W_UK / W_UV copies on the device). Off: bf16 copies, as for the other types (tests,
   // A/B; the same bits for bf16 files). SPARSEMLA_ABSORB_IN_PLACE=0 turns it off without a rebuild.
