@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: re-checks of sessions 34-38's and 44's GPU code, in one run of ~18 minutes of
-# device time. Every phase has run but s53 (owed: session 53's last change; s52 in run 110 of session 53, H100; s51 and s50's memcheck in run 103 of session
+# device time. Every phase has run but s54 and s53 (owed: sessions 54's and 53's changes, the device lent to neither; s52 in run 110 of session 53, H100; s51 and s50's memcheck in run 103 of session
 # 52; s50's tests, racecheck and bounds in run 99 of session 51; s49 in run 95 of session 50): session 48 f16 and small8 on an H100 on d9c6745 (run 82), session 37 all but prefill and ncu on an H200 on 186f2c6, session
 # 38 the prefill phase on an H100, session 45 the wgmma phase on an H100 on 118c578, session 46 the fp8
 # phase on an H100 on aa478b5 (PERFORMANCE.md, "Session 37", "Session 38", "Session 45", "Session 46":
@@ -64,6 +64,23 @@
 #             for the pairs; run 82 timed the peer arrival without MEMBAR.ALL.GPU) also the Hopper tests
 #             and racecheck on the pairs with it, and an A/B of DeepSeek-V3.2 fp8 at batch 32 / 128
 #             against $BIN/sparsemla.
+#  s54        (session 54; owed, never ran: no device was lent after its code was written) three
+#             changes on the batch-1 decode path: (1) the indexer's q_b product on the side stream
+#             right after q_a's norm (GpuModelOptions::index_qb_side, SPARSEMLA_INDEX_QB_SIDE; opt-in),
+#             so that the indexer's queries, scores and top-k (the longer path past top_k positions)
+#             start before q_b's product ends; (2) the query's rope done by W_UK's launch at one token
+#             (rope_in_wuk, SPARSEMLA_ROPE_IN_WUK; opt-in; its kernel is host-emulated in CI); (3) the
+#             top-k block kernel's scores loaded before the row's length (on; host-emulated in CI),
+#             and SPARSEMLA_TOPK_BLOCK_PER=8 letting the automatic choice take the block path for
+#             rows of up to 8K scores (the model's 8K context bucket: 4097-8192 positions). Their GPU
+#             tests (the side-stream bit-for-bit test with the q_b split on and off, the rope's ops
+#             and model tests, the top-k tests) and the fixtures' model tests with both switches on,
+#             memcheck on the new kernels' tests, then the GLM-5-width step at batch 1 (prompts 1K,
+#             4K, 32K; 2 and 3 layers; each switch off against all on; two rounds), the top-k block
+#             path at 4 / 8 per thread in `bench attention` (contexts 3000-8000), and the
+#             SPARSEMLA_ABSORB_QUANT A/B (owed since session 52). Decide from the figures: turn
+#             index_qb_side / rope_in_wuk on by default (gpu_model.h), and the block path's bound
+#             (takes_block, topk.cu) to 8 per thread where it wins.
 #  s53        (session 53; owed, never ran: 17e5af0 and fbeed38 were written after the device time ran out) unpaired
 #             splits planned 9-16 ways merged as 8 (or fewer that fit) in clusters, GLM-5 at batch 8-15
 #             (wgmma_cluster_splits; run 113 timed the same path by `--splits 8`): the merge test (its
@@ -120,7 +137,7 @@
 # compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-s53 s52 s51 s50 s48 f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
+PHASES=${PHASES:-s54 s53 s52 s51 s50 s48 f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -131,6 +148,47 @@ gtests() {
   timeout "$2" "$BIN/$3" --gtest_filter="$4" >"$OUT/$1_tests.log" 2>&1
   echo "$1 tests: exit $?"; grep -E "^\[  FAILED|PASSED|tests ran" "$OUT/$1_tests.log" | tail -8
 }
+
+if has s54; then
+  gtests s54 300 sparsemla_tests 'GpuModel.SideStream*:GpuModel.RopeInWuk*:CudaAttention.AbsorptionProduct*:CudaAttention.*TopK*'
+  SPARSEMLA_INDEX_QB_SIDE=1 SPARSEMLA_ROPE_IN_WUK=1 gtests s54_fixtures 300 sparsemla_tests \
+    '*GpuModelFixture.LogitsMatch*:*GpuModelFixture.Greedy*:GpuModel.DecodeGraphs*'
+  SPARSEMLA_GPU_TEST_SMALL=1 timeout 120 "$SAN" --tool memcheck "$BIN/sparsemla_tests" \
+    --gtest_filter='CudaAttention.TopKBlock*:CudaAttention.AbsorptionProductDoes*' >"$OUT/s54_memcheck.log" 2>&1
+  echo "s54 memcheck: exit $?"; grep -hE "ERROR SUMMARY" "$OUT/s54_memcheck.log"
+  for L in 2 3; do
+    [ -f /tmp/s54_$L.gguf ] || timeout 60 "$BIN/sparsemla" make-model --preset glm5-width --layers $L --type q4_k_m \
+      --zeros -o /tmp/s54_$L.gguf >/dev/null 2>&1 || echo "make-model $L layers failed"
+  done
+  s54_step() {  # s54_step QB,PER,RW LAYERS PROMPT
+    local qb per rw; IFS=, read -r qb per rw <<<"$1"
+    echo "qb_side $qb, top-k block per $per, rope_in_wuk $rw, prompt $3, $2 layers: $(SPARSEMLA_INDEX_QB_SIDE=$qb \
+      SPARSEMLA_TOPK_BLOCK_PER=$per SPARSEMLA_ROPE_IN_WUK=$rw timeout 60 "$BIN/sparsemla" bench -m /tmp/s54_$2.gguf \
+      --device cuda --prompt $3 --gen 64 --batch 1 2>&1 | grep -E '^decode|rror' | grep -oE '[0-9.]+ ms per step|rror.*')"
+  }
+  for round in 1 2; do
+    for P in 4096 32768; do
+      for v in 1,8,1 0,8,1 1,4,1 1,8,0 0,4,0; do
+        [ $P = 32768 ] && [ $v = 1,4,1 ] && continue  # (past 16K the block path never applies)
+        s54_step $v 3 $P
+      done
+      s54_step 1,8,1 2 $P; s54_step 0,4,0 2 $P
+    done
+    s54_step 1,8,1 2 1024; s54_step 1,8,1 3 1024; s54_step 0,4,0 2 1024; s54_step 0,4,0 3 1024
+  done 2>&1 | tee "$OUT/s54_model.log"
+  for per in 4 8; do
+    echo "== top-k block per $per (shape | top-k tied | idx+top-k | kernels)"
+    SPARSEMLA_TOPK_BLOCK_PER=$per timeout 100 "$BIN/sparsemla" bench attention --shapes glm5 dsv32 --kv bf16 fp8 \
+      --batch 1 4 --context 3000 4096 6000 8000 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" |
+      awk -F'|' '{print $1 "|" $3 "|" $4 "|" $7}'
+  done | tee "$OUT/s54_topk.log"
+  for round in 1 2; do for v in 0 1; do
+    echo "absorb_quant $v, prompt 4096, 3 layers, round $round: $(SPARSEMLA_ABSORB_QUANT=$v timeout 60 "$BIN/sparsemla" \
+      bench -m /tmp/s54_3.gguf --device cuda --prompt 4096 --gen 64 --batch 1 2>&1 | grep -E '^decode|rror' |
+      grep -oE '[0-9.]+ ms per step|rror.*')"
+  done; done | tee "$OUT/s54_absorb_quant.log"
+  rm -f /tmp/s54_2.gguf /tmp/s54_3.gguf
+fi
 
 if has s53; then
   gtests s53 240 sparsemla_tests 'CudaAttention.SparseMlaWgmma*:SparseMlaPlan.*'
