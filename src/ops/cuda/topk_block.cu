@@ -2,7 +2,9 @@
 // key in registers, the whole selection in shared memory.
 //
 // Thread j holds the PER consecutive scores at PER j of the row (taken from the 16-byte boundary at
-// or before its start, shifted by a = row start mod 4, as the team path does), read once. Three
+// or before its start, shifted by a = row start mod 4, as the team path does), read once: every
+// score of the row's stride, loaded before the row's length is known so that the two loads are one
+// round trip (session 54; not yet timed), those past the length dropped (topk_block_kernel.cuh). Three
 // radix passes (11 + 11 + 10 bits) count the keys on thr's prefix into a shared histogram and find
 // the next digit by one block scan each; a thread zeroes the bins it read as it reads them, so a
 // pass costs two barriers and no clearing loop. A last block scan of each thread's counts above and
