@@ -1721,8 +1721,7 @@ TEST(CudaAttention, AbsorptionProductsMatchTheCpu) {
 // of bf16 or f16 rows on the head GEMV takes it, and q's latent-space rows come out bit for bit as
 // from the rope kernel (DeviceRope::apply_to, itself against the CPU in the fused cache-write
 // tests) and the product alone: the product's part and the rotated part, both rope styles, at
-// positions up to 150K. Products the GEMV does not run (2 tokens on the tensor-core kernel, fp32
-// rows) do not take it.
+// positions up to 150K. Products of more tokens, and of fp32 rows (cuBLAS), do not take it.
 TEST(CudaAttention, AbsorptionProductDoesTheQueryRopeInItsLaunch) {
   SPARSEMLA_REQUIRE_GPU();
   std::mt19937 rng(16);
@@ -1742,7 +1741,7 @@ TEST(CudaAttention, AbsorptionProductDoesTheQueryRopeInItsLaunch) {
         cuda::HeadBatchedGemm g{d_w.get(), heads, kvl, nope};
         if (f16) g.form = cuda::HeadWeights::F16;
         ASSERT_TRUE(blas.takes_rope(g, 1));
-        if (!f16) EXPECT_FALSE(blas.takes_rope(g, 2)) << "2 tokens of bf16 rows: the tensor-core kernel";
+        EXPECT_FALSE(blas.takes_rope(g, 2)) << "one-token launches only";
         EXPECT_FALSE(blas.takes_rope({d_w.get(), heads, kvl, nope, true}, 1)) << "fp32 rows: cuBLAS";
         const size_t n_out = size_t(T) * heads * lat;
         DeviceBuffer d_sep(n_out * 4), d_one(n_out * 4);

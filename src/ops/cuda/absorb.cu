@@ -66,7 +66,7 @@ void launch_head_gemv(const HeadBatchedGemm& g, const float* x, int64_t x_stride
   const dim3 grid(unsigned((g.rows + kHgWarps * RPW - 1) / (kHgWarps * RPW)), unsigned(g.heads));
   const size_t smem = size_t(T * g.cols) * sizeof(float);
   const auto* w = static_cast<const uint8_t*>(g.w);
-  const auto kernel = T == 1   ? head_gemv_kernel<WR, 1, RPW>
+  const auto kernel = T == 1   ? (rope.out ? head_gemv_kernel<WR, 1, RPW, true> : head_gemv_kernel<WR, 1, RPW>)
                       : T == 2 ? head_gemv_kernel<WR, 2, RPW>
                                : head_gemv_kernel<WR, 4, RPW>;
   pdl::launch(kernel, grid, kHgWarps * 32, smem, s, w, g.heads, g.rows, g.cols, x, x_stride, int(T), out, out_stride,
@@ -165,7 +165,7 @@ Blas::~Blas() {
 }
 
 bool Blas::takes_rope(const HeadBatchedGemm& g, int64_t T) const {
-  return !g.f32 && g.form != HeadWeights::Quant && T > 0 && head_path(g, T, path) == Path::Kernel;
+  return !g.f32 && g.form != HeadWeights::Quant && T == 1 && head_path(g, T, path) == Path::Kernel;
 }
 
 void Blas::per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_t T, float* out,

@@ -331,8 +331,8 @@ class Blas {
   ~Blas();
   Blas(const Blas&) = delete;
   Blas& operator=(const Blas&) = delete;
-  // With `rope`, also that rotation, which takes_rope(g, T) must allow (the head GEMV of bf16 / f16
-  // rows: one token of W_UK); its heads are g's.
+  // With `rope`, also that rotation, which takes_rope(g, T) must allow (one token on the head GEMV
+  // of bf16 / f16 rows: W_UK's); its heads are g's.
   void per_head(const HeadBatchedGemm& g, const float* x, int64_t x_stride, int64_t T, float* out,
                 int64_t out_stride, Stream s, const HeadRope* rope = nullptr);
   bool takes_rope(const HeadBatchedGemm& g, int64_t T) const;

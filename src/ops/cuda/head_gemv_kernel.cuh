@@ -63,7 +63,9 @@ struct F16Row {
     }
   }
 };
-template <class WR, int NT, int RPW>
+// ROPE: the launch also does a HeadRope (one token; its own instantiation, so that the others keep
+// their registers: cosf's slow path takes a stack frame).
+template <class WR, int NT, int RPW, bool ROPE = false>
 __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const uint8_t* __restrict__ w, int heads, int rows,
                                                                    int cols, const float* __restrict__ x,
                                                                    int64_t x_stride, int T, float* __restrict__ out,
@@ -88,7 +90,7 @@ __global__ void __launch_bounds__(kHgWarps * 32) head_gemv_kernel(const uint8_t*
   }
   __syncthreads();
   // The head's rotation (HeadRope), by the last block of its rows: rope_kernel's arithmetic.
-  if (rope.out && blockIdx.x == gridDim.x - 1) {
+  if (ROPE && blockIdx.x == gridDim.x - 1) {
     const int64_t half = rope.table.half;
     for (int64_t i = threadIdx.x; i < T * half; i += blockDim.x) {
       const int64_t t = i / half, j = i % half;

@@ -27,20 +27,7 @@ __global__ void __launch_bounds__(THREADS) topk_block_kernel(const float* scores
   // Loaded before the row's length is known, in one round trip with it (as the team path does):
   // this thread's scores anywhere in the row's stride; those past n are dropped below.
   uint32_t key[PER];
-#pragma unroll
-  for (int q = 0; q < PER / 4; ++q) {
-    const int i = i0 + 4 * q;
-    if (i >= a && int64_t(i) + 4 <= stride + a) {
-      const float4 v = *reinterpret_cast<const float4*>(row + i);
-      const float f[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) key[4 * q + j] = order_key(f[j]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        key[4 * q + j] = i + j >= a && int64_t(i + j) < stride + a ? order_key(row[i + j]) : 0u;
-    }
-  }
+  load_stride_keys<PER>(row, a, stride, i0, key);
   const int n = nn[t];
   int32_t* o = out + int64_t(t) * k;
   if (n <= k) return write_short_row<THREADS>(n, k, o, 0, 1);

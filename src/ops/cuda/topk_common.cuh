@@ -27,6 +27,31 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// The keys of a thread's PER consecutive scores at shifted index i0 of a row (row: the 16-byte
+// boundary at or before the row's start, which is a scores further on; shifted index i is position
+// i - a), read anywhere in the row's stride, before its length is known (those past it are the
+// caller's to drop): whole 16-byte loads where they lie inside the row, else one score at a time;
+// 0 outside the row.
+template <int PER>
+__device__ __forceinline__ void load_stride_keys(const float* row, int a, int64_t stride, int i0,
+                                                 uint32_t (&key)[PER]) {
+  static_assert(PER % 4 == 0, "whole 16-byte loads");
+#pragma unroll
+  for (int q = 0; q < PER / 4; ++q) {
+    const int i = i0 + 4 * q;
+    if (i >= a && int64_t(i) + 4 <= stride + a) {
+      const float4 v = *reinterpret_cast<const float4*>(row + i);
+      const float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) key[4 * q + j] = order_key(f[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        key[4 * q + j] = i + j >= a && int64_t(i + j) < stride + a ? order_key(row[i + j]) : 0u;
+    }
+  }
+}
+
 // hist[bin] += 1 for every lane with `live`: one shared atomic for the warp when all its live lanes
 // share a bin (a run of equal scores would otherwise put the whole warp's atomics on one address),
 // else one per lane (a shuffle and a vote; __match_any_sync costs more than the atomics it saves on

@@ -86,20 +86,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // thread searches, and n.
   const int i0 = x * kSpan + PER * tid;  // shifted index of this thread's first score
   uint32_t key[PER];
-#pragma unroll
-  for (int q = 0; q < PER / 4; ++q) {
-    const int i = i0 + 4 * q;
-    if (i >= a && int64_t(i) + 4 <= stride + a) {
-      const float4 v = *reinterpret_cast<const float4*>(row + i);
-      const float f[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) key[4 * q + j] = order_key(f[j]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        key[4 * q + j] = i + j >= a && int64_t(i + j) < stride + a ? order_key(row[i + j]) : 0u;
-    }
-  }
+  load_stride_keys<PER>(row, a, stride, i0, key);
   const int hi0 = top_bin_of<THREADS>(2048);
   uint32_t c0[B0];
 #pragma unroll
