@@ -64,12 +64,15 @@
 #             for the pairs; run 82 timed the peer arrival without MEMBAR.ALL.GPU) also the Hopper tests
 #             and racecheck on the pairs with it, and an A/B of DeepSeek-V3.2 fp8 at batch 32 / 128
 #             against $BIN/sparsemla.
-#  s54        (session 54; owed, never ran: no device was lent after its code was written) three
+#  s54        (session 54; owed, never ran: no device was lent after its code was written) four
 #             changes on the batch-1 decode path: (1) the indexer's q_b product on the side stream
 #             right after q_a's norm (GpuModelOptions::index_qb_side, SPARSEMLA_INDEX_QB_SIDE; opt-in),
 #             so that the indexer's queries, scores and top-k (the longer path past top_k positions)
 #             start before q_b's product ends; (2) the query's rope done by W_UK's launch at one token
-#             (rope_in_wuk, SPARSEMLA_ROPE_IN_WUK; opt-in; its kernel is host-emulated in CI); (3) the
+#             (rope_in_wuk, SPARSEMLA_ROPE_IN_WUK; opt-in; its kernel is host-emulated in CI); (2b) the
+#             indexer's queries rotated and scaled by the qfrag scores kernel itself, one launch
+#             fewer on the indexer's path (index_queries_in_scores, SPARSEMLA_INDEX_QUERIES_IN_SCORES;
+#             opt-in; host-emulated in CI); (3) the
 #             top-k block kernel's scores loaded before the row's length (on; host-emulated in CI),
 #             and SPARSEMLA_TOPK_BLOCK_PER=8 letting the automatic choice take the block path for
 #             rows of up to 8K scores (the model's 8K context bucket: 4097-8192 positions). Their GPU
@@ -79,7 +82,7 @@
 #             4K, 32K; 2 and 3 layers; each switch off against all on; two rounds), the top-k block
 #             path at 4 / 8 per thread in `bench attention` (contexts 3000-8000), and the
 #             SPARSEMLA_ABSORB_QUANT A/B (owed since session 52). Decide from the figures: turn
-#             index_qb_side / rope_in_wuk on by default (gpu_model.h), and the block path's bound
+#             index_qb_side / rope_in_wuk / index_queries_in_scores on by default (gpu_model.h), and the block path's bound
 #             (takes_block, topk.cu) to 8 per thread where it wins.
 #  s53        (session 53; owed, never ran: 17e5af0 and fbeed38 were written after the device time ran out) unpaired
 #             splits planned 9-16 ways merged as 8 (or fewer that fit) in clusters, GLM-5 at batch 8-15
@@ -150,31 +153,32 @@ gtests() {
 }
 
 if has s54; then
-  gtests s54 300 sparsemla_tests 'GpuModel.SideStream*:GpuModel.RopeInWuk*:CudaAttention.AbsorptionProduct*:CudaAttention.*TopK*'
-  SPARSEMLA_INDEX_QB_SIDE=1 SPARSEMLA_ROPE_IN_WUK=1 gtests s54_fixtures 300 sparsemla_tests \
+  gtests s54 300 sparsemla_tests 'GpuModel.SideStream*:GpuModel.DecodeFolds*:CudaAttention.AbsorptionProduct*:CudaAttention.*TopK*:CudaAttention.Index*'
+  SPARSEMLA_INDEX_QB_SIDE=1 SPARSEMLA_ROPE_IN_WUK=1 SPARSEMLA_INDEX_QUERIES_IN_SCORES=1 gtests s54_fixtures 300 sparsemla_tests \
     '*GpuModelFixture.LogitsMatch*:*GpuModelFixture.Greedy*:GpuModel.DecodeGraphs*'
   SPARSEMLA_GPU_TEST_SMALL=1 timeout 120 "$SAN" --tool memcheck "$BIN/sparsemla_tests" \
-    --gtest_filter='CudaAttention.TopKBlock*:CudaAttention.AbsorptionProductDoes*' >"$OUT/s54_memcheck.log" 2>&1
+    --gtest_filter='CudaAttention.TopKBlock*:CudaAttention.AbsorptionProductDoes*:GpuModel.DecodeFolds*' >"$OUT/s54_memcheck.log" 2>&1
   echo "s54 memcheck: exit $?"; grep -hE "ERROR SUMMARY" "$OUT/s54_memcheck.log"
   for L in 2 3; do
     [ -f /tmp/s54_$L.gguf ] || timeout 60 "$BIN/sparsemla" make-model --preset glm5-width --layers $L --type q4_k_m \
       --zeros -o /tmp/s54_$L.gguf >/dev/null 2>&1 || echo "make-model $L layers failed"
   done
-  s54_step() {  # s54_step QB,PER,RW LAYERS PROMPT
-    local qb per rw; IFS=, read -r qb per rw <<<"$1"
-    echo "qb_side $qb, top-k block per $per, rope_in_wuk $rw, prompt $3, $2 layers: $(SPARSEMLA_INDEX_QB_SIDE=$qb \
-      SPARSEMLA_TOPK_BLOCK_PER=$per SPARSEMLA_ROPE_IN_WUK=$rw timeout 60 "$BIN/sparsemla" bench -m /tmp/s54_$2.gguf \
+  s54_step() {  # s54_step QB,PER,RW,IQ LAYERS PROMPT
+    local qb per rw iq; IFS=, read -r qb per rw iq <<<"$1"
+    echo "qb_side $qb, top-k block per $per, rope_in_wuk $rw, queries in scores $iq, prompt $3, $2 layers: $(\
+      SPARSEMLA_INDEX_QB_SIDE=$qb SPARSEMLA_TOPK_BLOCK_PER=$per SPARSEMLA_ROPE_IN_WUK=$rw \
+      SPARSEMLA_INDEX_QUERIES_IN_SCORES=$iq timeout 60 "$BIN/sparsemla" bench -m /tmp/s54_$2.gguf \
       --device cuda --prompt $3 --gen 64 --batch 1 2>&1 | grep -E '^decode|rror' | grep -oE '[0-9.]+ ms per step|rror.*')"
   }
   for round in 1 2; do
     for P in 4096 32768; do
-      for v in 1,8,1 0,8,1 1,4,1 1,8,0 0,4,0; do
-        [ $P = 32768 ] && [ $v = 1,4,1 ] && continue  # (past 16K the block path never applies)
+      for v in 1,8,1,1 0,8,1,1 1,4,1,1 1,8,0,1 1,8,1,0 0,4,0,0; do
+        [ $P = 32768 ] && [ $v = 1,4,1,1 ] && continue  # (past 16K the block path never applies)
         s54_step $v 3 $P
       done
-      s54_step 1,8,1 2 $P; s54_step 0,4,0 2 $P
+      s54_step 1,8,1,1 2 $P; s54_step 0,4,0,0 2 $P
     done
-    s54_step 1,8,1 2 1024; s54_step 1,8,1 3 1024; s54_step 0,4,0 2 1024; s54_step 0,4,0 3 1024
+    s54_step 1,8,1,1 2 1024; s54_step 1,8,1,1 3 1024; s54_step 0,4,0,0 2 1024; s54_step 0,4,0,0 3 1024
   done 2>&1 | tee "$OUT/s54_model.log"
   for per in 4 8; do
     echo "== top-k block per $per (shape | top-k tied | idx+top-k | kernels)"

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -182,9 +183,11 @@ struct Scored {
 
 // Runs the mma kernel `choice` as indexer.cu's launch_mma does, with one_wave_tiles for `slots`
 // resident blocks; count_k > 0: counts top_k's first digit for rows of more than count_k keys.
+// `edit` changes the arguments first.
 Scored run_mma(const Problem& p, IndexerMma choice, bool use_q16, int64_t slots, int qfrag_stages, emu::Order order,
-               int count_k) {
+               int count_k, const std::function<void(IndexerArgs&)>& edit = {}) {
   IndexerArgs a = p.args(use_q16);
+  if (edit) edit(a);
   const int64_t T = a.T;
   Scored r;
   r.scores.resize(size_t(T * p.max_ctx));
@@ -522,6 +525,14 @@ TEST(IndexerOnTheHost, FmaScoresMatchTheCpuReference) {
   std::printf("  fma max error %.2e\n", worst);
 }
 
+// The indexer queries' rope of the tests below: 64 rotary dims, base 1e4.
+ops::Rope query_rope() {
+  model::HParams hp;
+  hp.qk_rope = 64;
+  hp.rope_theta = 1e4f;
+  return ops::Rope(hp);
+}
+
 // index_queries' kernel (the indexer's queries and head weights in one launch, attention.h) against
 // ops::Rope::apply and the scaling attention.h states, in both thread orders: the rotated fp32 queries
 // in place, the weights times w_scale, and the 16-bit copy rounded to nearest; for fp8 keys (fp16
@@ -530,10 +541,7 @@ TEST(IndexerOnTheHost, FmaScoresMatchTheCpuReference) {
 // range (gain 1e6) or below its normal numbers (1e-7) keep their precision; bf16 rows unscaled.
 TEST(IndexerOnTheHost, QueriesRotatedAndScaledIntoTheirType) {
   std::mt19937 rng(48);
-  model::HParams hp;
-  hp.qk_rope = 64;
-  hp.rope_theta = 1e4f;
-  const ops::Rope rope(hp);
+  const ops::Rope rope = query_rope();
   for (auto [T, heads, dim] : std::vector<std::tuple<int, int, int>>{{2, 8, 128}, {1, 13, 96}, {3, 4, 64}})
     for (ops::RopeStyle style : {ops::RopeStyle::HalfSplit, ops::RopeStyle::Interleaved})
       for (bool fp16 : {true, false})
@@ -582,6 +590,69 @@ TEST(IndexerOnTheHost, QueriesRotatedAndScaledIntoTheirType) {
               }
             }
           }
+        }
+}
+
+// The qfrag kernel doing index_queries' work itself (IndexerArgs::prep: the products' q and w as
+// they stand, the rope, w_scale and the 16-bit rounding and fp16 scaling in its prologue) gives the
+// scores of index_queries (emulated) then qfrag on its q16 and w, bit for bit: one-token rows and a
+// few tokens of several sequences, GLM-5's 32 heads, DeepSeek-V3.2's 64, one m-tile at dim 64,
+// padding heads; bf16 and fp8 keys (fp16 queries, at a gain of 3 and of 1e6, where the power-of-two
+// factor matters); both rope styles; the block's threads in both orders.
+TEST(IndexerOnTheHost, QfragPreparesTheQueriesWithIndexQueriesBits) {
+  std::mt19937 rng(55);
+  const ops::Rope rope = query_rope();
+  const std::vector<IndexerCase> cases = {
+      IndexerCase{32, 128, {3000}, 1, 64},             // GLM-5, one decode token
+      IndexerCase{64, 128, {700, 130, 2100}, 3, 64},   // DeepSeek-V3.2, three sequences
+      IndexerCase{16, 64, {500, 90}, 2, 64},           // one m-tile
+      IndexerCase{24, 128, {260, 1000}, 2, 64}};       // padding heads
+  for (KvDtype d : {KvDtype::BF16, KvDtype::FP8})
+    for (const IndexerCase& c : cases)
+      for (ops::RopeStyle style : {ops::RopeStyle::HalfSplit, ops::RopeStyle::Interleaved})
+        for (float gain : {3.0f, 1e6f}) {
+          if (d == KvDtype::BF16 && gain != 3.0f) continue;
+          Problem p(c, d, rng);
+          for (float& x : p.q) x *= gain;
+          const int T = int(c.ctx.size());
+          std::vector<int64_t> pos(static_cast<size_t>(T));
+          for (int t = 0; t < T; ++t) pos[size_t(t)] = c.ctx[size_t(t)] - 1;
+          const RopeTable table{rope.inv_freq().data(), rope.dims() / 2, rope.attn_factor(),
+                                style == ops::RopeStyle::Interleaved};
+          const float ws = 1.0f / std::sqrt(float(c.heads * c.dim));
+          const std::string what = std::string(dtype_name(d)) + " heads " + std::to_string(c.heads) + " dim " +
+                                   std::to_string(c.dim) + (style == ops::RopeStyle::Interleaved ? " interleaved" : "") +
+                                   " gain " + std::to_string(gain);
+          // The unfused chain: index_queries' kernel, then qfrag on its 16-bit queries and weights.
+          std::vector<float> q_rot(p.q), w_sc(p.w);
+          std::vector<uint16_t> q16(p.q.size());
+          const dim3 grid(unsigned(T), unsigned((c.heads + 7) / 8)), block(32, 8);
+          if (d == KvDtype::FP8)
+            emu::launch(index_queries_kernel<__half>, grid, block, 0, emu::Order::kForward, q_rot.data(), w_sc.data(),
+                        c.heads, c.dim, table, pos.data(), ws, reinterpret_cast<__half*>(q16.data()));
+          else
+            emu::launch(index_queries_kernel<__nv_bfloat16>, grid, block, 0, emu::Order::kForward, q_rot.data(),
+                        w_sc.data(), c.heads, c.dim, table, pos.data(), ws,
+                        reinterpret_cast<__nv_bfloat16*>(q16.data()));
+          const Scored want = run_mma(p, IndexerMma::kQfrag, true, 2, 2, emu::Order::kForward, 0, [&](IndexerArgs& a) {
+            a.q16 = q16.data();
+            a.w = w_sc.data();
+          });
+          for (emu::Order order : {emu::Order::kForward, emu::Order::kReversed}) {
+            const Scored got = run_mma(p, IndexerMma::kQfrag, false, 2, 2, order, 0, [&](IndexerArgs& a) {
+              a.prep.rope = table;
+              a.prep.pos = pos.data();
+              a.prep.w_scale = ws;
+            });
+            ASSERT_TRUE(same_bits(got.scores, want.scores))
+                << what << (order == emu::Order::kReversed ? ", threads in reverse" : "")
+                << ": not the scores of index_queries then qfrag";
+          }
+          // (and the chain's scores are the model's: the CPU reference on the rotated queries)
+          p.q = q_rot;
+          p.w = w_sc;
+          for (size_t i = 0; i < q16.size(); ++i) p.q16[i] = q16[i];
+          check_scores(p, want.scores, true, what);
         }
 }
 

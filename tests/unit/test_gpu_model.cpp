@@ -517,48 +517,64 @@ std::vector<float> bundled_decode_logits(const Model& cpu, const GpuModelOptions
   return all;
 }
 
-// The query's rope done by W_UK's launch (GpuModelOptions::rope_in_wuk) in the one-token steps:
-// the same logits bit for bit as its own rope launch, with bf16 copies and with f16 rows read in
-// place, and the fold taken (counted) in those steps and not where it is off.
-TEST(GpuModel, RopeInWukGivesTheLogitsOfItsOwnLaunch) {
+// The decode path's folds, each against the launches it replaces, in one-token steps past top_k
+// (the indexer runs): the query's rope done by W_UK's launch (GpuModelOptions::rope_in_wuk; bf16
+// copies of W_UK and f16 rows read in place) and the indexer's queries rotated and scaled by the
+// scores' kernel (index_queries_in_scores; bf16 keys, and fp8 keys in pages of 64, which qfrag
+// takes). The same logits bit for bit, and each fold counted as taken where on and not where off.
+TEST(GpuModel, DecodeFoldsGiveTheLogitsOfTheirOwnLaunches) {
   SPARSEMLA_REQUIRE_GPU();
-  for (gguf::GgmlType t : {gguf::GgmlType::Q8_0, gguf::GgmlType::F16}) {
-    SCOPED_TRACE(gguf::type_name(t));
-    test::TempDir dir("gpu-rope-wuk");
-    SyntheticSpec spec = SyntheticSpec::glm5_small();
-    spec.matrix_type = t;
-    const std::string path = dir.file("m.gguf");
-    write_synthetic_model(spec, path);
-    auto cpu = Model::load(path, {AttentionMode::Sparse, 2});
-    GpuModelOptions on = options(KvDtype::BF16), off = on;
-    on.rope_in_wuk = true;
-    off.rope_in_wuk = false;
-    std::vector<int32_t> tokens;
-    auto count = [&](const GpuModelOptions& o, std::vector<float>* logits) {
-      auto g = GpuModel::load(*cpu, o);
-      GpuCache c = g->make_cache(32, 16);
-      std::vector<int32_t> table;
-      EXPECT_TRUE(c.reserve(table, 200));
+  for (gguf::GgmlType t : {gguf::GgmlType::Q8_0, gguf::GgmlType::F16})
+    for (KvDtype d : {KvDtype::BF16, KvDtype::FP8}) {
+      SCOPED_TRACE(std::string(gguf::type_name(t)) + " " + dtype_name(d));
+      test::TempDir dir("gpu-folds");
+      SyntheticSpec spec = SyntheticSpec::glm5_small();
+      spec.matrix_type = t;
+      spec.idx_top_k = 16;  // (the indexer runs from 17 positions)
+      const std::string path = dir.file("m.gguf");
+      write_synthetic_model(spec, path);
+      auto cpu = Model::load(path, {AttentionMode::Sparse, 2});
       const int64_t V = cpu->hparams().n_vocab;
-      std::vector<int32_t> prompt;
-      for (int i = 0; i < 40; ++i) prompt.push_back(int32_t((i * 733 + 29) % V));
-      std::vector<float> l;
-      g->forward({SeqInput{prompt, 0, &table, false}}, c, l);
-      const bool own = tokens.empty();
-      for (int i = 0; i < 16; ++i) {
-        if (own) tokens.push_back(test::argmax(l.data(), V));
-        l.clear();
-        g->forward({SeqInput{{tokens[size_t(i)]}, 40 + i, &table, false}}, c, l);
-        logits->insert(logits->end(), l.begin(), l.end());
+      std::vector<int32_t> tokens;
+      struct Run {
+        std::vector<float> logits;
+        int64_t rope_folds = 0, query_folds = 0;
+      };
+      auto run = [&](const GpuModelOptions& o) {
+        Run r;
+        auto g = GpuModel::load(*cpu, o);
+        GpuCache c = g->make_cache(8, 64);
+        std::vector<int32_t> table;
+        EXPECT_TRUE(c.reserve(table, 200));
+        std::vector<int32_t> prompt;
+        for (int i = 0; i < 40; ++i) prompt.push_back(int32_t((i * 733 + 29) % V));
+        std::vector<float> l;
+        g->forward({SeqInput{prompt, 0, &table, false}}, c, l);
+        const bool own = tokens.empty();
+        for (int i = 0; i < 16; ++i) {
+          if (own) tokens.push_back(test::argmax(l.data(), V));
+          l.clear();
+          g->forward({SeqInput{{tokens[size_t(i)]}, 40 + i, &table, false}}, c, l);
+          r.logits.insert(r.logits.end(), l.begin(), l.end());
+        }
+        r.rope_folds = g->rope_in_wuk_launches();
+        r.query_folds = g->index_queries_in_scores_launches();
+        return r;
+      };
+      const GpuModelOptions off = options(d);
+      const Run base = run(off);
+      EXPECT_EQ(base.rope_folds + base.query_folds, 0);
+      GpuModelOptions rope = off, queries = off;
+      rope.rope_in_wuk = true;
+      queries.index_queries_in_scores = true;
+      for (const auto& [o, name] : {std::pair{rope, "rope in W_UK"}, std::pair{queries, "queries in the scores"}}) {
+        const Run r = run(o);
+        EXPECT_GT(o.rope_in_wuk ? r.rope_folds : r.query_folds, 0) << name << ": not taken";
+        ASSERT_EQ(r.logits.size(), base.logits.size());
+        EXPECT_EQ(std::memcmp(r.logits.data(), base.logits.data(), r.logits.size() * sizeof(float)), 0)
+            << name << ": not the bits of the launches it replaces";
       }
-      return g->rope_in_wuk_launches();
-    };
-    std::vector<float> a, b;
-    EXPECT_GT(count(on, &a), 0) << "no W_UK launch did the rope";
-    EXPECT_EQ(count(off, &b), 0);
-    ASSERT_EQ(a.size(), b.size());
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "not the bits of the rope's own launch";
-  }
+    }
 }
 
 TEST(GpuModel, Int8ActivationsStayCloseOnTheTrainedModel) {

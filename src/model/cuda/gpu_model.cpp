@@ -445,6 +445,7 @@ struct GpuModel::State {
   std::map<GraphKey, gpu::Graph> graphs;
   int64_t graph_captures = 0, graph_replays = 0;
   int64_t rope_in_wuk = 0;  // GpuModel::rope_in_wuk_launches
+  int64_t index_queries_in_scores = 0;  // GpuModel::index_queries_in_scores_launches
   std::string graph_error;  // why the last capture that failed failed
   // The addresses of every buffer the graphs use that grows on demand. Buffers only grow, so the
   // graphs stay valid while these are unchanged; when an eager step moved one, they are dropped.
@@ -609,6 +610,7 @@ cuda::Stream GpuModel::stream() const { return st_->s(); }
 int64_t GpuModel::graph_captures() const { return st_->graph_captures; }
 int64_t GpuModel::graph_replays() const { return st_->graph_replays; }
 int64_t GpuModel::rope_in_wuk_launches() const { return st_->rope_in_wuk; }
+int64_t GpuModel::index_queries_in_scores_launches() const { return st_->index_queries_in_scores; }
 const std::string& GpuModel::graph_error() const { return st_->graph_error; }
 
 void GpuModel::reduce(float* data, int64_t n) {
@@ -643,6 +645,7 @@ std::unique_ptr<GpuModel> GpuModel::load_impl(const Model& cpu, const GpuShard* 
   if (env_off("SPARSEMLA_SIDE_STREAM")) g->opts_.side_stream = false;
   if (const int q = env_switch("SPARSEMLA_INDEX_QB_SIDE"); q >= 0) g->opts_.index_qb_side = q == 1;
   if (const int q = env_switch("SPARSEMLA_ROPE_IN_WUK"); q >= 0) g->opts_.rope_in_wuk = q == 1;
+  if (const int q = env_switch("SPARSEMLA_INDEX_QUERIES_IN_SCORES"); q >= 0) g->opts_.index_queries_in_scores = q == 1;
   if (env_off("SPARSEMLA_Q8_ACTIVATIONS")) g->opts_.q8_two_level = false;
   if (env_off("SPARSEMLA_ABSORB_IN_PLACE")) g->opts_.absorb_in_place = false;
   if (env_off("SPARSEMLA_SHORT_CONTEXT_DENSE")) g->opts_.short_context_dense = false;
@@ -1240,34 +1243,57 @@ void GpuModel::indexer(int32_t il, GpuCache& cache) {
   // its 16-bit type; weights with both scales folded in (one launch)
   const int fi = format_index(cache.dtype());
   const bool mma = st.idx_kernel[fi] == cuda::IndexerKernel::Mma;
-  cuda::index_queries(w.iq, w.iw, T, int(heads), int(dim), rt, w.pos, 1.0f / std::sqrt(float(heads) * float(dim)),
-                      cache.dtype(), mma ? w.iq16 : nullptr, s);
-  mark("indexer: queries, rope");
-
+  const float w_scale = 1.0f / std::sqrt(float(heads) * float(dim));
   const int64_t chunk = st.ws_dims.score_rows;
   const int k = int(hp.idx_top_k);
+  auto args_for = [&](const RunSegment& seg, int64_t t0, int64_t n) {
+    cuda::IndexerArgs a;
+    a.q = w.iq + t0 * heads * dim;
+    a.q16 = mma ? w.iq16 + t0 * heads * dim : nullptr;
+    a.w = w.iw + t0 * heads;
+    a.T = n;
+    a.heads = int(heads);
+    a.dim = int(dim);
+    a.seq = w.seq + t0;
+    a.n_ctx = w.nctx + t0;
+    a.max_ctx = st.max_ctx;
+    a.keys = {cache.keys(il), cache.key_row_bytes(), w.tables, st.max_blocks, st.block_size};
+    a.dtype = cache.dtype();
+    a.scores = w.scores;
+    a.score_stride = st.max_ctx;
+    a.tokens_per_run = seg.tokens_per_run;
+    return a;
+  };
+  // The queries' rope and scales done by the scores' kernel (GpuModelOptions::index_queries_in_scores)
+  // where one call scores every token and its kernel takes them (the call's arguments, counts
+  // included, decided first); else their own launch.
+  bool prep = false, decided = false;
+  cuda::IndexerArgs first;
+  if (opts_.index_queries_in_scores && mma && st.index_segments.size() == 1 && st.index_segments[0].begin == 0 &&
+      st.index_segments[0].end == T && T <= chunk) {
+    first = args_for(st.index_segments[0], 0, T);
+    first.counts = cuda::top_k_counts(w.scores, T, st.max_ctx, k, s, &st.topk_ws);
+    decided = true;
+    cuda::IndexerArgs p = first;
+    p.q16 = nullptr;
+    p.prep = {rt, w.pos, w_scale};
+    if (cuda::indexer_takes_query_prep(p, st.idx_kernel[fi])) first = p, prep = true;
+  }
+  if (!prep) {
+    cuda::index_queries(w.iq, w.iw, T, int(heads), int(dim), rt, w.pos, w_scale, cache.dtype(), mma ? w.iq16 : nullptr,
+                        s);
+    mark("indexer: queries, rope");
+  }
+  st.index_queries_in_scores += prep;
+
   // Each segment of the batch (prefill chunks, decode tokens) in calls of its own, of at most the
   // scores' rows each.
   for (const RunSegment& seg : st.index_segments) {
     for (int64_t t0 = seg.begin; t0 < seg.end; t0 += chunk) {
       const int64_t n = std::min(chunk, seg.end - t0);
-      cuda::IndexerArgs a;
-      a.q = w.iq + t0 * heads * dim;
-      a.q16 = mma ? w.iq16 + t0 * heads * dim : nullptr;
-      a.w = w.iw + t0 * heads;
-      a.T = n;
-      a.heads = int(heads);
-      a.dim = int(dim);
-      a.seq = w.seq + t0;
-      a.n_ctx = w.nctx + t0;
-      a.max_ctx = st.max_ctx;
-      a.keys = {cache.keys(il), cache.key_row_bytes(), w.tables, st.max_blocks, st.block_size};
-      a.dtype = cache.dtype();
-      a.scores = w.scores;
-      a.score_stride = st.max_ctx;
-      a.tokens_per_run = seg.tokens_per_run;
+      cuda::IndexerArgs a = decided ? first : args_for(seg, t0, n);
       // The top-k's first histogram counted by the mma kernel as it writes the scores (one pass fewer).
-      if (mma) a.counts = cuda::top_k_counts(w.scores, n, st.max_ctx, k, s, &st.topk_ws);
+      if (mma && !decided) a.counts = cuda::top_k_counts(w.scores, n, st.max_ctx, k, s, &st.topk_ws);
       cuda::indexer_scores(a, st.idx_kernel[fi], s);
       mark("indexer: scores kernel");
       // In ascending position order: the attention sums a token's positions in one order on every run.

@@ -141,6 +141,12 @@ struct GpuModelOptions {
   // own launch before W_UK. SPARSEMLA_ROPE_IN_WUK=0 / 1 sets it without a rebuild. Opt-in until
   // timed on a GPU (as index_qb_side; its kernel is checked by the host emulation in CI).
   bool rope_in_wuk = false;
+  // The indexer's queries rotated, scaled and rounded by the scores' kernel for its token
+  // (cuda::IndexerArgs::prep) where one call scores the whole forward on the qfrag kernel (decode
+  // steps), instead of by index_queries' own launch before it: one launch fewer on the indexer's
+  // path; the same scores bit for bit. SPARSEMLA_INDEX_QUERIES_IN_SCORES=0 / 1 sets it without a
+  // rebuild. Opt-in until timed on a GPU (its kernel is checked by the host emulation in CI).
+  bool index_queries_in_scores = false;
   // attn_k_b / attn_v_b stored as bf16 or f16 are read in place by the absorption products (fast
   // mode; no W_UK / W_UV copies on the device). Off: bf16 copies, as for the other types (tests,
   // A/B; the same bits for bf16 files). SPARSEMLA_ABSORB_IN_PLACE=0 turns it off without a rebuild.
@@ -234,6 +240,8 @@ class GpuModel {
   const std::string& graph_error() const;  // why the last failed capture failed ("" when none did)
   // W_UK launches enqueued (eager or captured) that did the query's rope too (rope_in_wuk).
   int64_t rope_in_wuk_launches() const;
+  // Indexer score launches enqueued that did the queries' rope and scales too (index_queries_in_scores).
+  int64_t index_queries_in_scores_launches() const;
 
   // Cache geometry, device bytes per token, and the tokens of cache that free memory holds now
   // (after the workspace estimate), in the format of the options.

@@ -116,6 +116,15 @@ struct IndexerArgs {
   // counts.k into the row's histogram of top_k's first digit, so that the top_k after it skips that
   // pass.
   TopKCounts counts;
+  // Where prep.pos is set: q and w as their products wrote them, and the kernel does index_queries'
+  // work for its token itself (the rope, w_scale, the 16-bit rounding and fp16 scaling; q16 is not
+  // read, q and w are not written), the same scores bit for bit; only where
+  // indexer_takes_query_prep says so (the qfrag kernel).
+  struct QueryPrep {
+    RopeTable rope;
+    const int64_t* pos = nullptr;  // [T]
+    float w_scale = 1.0f;
+  } prep;
   // Which of the mma kernels scores them (IndexerMma).
   IndexerMma mma = IndexerMma::kAuto;
   // The call's tokens per run of consecutive tokens of one sequence, on average (T / runs): from
@@ -133,6 +142,9 @@ int64_t indexer_score_calls();
 // "regs", "qfrag", "tokens"; "auto" for kAuto).
 IndexerMma indexer_mma_choice(const IndexerArgs& a);
 const char* indexer_mma_name(IndexerMma k);
+// Whether indexer_scores(a, k) takes IndexerArgs::prep: the mma kernel it runs is qfrag, and the
+// rope fits the heads.
+bool indexer_takes_query_prep(const IndexerArgs& a, IndexerKernel k);
 
 // The 16-bit type of the mma indexer's queries: fp16 against fp8 keys (widened exactly to fp16),
 // bf16 against bf16 keys.

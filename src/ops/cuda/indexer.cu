@@ -112,6 +112,11 @@ const char* indexer_mma_name(IndexerMma k) {
   }
 }
 
+bool indexer_takes_query_prep(const IndexerArgs& a, IndexerKernel k) {
+  return k == IndexerKernel::Mma && a.dtype != KvDtype::F32 && (a.dim == 64 || a.dim == 128) &&
+         2 * a.prep.rope.half <= a.dim && indexer_mma_choice(a) == IndexerMma::kQfrag;
+}
+
 namespace {
 std::atomic<int64_t> g_score_calls{0};
 }  // namespace
@@ -126,6 +131,9 @@ void indexer_scores(const IndexerArgs& a, IndexerKernel k, Stream s) {
   if (fp8 && a.dim > kFp8Group) fail("indexer: fp8 keys need dim <= {} (one scale per key), got {}", kFp8Group, a.dim);
   if (a.counts.hist && k != IndexerKernel::Mma)
     fail("indexer: only the mma kernel counts top_k's first digit (IndexerArgs::counts)");
+  if (a.prep.pos && !indexer_takes_query_prep(a, k))
+    fail("indexer: the queries' rope and scales asked of a kernel that does not take them (IndexerArgs::prep; "
+         "indexer_takes_query_prep)");
   if (k == IndexerKernel::Mma) {
     if (a.dtype == KvDtype::F32) fail("indexer: the mma kernel takes bf16 or fp8 keys, not f32");
     if (reinterpret_cast<uintptr_t>(a.q16) % 16 != 0) fail("indexer: 16-bit queries must start 16-byte aligned");

@@ -170,6 +170,13 @@ __device__ __forceinline__ uint2 pack4(float4 v) {
   }
 }
 
+// x rounded to nearest even in the 16-bit type T16 (__half or __nv_bfloat16).
+template <class T16>
+__device__ __forceinline__ T16 round16(float x) {
+  if constexpr (std::is_same<T16, __half>::value) return __float2half_rn(x);
+  else return __float2bfloat16_rn(x);
+}
+
 // Token t's queries into shared memory as 16-bit values (T16), rows [rows][DIM + 8], rows of zeros
 // past a.heads: 16-bit queries copied as they are (cp.async in 16-byte chunks through L1, which the
 // SM's other blocks of the token then hit: through L2 alone, every block of a one-token call fetching
@@ -548,6 +555,57 @@ __global__ void __launch_bounds__(kRegThreads) indexer_regs_kernel(IndexerArgs a
 // second warp's sums reach the first through shared memory, at a named barrier of the two.
 constexpr int kQfragThreads = 128;
 
+// index_queries' work (attention.h) for token t's first `rows` heads, by a block of THREADS
+// (IndexerArgs::prep): each head's rotated queries rounded into its row of sQ (DIM + 8 values; in
+// fp16 scaled by the power of two f of its largest value first) and its weight w * w_scale / f into
+// sW; padding heads zero. One warp per head, each lane's pairs i = lane, lane + 32, ..., with
+// index_queries_kernel's arithmetic in its order: the same bits.
+template <int DIM, class T16, int THREADS>
+__device__ void prepare_queries(T16* sQ, float* sW, const IndexerArgs& a, int t, int rows) {
+  constexpr int STR = DIM + 8, MAXP = (DIM / 2 + 31) / 32;  // a lane's pairs at most (2 half <= DIM)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const RopeTable& r = a.prep.rope;
+  const float p = float(a.prep.pos[t]);
+  for (int h = warp; h < rows; h += THREADS / 32) {
+    T16* dst = sQ + h * STR;
+    if (h >= a.heads) {
+      for (int c = lane; c < DIM; c += 32) dst[c] = round16<T16>(0.0f);
+      if (lane == 0) sW[h] = 0.0f;
+      continue;
+    }
+    const float* row = a.q + (int64_t(t) * a.heads + h) * DIM;
+    float v0[MAXP], v1[MAXP];
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < MAXP; ++k) {
+      const int64_t i = lane + 32 * k;
+      if (i < r.half) {
+        float x0 = row[rope_a(r, i)], x1 = row[rope_b(r, i)];
+        rope_rotate(rope_angle(r, p, i), &x0, &x1);
+        v0[k] = x0;
+        v1[k] = x1;
+        amax = fmaxf(amax, fmaxf(fabsf(x0), fabsf(x1)));
+      }
+    }
+    float f = 1.0f;
+    if constexpr (std::is_same<T16, __half>::value) {
+      for (int64_t c = 2 * r.half + lane; c < DIM; c += 32) amax = fmaxf(amax, fabsf(row[c]));
+      for (int m = 16; m >= 1; m /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+      f = q_factor(__float_as_uint(amax));
+    }
+#pragma unroll
+    for (int k = 0; k < MAXP; ++k) {
+      const int64_t i = lane + 32 * k;
+      if (i < r.half) {
+        dst[rope_a(r, i)] = round16<T16>(v0[k] * f);
+        dst[rope_b(r, i)] = round16<T16>(v1[k] * f);
+      }
+    }
+    for (int64_t c = 2 * r.half + lane; c < DIM; c += 32) dst[c] = round16<T16>(row[c] * f);
+    if (lane == 0) sW[h] = a.w[int64_t(t) * a.heads + h] * a.prep.w_scale / f;
+  }
+}
+
 // Keeps half of x (by `up`) and adds the partner lane's other half (lane ^ m).
 template <int P, int N>
 __device__ __forceinline__ void keep_half_add(float (&x)[N], bool up, int m) {
@@ -686,17 +744,22 @@ __global__ void __launch_bounds__(kQfragThreads, kQfragMinBlocks) indexer_qfrag_
   // staged kernel's, then this warp's heads as A fragments for the whole block, with their weights;
   // padding heads are zeros.
   static_assert(FP8 || QROWS <= kKeysPerTile, "the queries fit in a stage");
-  stage_queries<DIM, kQfragThreads>(sQ, a, t, QROWS);
+  // (IndexerArgs::prep: the weights through sPart, free until the loop's first barrier)
+  static_assert(KG * 32 >= QROWS, "a weight per query row fits in sPart");
+  const bool prep = a.prep.pos != nullptr;
+  if (prep) prepare_queries<DIM, T16, kQfragThreads>(sQ, sPart, a, t, QROWS);
+  else stage_queries<DIM, kQfragThreads>(sQ, a, t, QROWS);
   float wv[MH][2];
+  auto weights = [&](auto weight_of) {
 #pragma unroll
-  for (int mh = 0; mh < MH; ++mh)
+    for (int mh = 0; mh < MH; ++mh)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int h = (hw * MH + mh) * 16 + g + 8 * r;
-      wv[mh][r] = h < a.heads ? a.w[int64_t(t) * a.heads + h] : 0.0f;
-    }
+      for (int r = 0; r < 2; ++r) wv[mh][r] = weight_of((hw * MH + mh) * 16 + g + 8 * r);
+  };
+  if (!prep) weights([&](int h) { return h < a.heads ? a.w[int64_t(t) * a.heads + h] : 0.0f; });
   cp_async_wait_all();
   __syncthreads();
+  if (prep) weights([&](int h) { return sPart[h]; });
   uint32_t qa[MH][KSTEPS][4];
 #pragma unroll
   for (int mh = 0; mh < MH; ++mh)
@@ -980,13 +1043,6 @@ void dispatch_mma(const IndexerArgs& a, IndexerMma choice, int qfrag_stages, Lau
     if (choice == IndexerMma::kQfrag) return dispatch_qfrag<DIM, false>(a, qfrag_stages, launch);
     dispatch_stages<DIM, FP8, 2, false, 1>(a, 0, launch);
   }
-}
-
-// x rounded to nearest even in the 16-bit type T16 (__half or __nv_bfloat16).
-template <class T16>
-__device__ __forceinline__ T16 round16(float x) {
-  if constexpr (std::is_same<T16, __half>::value) return __float2half_rn(x);
-  else return __float2bfloat16_rn(x);
 }
 
 // index_queries (attention.h): block (token, 8 heads), one warp per head.
