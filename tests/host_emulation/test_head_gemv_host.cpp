@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "../unit/quant_test_util.h"
+#include "../unit/rope_test_util.h"
 #include "model/hparams.h"
 #include "ops/cpu/rope.h"
 #include "ops/cuda/head_gemv_kernel.cuh"
@@ -59,15 +60,8 @@ void run_gemv(const uint16_t* w, int heads, int rows, int cols, const float* x, 
   else go(std::integral_constant<int, kHgRowsPerWarp>{});
 }
 
-ops::Rope plain_rope() {
-  model::HParams hp;
-  hp.qk_rope = 64;
-  hp.rope_theta = 1e4f;
-  return ops::Rope(hp);
-}
-
 TEST(HeadGemvOnTheHost, ProductsMatchTheCpuWithAndWithoutTheQueryRope) {
-  const ops::Rope rope = plain_rope();
+  const ops::Rope rope = test::plain_rope(64, 1e4f);
   // (heads, product rows, columns: W_UK's kv_lora x qk_nope, W_UV's v x kv_lora)
   for (auto [heads, rows, cols] : std::vector<std::tuple<int, int, int>>{
            {8, 512, 192}, {4, 512, 128}, {2, 256, 512}, {3, 40, 16}})

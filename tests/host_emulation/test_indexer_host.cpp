@@ -39,6 +39,7 @@
 #include "ops/cpu/rope.h"
 #include "ops/cuda/indexer_kernels.cuh"
 #include "../unit/paged_test_util.h"
+#include "../unit/rope_test_util.h"
 #include "util/half.h"
 
 namespace sparsemla::cuda {
@@ -525,14 +526,6 @@ TEST(IndexerOnTheHost, FmaScoresMatchTheCpuReference) {
   std::printf("  fma max error %.2e\n", worst);
 }
 
-// The indexer queries' rope of the tests below: 64 rotary dims, base 1e4.
-ops::Rope query_rope() {
-  model::HParams hp;
-  hp.qk_rope = 64;
-  hp.rope_theta = 1e4f;
-  return ops::Rope(hp);
-}
-
 // index_queries' kernel (the indexer's queries and head weights in one launch, attention.h) against
 // ops::Rope::apply and the scaling attention.h states, in both thread orders: the rotated fp32 queries
 // in place, the weights times w_scale, and the 16-bit copy rounded to nearest; for fp8 keys (fp16
@@ -541,7 +534,7 @@ ops::Rope query_rope() {
 // range (gain 1e6) or below its normal numbers (1e-7) keep their precision; bf16 rows unscaled.
 TEST(IndexerOnTheHost, QueriesRotatedAndScaledIntoTheirType) {
   std::mt19937 rng(48);
-  const ops::Rope rope = query_rope();
+  const ops::Rope rope = test::plain_rope(64, 1e4f);
   for (auto [T, heads, dim] : std::vector<std::tuple<int, int, int>>{{2, 8, 128}, {1, 13, 96}, {3, 4, 64}})
     for (ops::RopeStyle style : {ops::RopeStyle::HalfSplit, ops::RopeStyle::Interleaved})
       for (bool fp16 : {true, false})
@@ -601,7 +594,7 @@ TEST(IndexerOnTheHost, QueriesRotatedAndScaledIntoTheirType) {
 // factor matters); both rope styles; the block's threads in both orders.
 TEST(IndexerOnTheHost, QfragPreparesTheQueriesWithIndexQueriesBits) {
   std::mt19937 rng(55);
-  const ops::Rope rope = query_rope();
+  const ops::Rope rope = test::plain_rope(64, 1e4f);
   const std::vector<IndexerCase> cases = {
       IndexerCase{32, 128, {3000}, 1, 64},             // GLM-5, one decode token
       IndexerCase{64, 128, {700, 130, 2100}, 3, 64},   // DeepSeek-V3.2, three sequences

@@ -68,6 +68,7 @@ TEST(Fp8E4m3, EveryCodeRoundTripsAndRoundingIsNearestEven) {
 #include "ops/cuda/buffer.h"
 #include "paged_test_util.h"
 #include "quant_test_util.h"
+#include "rope_test_util.h"
 
 namespace sparsemla {
 namespace {
@@ -175,13 +176,7 @@ TEST(CudaAttention, CacheWritesMatchTheCpuConversions) {
 // The fused forms of the decode step (one launch each) against the CPU's norm, rope and cache
 // conversions, and byte for byte against the unfused GPU chain they replace (norm kernel, rope
 // kernel, cache write), so the model's numbers do not move.
-// A RoPE table without scaling: `dims` rotary dims, base theta.
-ops::Rope plain_rope(int dims, float theta) {
-  model::HParams hp;
-  hp.qk_rope = uint32_t(dims);
-  hp.rope_theta = theta;
-  return ops::Rope(hp);
-}
+using test::plain_rope;
 
 TEST(CudaAttention, FusedCacheWritesMatchTheCpuAndTheUnfusedChain) {
   SPARSEMLA_REQUIRE_GPU();
