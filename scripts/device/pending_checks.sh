@@ -78,10 +78,11 @@
 #             rows of up to 8K scores (the model's 8K context bucket: 4097-8192 positions). Their GPU
 #             tests (the side-stream bit-for-bit test with the q_b split on and off, the rope's ops
 #             and model tests, the top-k tests) and the fixtures' model tests with both switches on,
-#             memcheck on the new kernels' tests, then the GLM-5-width step at batch 1 (prompts 1K,
-#             4K, 32K; 2 and 3 layers; each switch off against all on; two rounds), the top-k block
-#             path at 4 / 8 per thread in `bench attention` (contexts 3000-8000), and the
-#             SPARSEMLA_ABSORB_QUANT A/B (owed since session 52). Decide from the figures: turn
+#             memcheck on the new kernels' tests, and the top-k block path at 4 / 8 per thread in
+#             `bench attention` (contexts 3000-8000): ~4 minutes. Phase s54model (~6 minutes, a call
+#             of its own): the GLM-5-width step at batch 1 (prompts 1K, 4K, 32K; 2 and 3 layers;
+#             each switch off against all on, and all off; two rounds) and the SPARSEMLA_ABSORB_QUANT
+#             A/B (owed since session 52). Decide from the figures: turn
 #             index_qb_side / rope_in_wuk / index_queries_in_scores on by default (gpu_model.h), and the block path's bound
 #             (takes_block, topk.cu) to 8 per thread where it wins.
 #  s53        (session 53; owed, never ran: 17e5af0 and fbeed38 were written after the device time ran out) unpaired
@@ -140,7 +141,7 @@
 # compare with; "Session 44" for the wgmma phase).
 set -uo pipefail
 . "$(dirname "$0")/env.sh"
-PHASES=${PHASES:-s54 s53 s52 s51 s50 s48 f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
+PHASES=${PHASES:-s54 s54model s53 s52 s51 s50 s48 f16 small8 fp8 wgmma prefill attention tests sanitizer model ncu profile}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -159,6 +160,15 @@ if has s54; then
   SPARSEMLA_GPU_TEST_SMALL=1 timeout 120 "$SAN" --tool memcheck "$BIN/sparsemla_tests" \
     --gtest_filter='CudaAttention.TopKBlock*:CudaAttention.AbsorptionProductDoes*:GpuModel.DecodeFolds*' >"$OUT/s54_memcheck.log" 2>&1
   echo "s54 memcheck: exit $?"; grep -hE "ERROR SUMMARY" "$OUT/s54_memcheck.log"
+  for per in 4 8; do
+    echo "== top-k block per $per (shape | top-k tied | idx+top-k | kernels)"
+    SPARSEMLA_TOPK_BLOCK_PER=$per timeout 100 "$BIN/sparsemla" bench attention --shapes glm5 dsv32 --kv bf16 fp8 \
+      --batch 1 4 --context 3000 4096 6000 8000 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" |
+      awk -F'|' '{print $1 "|" $3 "|" $4 "|" $7}'
+  done | tee "$OUT/s54_topk.log"
+fi
+
+if has s54model; then
   for L in 2 3; do
     [ -f /tmp/s54_$L.gguf ] || timeout 60 "$BIN/sparsemla" make-model --preset glm5-width --layers $L --type q4_k_m \
       --zeros -o /tmp/s54_$L.gguf >/dev/null 2>&1 || echo "make-model $L layers failed"
@@ -180,12 +190,6 @@ if has s54; then
     done
     s54_step 1,8,1,1 2 1024; s54_step 1,8,1,1 3 1024; s54_step 0,4,0,0 2 1024; s54_step 0,4,0,0 3 1024
   done 2>&1 | tee "$OUT/s54_model.log"
-  for per in 4 8; do
-    echo "== top-k block per $per (shape | top-k tied | idx+top-k | kernels)"
-    SPARSEMLA_TOPK_BLOCK_PER=$per timeout 100 "$BIN/sparsemla" bench attention --shapes glm5 dsv32 --kv bf16 fp8 \
-      --batch 1 4 --context 3000 4096 6000 8000 --reps 3 2>&1 | grep -E "^(glm5|dsv32)|rror" |
-      awk -F'|' '{print $1 "|" $3 "|" $4 "|" $7}'
-  done | tee "$OUT/s54_topk.log"
   for round in 1 2; do for v in 0 1; do
     echo "absorb_quant $v, prompt 4096, 3 layers, round $round: $(SPARSEMLA_ABSORB_QUANT=$v timeout 60 "$BIN/sparsemla" \
       bench -m /tmp/s54_3.gguf --device cuda --prompt 4096 --gen 64 --batch 1 2>&1 | grep -E '^decode|rror' |
