@@ -521,7 +521,8 @@ std::vector<float> bundled_decode_logits(const Model& cpu, const GpuModelOptions
 // (the indexer runs): the query's rope done by W_UK's launch (GpuModelOptions::rope_in_wuk; bf16
 // copies of W_UK and f16 rows read in place) and the indexer's queries rotated and scaled by the
 // scores' kernel (index_queries_in_scores; bf16 keys, and fp8 keys in pages of 64, which qfrag
-// takes). The same logits bit for bit, and each fold counted as taken where on and not where off.
+// takes), each alone and both with the indexer's q_b product on the side stream (index_qb_side). The
+// same logits bit for bit, and each fold counted as taken where on and not where off.
 TEST(GpuModel, DecodeFoldsGiveTheLogitsOfTheirOwnLaunches) {
   SPARSEMLA_REQUIRE_GPU();
   for (gguf::GgmlType t : {gguf::GgmlType::Q8_0, gguf::GgmlType::F16})
@@ -564,12 +565,15 @@ TEST(GpuModel, DecodeFoldsGiveTheLogitsOfTheirOwnLaunches) {
       const GpuModelOptions off = options(d);
       const Run base = run(off);
       EXPECT_EQ(base.rope_folds + base.query_folds, 0);
-      GpuModelOptions rope = off, queries = off;
+      GpuModelOptions rope = off, queries = off, all = off;
       rope.rope_in_wuk = true;
       queries.index_queries_in_scores = true;
-      for (const auto& [o, name] : {std::pair{rope, "rope in W_UK"}, std::pair{queries, "queries in the scores"}}) {
+      all.rope_in_wuk = all.index_queries_in_scores = all.index_qb_side = true;  // (the scores after idx_q_b's product)
+      for (const auto& [o, name] : {std::pair{rope, "rope in W_UK"}, std::pair{queries, "queries in the scores"},
+                                    std::pair{all, "both, the indexer's q_b on the side stream"}}) {
         const Run r = run(o);
-        EXPECT_GT(o.rope_in_wuk ? r.rope_folds : r.query_folds, 0) << name << ": not taken";
+        if (o.rope_in_wuk) EXPECT_GT(r.rope_folds, 0) << name << ": the rope fold not taken";
+        if (o.index_queries_in_scores) EXPECT_GT(r.query_folds, 0) << name << ": the queries' fold not taken";
         ASSERT_EQ(r.logits.size(), base.logits.size());
         EXPECT_EQ(std::memcmp(r.logits.data(), base.logits.data(), r.logits.size() * sizeof(float)), 0)
             << name << ": not the bits of the launches it replaces";
