@@ -1240,7 +1240,8 @@ void GpuModel::indexer(int32_t il, GpuCache& cache) {
   const cuda::RopeTable rt = st.rope->table(spec_->indexer_rope);
 
   // queries (qr @ q_b): rope on the first rope dims of each head, and for the mma kernel rounded to
-  // its 16-bit type; weights with both scales folded in (one launch)
+  // its 16-bit type; weights with both scales folded in (index_queries' launch, or the scores
+  // kernel's prologue: index_queries_in_scores)
   const int fi = format_index(cache.dtype());
   const bool mma = st.idx_kernel[fi] == cuda::IndexerKernel::Mma;
   const float w_scale = 1.0f / std::sqrt(float(heads) * float(dim));
